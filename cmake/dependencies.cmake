@@ -1,0 +1,26 @@
+# Every third-party dependency of the design, found once here (all from Debian 12 packages;
+# scripts/setup.sh installs them).
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+find_package(cppzmq REQUIRED)
+find_package(CapnProto REQUIRED)
+find_package(MPI REQUIRED COMPONENTS CXX)
+find_package(prometheus-cpp REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(fmt REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(GTest REQUIRED)
+find_package(benchmark REQUIRED)
+find_package(OpenBLAS CONFIG REQUIRED)
+find_package(ucx CONFIG REQUIRED)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+pkg_check_modules(IBVERBS REQUIRED IMPORTED_TARGET libibverbs)
+pkg_check_modules(RDMACM REQUIRED IMPORTED_TARGET librdmacm)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+# OpenBLAS ships variables only; wrap them in a target used by benchmarks (the baseline).
+add_library(pdserve_openblas INTERFACE)
+target_include_directories(pdserve_openblas INTERFACE ${OpenBLAS_INCLUDE_DIRS})
+target_link_libraries(pdserve_openblas INTERFACE ${OpenBLAS_LIBRARIES})
