@@ -1,0 +1,40 @@
+// Small element helpers shared by the GEMM paths: loading 8 weights as fp32 from F32 or BF16
+// storage, and the one horizontal-sum tree every decode output uses.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace pdserve::kernels::internal {
+
+inline float WeightToF32(const float* p) { return *p; }
+inline float WeightToF32(const uint16_t* p) { return Bf16ToF32(*p); }
+
+// Pairwise sum of 8 lanes in the fixed order ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), the order
+// of the AVX2 reduction below, so the scalar build gives the same bits.
+inline float HsumLanes(const float* l) {
+  const float s0 = l[0] + l[4], s1 = l[1] + l[5], s2 = l[2] + l[6], s3 = l[3] + l[7];
+  return (s0 + s2) + (s1 + s3);
+}
+
+#if defined(__AVX2__)
+inline __m256 LoadW8(const float* p) { return _mm256_loadu_ps(p); }
+// bf16 -> fp32 is exact: zero-extend to 32 bits and shift into the high half.
+inline __m256 LoadW8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float Hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));       // s0+s2, s1+s3
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));  // (s0+s2)+(s1+s3)
+}
+#endif
+
+}  // namespace pdserve::kernels::internal

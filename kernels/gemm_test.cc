@@ -1,0 +1,231 @@
+// Tests for kernels/gemm.h against the double-accumulating reference kernels/ref/gemm_ref.h.
+#include "kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/gemm_internal.h"
+#include "kernels/ref/gemm_ref.h"
+
+namespace pdserve::kernels {
+namespace {
+
+// Allowed |y - ref| as a fraction of sum_k |x[i,k] * w[j,k]| (the scale of the rounding errors of
+// any fp32 summation order). The reference holds the same bf16-widened weights, so both dtypes
+// only see fp32 accumulation error: ~sqrt(n_in) * 2^-24 relative for random signs, and at most
+// n_in * 2^-24 (2.4e-4 for n_in = 4097); observed worst here ~1e-7.
+constexpr double kF32RelTol = 2e-6;
+constexpr double kBf16RelTol = 2e-6;
+
+// Written into y outside the outputs a call may write, to catch stray stores.
+constexpr float kSentinel = -12345.5f;
+
+ThreadPool& Pool(int n) {
+  static ThreadPool p1(1), p2(2), p3(3);
+  return n == 1 ? p1 : n == 2 ? p2 : p3;
+}
+
+struct Problem {
+  int64_t m, n_in, n_out, ldx, ldw, ldy;
+  DType dtype;
+  std::vector<float> x;
+  std::vector<float> w_f32;
+  std::vector<uint16_t> w_bf16;
+  WeightView view() const {
+    return WeightView{dtype,
+                      dtype == DType::kBF16 ? static_cast<const void*>(w_bf16.data())
+                                            : static_cast<const void*>(w_f32.data()),
+                      n_out, n_in, ldw};
+  }
+};
+
+Problem MakeProblem(int64_t m, int64_t n_in, int64_t n_out, DType dtype, bool strided,
+                    uint32_t seed) {
+  Problem p{m, n_in, n_out, n_in + (strided ? 3 : 0), n_in + (strided ? 5 : 0),
+            n_out + (strided ? 2 : 0), dtype, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  // Padding gets huge values: a kernel reading past n_in would be caught.
+  p.x.assign(static_cast<size_t>(std::max<int64_t>(m, 1) * p.ldx), 1e30f);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t k = 0; k < n_in; ++k) p.x[i * p.ldx + k] = dist(rng);
+  }
+  const size_t w_size = static_cast<size_t>(n_out * p.ldw);
+  if (dtype == DType::kBF16) {
+    p.w_bf16.assign(w_size, F32ToBf16Bits(1e30f));
+    for (int64_t j = 0; j < n_out; ++j) {
+      for (int64_t k = 0; k < n_in; ++k) p.w_bf16[j * p.ldw + k] = F32ToBf16Bits(dist(rng));
+    }
+  } else {
+    p.w_f32.assign(w_size, 1e30f);
+    for (int64_t j = 0; j < n_out; ++j) {
+      for (int64_t k = 0; k < n_in; ++k) p.w_f32[j * p.ldw + k] = dist(rng);
+    }
+  }
+  return p;
+}
+
+std::vector<float> NewY(const Problem& p) {
+  return std::vector<float>(static_cast<size_t>(std::max<int64_t>(p.m, 1) * p.ldy), kSentinel);
+}
+
+// Checks y against the reference on outputs [j_begin, j_end) and the sentinel elsewhere.
+void ExpectNearRef(const Problem& p, const std::vector<float>& y, int64_t j_begin, int64_t j_end,
+                   const std::string& what) {
+  const WeightView w = p.view();
+  const double tol = p.dtype == DType::kBF16 ? kBf16RelTol : kF32RelTol;
+  std::vector<float> ref = NewY(p);
+  GemmRowsRef(p.x.data(), p.m, p.ldx, w, j_begin, j_end, ref.data(), p.ldy, nullptr);
+  int failures = 0;
+  for (int64_t i = 0; i < p.m && failures < 5; ++i) {
+    for (int64_t j = 0; j < p.ldy && failures < 5; ++j) {
+      const float got = y[i * p.ldy + j];
+      if (j < j_begin || j >= j_end) {
+        if (std::memcmp(&got, &kSentinel, sizeof(float)) != 0) {
+          ADD_FAILURE() << what << ": wrote outside the slice at i=" << i << " j=" << j;
+          ++failures;
+        }
+        continue;
+      }
+      double scale = 0.0;
+      for (int64_t k = 0; k < p.n_in; ++k) {
+        scale += std::fabs(static_cast<double>(p.x[i * p.ldx + k]) * WeightAt(w, j, k));
+      }
+      const double err = std::fabs(static_cast<double>(got) - ref[i * p.ldy + j]);
+      if (!(err <= tol * scale)) {
+        ADD_FAILURE() << what << ": i=" << i << " j=" << j << " got " << got << " ref "
+                      << ref[i * p.ldy + j] << " err/scale " << err / scale;
+        ++failures;
+      }
+    }
+  }
+}
+
+void ExpectBitwiseEqual(const std::vector<float>& a, const std::vector<float>& b,
+                        const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what;
+}
+
+// Runs every entry point on one problem: the public Gemm (no pool, pools of 1/2/3 threads, all
+// bitwise equal), both internal paths (each against the reference: either must work for any m),
+// and GemmRows on a middle slice (bitwise equal to the full result there).
+void CheckProblem(const Problem& p) {
+  const WeightView w = p.view();
+  const std::string tag = std::string(DTypeName(p.dtype)) + " m=" + std::to_string(p.m) +
+                          " n_in=" + std::to_string(p.n_in) + " n_out=" + std::to_string(p.n_out) +
+                          (p.ldx > p.n_in ? " strided" : "");
+  std::vector<float> y = NewY(p);
+  Gemm(p.x.data(), p.m, p.ldx, w, y.data(), p.ldy, nullptr);
+  if (p.m == 0) {
+    EXPECT_EQ(y[0], kSentinel) << tag << ": m=0 must not write";
+    return;
+  }
+  ExpectNearRef(p, y, 0, p.n_out, tag);
+  for (int threads : {1, 2, 3}) {
+    std::vector<float> yt = NewY(p);
+    Gemm(p.x.data(), p.m, p.ldx, w, yt.data(), p.ldy, &Pool(threads));
+    ExpectBitwiseEqual(y, yt, tag + " threads=" + std::to_string(threads));
+  }
+  {
+    std::vector<float> ys = NewY(p);
+    internal::GemmSmallM(p.x.data(), p.m, p.ldx, w, 0, p.n_out, ys.data(), p.ldy, &Pool(2));
+    ExpectNearRef(p, ys, 0, p.n_out, tag + " small-m path");
+    std::vector<float> yl = NewY(p);
+    internal::GemmTiled(p.x.data(), p.m, p.ldx, w, 0, p.n_out, yl.data(), p.ldy, &Pool(3));
+    ExpectNearRef(p, yl, 0, p.n_out, tag + " tiled path");
+  }
+  const int64_t j_begin = p.n_out / 3, j_end = p.n_out - p.n_out / 4;
+  std::vector<float> yr = NewY(p);
+  GemmRows(p.x.data(), p.m, p.ldx, w, j_begin, j_end, yr.data(), p.ldy, &Pool(2));
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.ldy; ++j) {
+      const float expect = (j >= j_begin && j < j_end) ? y[i * p.ldy + j] : kSentinel;
+      ASSERT_EQ(std::memcmp(&yr[i * p.ldy + j], &expect, sizeof(float)), 0)
+          << tag << " GemmRows [" << j_begin << "," << j_end << ") at i=" << i << " j=" << j;
+    }
+  }
+}
+
+class GemmShapes : public testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+TEST_P(GemmShapes, MatchesReferenceAllSizes) {
+  const auto [dtype, m] = GetParam();
+  uint32_t seed = 1;
+  for (int64_t n_in : {1, 7, 9, 33, 128, 257}) {
+    for (int64_t n_out : {1, 7, 9, 33, 128, 257}) {
+      for (bool strided : {false, true}) {
+        CheckProblem(MakeProblem(m, n_in, n_out, dtype, strided, seed++));
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gemm, GemmShapes,
+    testing::Combine(testing::Values(DType::kF32, DType::kBF16),
+                     testing::Values<int64_t>(0, 1, 2, 3, 5, 8, 17, 64, 130)),
+    [](const testing::TestParamInfo<GemmShapes::ParamType>& info) {
+      return std::string(DTypeName(std::get<0>(info.param))) + "_m" +
+             std::to_string(std::get<1>(info.param));
+    });
+
+// Long k (several k blocks of the tiled path, long decode rows) and wide n (many tasks).
+TEST(Gemm, LargeDimensions) {
+  struct Shape {
+    int64_t m, n_in, n_out;
+  };
+  uint32_t seed = 1000;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const Shape& s : {Shape{1, 4097, 257}, Shape{3, 4097, 33}, Shape{8, 4097, 9},
+                           Shape{17, 4097, 65}, Shape{64, 4097, 129}, Shape{1, 33, 4097},
+                           Shape{5, 257, 4097}, Shape{130, 33, 4097}}) {
+      CheckProblem(MakeProblem(s.m, s.n_in, s.n_out, dtype, (seed & 1) != 0, seed));
+      ++seed;
+    }
+  }
+}
+
+TEST(Gemm, ZeroInnerDimensionWritesZeros) {
+  const std::vector<float> x(3, 1.0f);
+  const std::vector<float> w(4, 1.0f);
+  const WeightView view{DType::kF32, w.data(), 4, 0, 1};
+  std::vector<float> y(3 * 4, kSentinel);
+  Gemm(x.data(), 3, 1, view, y.data(), 4, &Pool(2));
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Gemm, EmptySliceIsNoOp) {
+  Problem p = MakeProblem(4, 16, 16, DType::kF32, false, 7);
+  std::vector<float> y = NewY(p);
+  GemmRows(p.x.data(), p.m, p.ldx, p.view(), 5, 5, y.data(), p.ldy, &Pool(2));
+  for (float v : y) EXPECT_EQ(v, kSentinel);
+}
+
+// The same pool and thread-local scratch serve shapes that grow and shrink between calls.
+TEST(Gemm, RepeatedCallsAreDeterministic) {
+  Problem big = MakeProblem(70, 600, 520, DType::kBF16, true, 11);
+  Problem small = MakeProblem(20, 40, 30, DType::kF32, false, 12);
+  std::vector<float> first = NewY(big);
+  Gemm(big.x.data(), big.m, big.ldx, big.view(), first.data(), big.ldy, &Pool(2));
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<float> ys = NewY(small);
+    Gemm(small.x.data(), small.m, small.ldx, small.view(), ys.data(), small.ldy, &Pool(2));
+    ExpectNearRef(small, ys, 0, small.n_out, "small");
+    std::vector<float> again = NewY(big);
+    Gemm(big.x.data(), big.m, big.ldx, big.view(), again.data(), big.ldy, &Pool(2));
+    ExpectBitwiseEqual(first, again, "repeat " + std::to_string(rep));
+  }
+  ExpectNearRef(big, first, 0, big.n_out, "big");
+}
+
+}  // namespace
+}  // namespace pdserve::kernels
