@@ -1,0 +1,147 @@
+#include "kernels/elementwise.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/dtype.h"
+
+namespace pdserve::kernels {
+
+void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+void LayerNorm(const float* x, const float* w, const float* b, int64_t n, float eps, float* out) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const double mean = sum / static_cast<double>(n);
+  double var = 0.0;
+  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const float inv = 1.0f / std::sqrt(static_cast<float>(var / static_cast<double>(n)) + eps);
+  const float m = static_cast<float>(mean);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - m) * inv * w[i] + b[i];
+}
+
+void RoundToBf16InPlace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  const __m256i bias = _mm256_set1_epi32(0x7fff);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), mask);
+    // NaN lanes keep their (quieted) value through the scalar path semantics.
+    __m256 isnan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    __m256 res = _mm256_blendv_ps(_mm256_castsi256_ps(r), v, isnan);
+    _mm256_storeu_ps(x + i, res);
+  }
+#endif
+  for (; i < n; ++i) x[i] = RoundToBf16(x[i]);
+}
+
+void SiluMulBf16(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float s = g / (1.0f + std::exp(-g));
+    out[i] = RoundToBf16(s * up[i]);
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void HadamardTransform(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h <<= 1) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+}
+
+int64_t TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out, int32_t* scratch) {
+  const int64_t m = std::min(k, n);
+  if (m <= 0) return 0;
+  for (int64_t i = 0; i < n; ++i) scratch[i] = static_cast<int32_t>(i);
+  auto better = [scores](int32_t a, int32_t b) {
+    if (scores[a] != scores[b]) return scores[a] > scores[b];
+    return a < b;
+  };
+  if (m < n) std::nth_element(scratch, scratch + m - 1, scratch + n, better);
+  std::copy(scratch, scratch + m, out);
+  std::sort(out, out + m);
+  return m;
+}
+
+float DotF32(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float sum = 0.0f;
+#if defined(__AVX2__)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  acc0 = _mm256_add_ps(acc0, acc1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  sum = _mm_cvtss_f32(s);
+#endif
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void Axpy(float a, const float* x, int64_t n, float* y) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  const __m256 va = _mm256_set1_ps(a);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace pdserve::kernels
+
+namespace pdserve::kernels {
+void AxpyRow(float a, const void* row, bool row_is_bf16, int64_t n, float* y) {
+  if (!row_is_bf16) {
+    Axpy(a, static_cast<const float*>(row), n, y);
+    return;
+  }
+  const uint16_t* r = static_cast<const uint16_t*>(row);
+  int64_t i = 0;
+#if defined(__AVX2__)
+  const __m256 va = _mm256_set1_ps(a);
+  for (; i + 8 <= n; i += 8) {
+    __m256i w16 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
+    __m256 w = _mm256_castsi256_ps(_mm256_slli_epi32(w16, 16));
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, w, _mm256_loadu_ps(y + i)));
+  }
+#endif
+  for (; i < n; ++i) y[i] += a * Bf16ToF32(r[i]);
+}
+}  // namespace pdserve::kernels

@@ -1,0 +1,68 @@
+// Model: the DeepSeek-V3.2 forward pass on CPU for one sequence at a time, bit-for-bit
+// following the reference's rounding points (docs/model-numerics.md).
+//
+// Forward(tokens) runs S new tokens at positions [cache.n_tokens(), +S) and appends their KV:
+//   * a prefill from position 0 with S > 1 uses the reference's non-absorbed attention
+//     (k_nope/v expanded from the latent), exactly as the official prefill;
+//   * any other call (S == 1 decode, or a chunk continuing a cached prefix) uses the absorbed
+//     form over the latent cache. Both compute the same function and differ only in rounding.
+// Every layer attends sparsely to the Lightning Indexer's top-k keys.
+// Thread-safety: a Model is immutable after Load and may run several sequences concurrently
+// only if each call gets its own pool; calls sharing a ThreadPool must be serialized.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace pdserve::model {
+
+// Per-layer values of one Forward call, for accuracy tooling and tests. Shapes use S (tokens
+// in the call), T (= cache tokens after the call) and K (index_topk).
+struct ForwardTrace {
+  std::vector<float> hidden;        // [n_layers + 1, S, D]: embedding, then residual sum per layer
+  std::vector<float> index_scores;  // [n_layers, S, T]: indexer scores, -inf where not causal
+  std::vector<int32_t> topk;        // [n_layers, S, K]: selections, ascending, -1 padded
+};
+
+struct ForwardOptions {
+  ForwardTrace* trace = nullptr;
+  // When set ([n_layers, S, K], -1 padded), replaces the indexer's selections: used to compare
+  // layers with the reference's own choices fed in.
+  const std::vector<int32_t>* forced_topk = nullptr;
+};
+
+class Model {
+ public:
+  // Errors: see ModelWeights::Load.
+  static Result<std::unique_ptr<Model>> Load(const std::string& model_dir, ThreadPool* pool);
+
+  const ModelConfig& config() const { return weights_->config(); }
+  const ModelWeights& weights() const { return *weights_; }
+
+  // Runs tokens[0..S) and writes the last position's fp32 logits to logits[vocab_size].
+  // Errors: InvalidArgument for S == 0, a token outside [0, vocab_size), a position past
+  // max_position_embeddings, or a malformed forced_topk.
+  Status Forward(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,
+                 const ForwardOptions& options = {}) const;
+
+ private:
+  struct Scratch;
+  Model(std::unique_ptr<ModelWeights> w, ThreadPool* pool);
+  void Attention(int64_t layer, const float* x, int64_t S, int64_t start, SequenceKvCache* cache,
+                 const ForwardOptions& opt, float* out) const;
+  void Indexer(int64_t layer, const float* x, const float* qr, int64_t S, int64_t start,
+               SequenceKvCache* cache, const ForwardOptions& opt, std::vector<int32_t>* topk) const;
+  void Ffn(int64_t layer, const float* x, int64_t S, float* out) const;
+  void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
+
+  std::unique_ptr<ModelWeights> weights_;
+  ThreadPool* pool_;
+  std::vector<float> rope_freqs_;  // dr/2 frequencies shared by MLA and the indexer
+};
+
+}  // namespace pdserve::model

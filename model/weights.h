@@ -1,0 +1,74 @@
+// ModelWeights: every tensor of a DeepSeek-V3.2 checkpoint, validated against the config and
+// held as kernel-ready views.
+//
+// BF16 and F32 matrices are used in place from the mmap'd checkpoint (no copy). FP8 (E4M3)
+// matrices with 128x128 `weight_scale_inv` blocks are dequantized once at load into owned BF16
+// storage (w = bf16(fp8 * scale_inv[i/128][j/128])); the FP8 pages are then released with
+// madvise, so the process never holds two copies. Norm vectors (small) are converted to fp32.
+// Thread-safety: immutable after Load(); safe to read from any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+
+namespace pdserve::model {
+
+// A linear layer's weight [n_out, n_in]: a view, plus storage when the view is not into the
+// checkpoint mapping.
+struct Linear {
+  kernels::WeightView view{};
+  std::vector<uint16_t> owned_bf16;
+  int64_t n_out() const { return view.n_out; }
+  int64_t n_in() const { return view.n_in; }
+};
+
+struct MlpWeights {
+  Linear gate, up, down;  // gate_proj (W1), up_proj (W3), down_proj (W2)
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  Linear q_a, q_b, kv_a, kv_b, o;
+  std::vector<float> q_norm, kv_norm;
+  // Lightning indexer
+  Linear idx_wq_b, idx_wk, idx_weights_proj;
+  std::vector<float> idx_k_norm_w, idx_k_norm_b;
+  // FFN: dense layers fill `dense`; MoE layers fill the rest.
+  bool is_moe = false;
+  MlpWeights dense;
+  Linear router;                      // mlp.gate.weight [E, D]
+  std::vector<float> router_bias;     // e_score_correction_bias [E]
+  std::vector<MlpWeights> experts;    // index = expert id
+  MlpWeights shared;
+};
+
+class ModelWeights {
+ public:
+  // Loads and validates every tensor. Errors (InvalidArgument, naming file and tensor): a
+  // tensor missing, of the wrong shape or dtype, an FP8 weight without its scale, tensors the
+  // architecture does not use ("unexpected tensors: a, b, ..."), or any Checkpoint error.
+  static Result<std::unique_ptr<ModelWeights>> Load(const std::string& model_dir);
+
+  const ModelConfig& config() const { return config_; }
+  const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
+  // Embedding rows [V, D] (BF16 or F32 view into the checkpoint or owned storage).
+  const Linear& embed() const { return embed_; }
+  const Linear& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  // Writes embedding row `token` as fp32 into out[D]. REQUIRES 0 <= token < vocab_size.
+  void EmbedRow(int64_t token, float* out) const;
+
+ private:
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mappings the views point into
+  std::vector<LayerWeights> layers_;
+  Linear embed_, lm_head_;
+  std::vector<float> final_norm_;
+};
+
+}  // namespace pdserve::model

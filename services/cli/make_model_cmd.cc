@@ -1,0 +1,32 @@
+// `pdserve make-model --preset tiny|tiny2|small --out DIR [--seed N] [--vocab N] [--dtype bf16|fp8]`
+#include <cstdio>
+
+#include "model/make_model.h"
+#include "services/cli/command.h"
+
+namespace pdserve::cli {
+namespace {
+int RunMakeModel(const std::vector<std::string>& argv) {
+  auto args = Args::Parse(argv, {"preset", "out", "seed", "vocab", "dtype", "max-shard-mb"}, {});
+  if (!args.ok()) return ReportStatus("make-model", args.status());
+  model::MakeModelOptions opt;
+  opt.preset = args->GetOr("preset", "tiny");
+  auto out = args->Require("out");
+  if (!out.ok()) return ReportStatus("make-model", out.status());
+  opt.out_dir = *out;
+  auto seed = args->GetInt("seed", 1);
+  auto vocab = args->GetInt("vocab", 0);
+  auto shard = args->GetInt("max-shard-mb", 0);
+  for (const Status& s : {seed.status(), vocab.status(), shard.status()})
+    if (!s.ok()) return ReportStatus("make-model", s);
+  opt.seed = static_cast<uint64_t>(*seed);
+  opt.vocab = *vocab;
+  opt.max_shard_bytes = *shard << 20;
+  opt.dtype = args->GetOr("dtype", "bf16");
+  Status s = model::MakeModel(opt);
+  if (s.ok()) std::fprintf(stderr, "wrote %s model '%s' to %s\n", opt.dtype.c_str(), opt.preset.c_str(), opt.out_dir.c_str());
+  return ReportStatus("make-model", s);
+}
+}  // namespace
+PDSERVE_REGISTER_COMMAND(make_model, "make-model", "write a random checkpoint of a preset (HF format)", RunMakeModel);
+}  // namespace pdserve::cli
