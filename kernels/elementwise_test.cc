@@ -1,0 +1,211 @@
+// Tests of kernels/elementwise.h, rope.h and fp8_quant.h against straightforward scalar
+// versions written out here. To add a case: compute the expected values with the plainest loop
+// you can write (double precision where it helps) and compare with a named tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/elementwise.h"
+#include "kernels/fp8_quant.h"
+#include "kernels/rope.h"
+
+namespace pdserve::kernels {
+namespace {
+
+constexpr int64_t kOddSizes[] = {1, 7, 9, 33, 128, 4097};
+
+std::vector<float> RandomVec(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+TEST(ElementwiseTest, RmsNormMatchesDouble) {
+  for (int64_t n : kOddSizes) {
+    auto x = RandomVec(n, 1), w = RandomVec(n, 2);
+    std::vector<float> out(static_cast<size_t>(n));
+    RmsNorm(x.data(), w.data(), n, 1e-6f, out.data());
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(out[i], w[i] * x[i] * inv, 1e-5 * (1 + std::fabs(w[i] * x[i] * inv))) << n;
+  }
+}
+
+TEST(ElementwiseTest, LayerNormMatchesDouble) {
+  for (int64_t n : kOddSizes) {
+    auto x = RandomVec(n, 3), w = RandomVec(n, 4), b = RandomVec(n, 5);
+    std::vector<float> out(static_cast<size_t>(n));
+    LayerNorm(x.data(), w.data(), b.data(), n, 1e-6f, out.data());
+    double mean = std::accumulate(x.begin(), x.end(), 0.0) / n, var = 0;
+    for (float v : x) var += (v - mean) * (v - mean);
+    var /= n;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = (x[i] - mean) / std::sqrt(var + 1e-6) * w[i] + b[i];
+      EXPECT_NEAR(out[i], want, 1e-4 * (1 + std::fabs(want))) << n;
+    }
+  }
+}
+
+TEST(ElementwiseTest, RoundToBf16MatchesScalar) {
+  for (int64_t n : kOddSizes) {
+    auto x = RandomVec(n, 6, 100.0f);
+    if (n > 3) x[2] = NAN, x[3] = -INFINITY;
+    auto y = x;
+    RoundToBf16InPlace(y.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i])) EXPECT_TRUE(std::isnan(y[i]));
+      else EXPECT_EQ(y[i], RoundToBf16(x[i])) << i;
+    }
+  }
+}
+
+TEST(ElementwiseTest, DotAxpyAndAxpyRow) {
+  for (int64_t n : kOddSizes) {
+    auto a = RandomVec(n, 7), b = RandomVec(n, 8);
+    double want = 0;
+    for (int64_t i = 0; i < n; ++i) want += double(a[i]) * b[i];
+    EXPECT_NEAR(DotF32(a.data(), b.data(), n), want, 1e-4 * std::sqrt(double(n)));
+    std::vector<uint16_t> bbf(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) bbf[i] = F32ToBf16Bits(b[i]);
+    auto y1 = a, y2 = a, y3 = a;
+    Axpy(0.5f, b.data(), n, y1.data());
+    AxpyRow(0.5f, b.data(), false, n, y2.data());
+    AxpyRow(0.5f, bbf.data(), true, n, y3.data());
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_FLOAT_EQ(y1[i], a[i] + 0.5f * b[i]);
+      EXPECT_FLOAT_EQ(y2[i], y1[i]);
+      EXPECT_FLOAT_EQ(y3[i], a[i] + 0.5f * Bf16ToF32(bbf[i]));
+    }
+  }
+}
+
+TEST(ElementwiseTest, SoftmaxWithMaskedEntries) {
+  std::vector<float> x = {1.0f, -INFINITY, 3.0f, 0.5f};
+  Softmax(x.data(), 4);
+  const double z = std::exp(1.0) + std::exp(3.0) + std::exp(0.5);
+  EXPECT_NEAR(x[0], std::exp(1.0) / z, 1e-6);
+  EXPECT_EQ(x[1], 0.0f);
+  EXPECT_NEAR(x[2], std::exp(3.0) / z, 1e-6);
+}
+
+TEST(ElementwiseTest, HadamardMatchesSylvesterMatrix) {
+  for (int64_t n : {1, 2, 8, 128}) {
+    auto x = RandomVec(n, 9);
+    auto y = x;
+    HadamardTransform(y.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int64_t j = 0; j < n; ++j) want += (__builtin_popcountll(i & j) % 2 ? -1.0 : 1.0) * x[j];
+      EXPECT_NEAR(y[i], want, 1e-4) << n;
+    }
+  }
+}
+
+TEST(ElementwiseTest, TopKIsSortedAndBreaksTiesLow) {
+  std::vector<float> s = {0.5f, 2.0f, 2.0f, -1.0f, 3.0f, 2.0f, 0.0f};
+  std::vector<int32_t> out(7), scratch(7);
+  ASSERT_EQ(TopKIndices(s.data(), 7, 3, out.data(), scratch.data()), 3);
+  EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + 3), (std::vector<int32_t>{1, 2, 4}));
+  ASSERT_EQ(TopKIndices(s.data(), 7, 10, out.data(), scratch.data()), 7);  // fewer keys than k
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(TopKIndices(s.data(), 0, 3, out.data(), scratch.data()), 0);  // empty
+  // Against a full sort on random data (odd sizes).
+  for (int64_t n : kOddSizes) {
+    auto r = RandomVec(n, 10);
+    std::vector<int32_t> o(static_cast<size_t>(n)), sc(static_cast<size_t>(n)), idx(static_cast<size_t>(n));
+    const int64_t k = std::min<int64_t>(n, 5);
+    TopKIndices(r.data(), n, k, o.data(), sc.data());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return r[a] > r[b]; });
+    std::vector<int32_t> want(idx.begin(), idx.begin() + k);
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(std::vector<int32_t>(o.begin(), o.begin() + k), want);
+  }
+}
+
+TEST(RopeTest, LayoutsRotatePairsByAngle) {
+  const int64_t dr = 8;
+  auto freqs = RopeFrequencies(dr, 10000.0, {});
+  for (int64_t j = 0; j < dr / 2; ++j) EXPECT_FLOAT_EQ(freqs[j], 1.0f / std::pow(10000.0f, 2.0f * j / dr));
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto inter = x, half = x;
+  ApplyRopeInterleaved(inter.data(), dr, 3, freqs.data());
+  ApplyRopeHalfSplit(half.data(), dr, 3, freqs.data());
+  for (int64_t j = 0; j < dr / 2; ++j) {
+    const double a = 3.0f * freqs[j];
+    EXPECT_NEAR(inter[2 * j], x[2 * j] * std::cos(a) - x[2 * j + 1] * std::sin(a), 1e-5);
+    EXPECT_NEAR(inter[2 * j + 1], x[2 * j] * std::sin(a) + x[2 * j + 1] * std::cos(a), 1e-5);
+    EXPECT_NEAR(half[j], x[j] * std::cos(a) - x[j + 4] * std::sin(a), 1e-5);
+    EXPECT_NEAR(half[j + 4], x[j] * std::sin(a) + x[j + 4] * std::cos(a), 1e-5);
+  }
+}
+
+// YaRN on the real model's numbers: dr 64, theta 10000, factor 40, original 4096, beta 32/1.
+// c(b) = 64 ln(4096/(2 pi b)) / (2 ln 10000): c(32) = 10.47 -> low 10; c(1) = 22.51 -> high 23.
+TEST(RopeTest, YarnRampMatchesHandComputation) {
+  YarnParams y{true, 40.0, 4096, 32.0, 1.0};
+  auto f = RopeFrequencies(64, 10000.0, y);
+  auto base = RopeFrequencies(64, 10000.0, {});
+  for (int64_t j = 0; j < 32; ++j) {
+    const double ramp = std::clamp((j - 10.0) / (23.0 - 10.0), 0.0, 1.0);
+    const double want = base[j] / 40.0 * ramp + base[j] * (1 - ramp);
+    EXPECT_NEAR(f[j], want, 1e-6 * base[j]) << j;
+  }
+  EXPECT_FLOAT_EQ(f[3], base[3]);             // below the ramp: unchanged
+  EXPECT_NEAR(f[31], base[31] / 40.0, 1e-12);  // above: divided by factor
+}
+
+TEST(Fp8QuantTest, ScalesArePowersOfTwoAndRoundTripIsExactAndIdempotent) {
+  EXPECT_EQ(Fp8BlockScale(448.0f), 1.0f);
+  EXPECT_EQ(Fp8BlockScale(449.0f), 2.0f);
+  EXPECT_EQ(Fp8BlockScale(0.0f), Fp8BlockScale(1e-4f));  // amax floored at 1e-4
+  auto x = RandomVec(256, 11, 3.0f);
+  std::vector<uint8_t> codes(256);
+  float scales[2];
+  ActQuantFp8(x.data(), 256, codes.data(), scales);
+  for (int b = 0; b < 2; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(x[b * 128 + i]));
+    const float s = scales[b];
+    int e;
+    EXPECT_EQ(std::frexp(s, &e), 0.5f);  // a power of two
+    EXPECT_GE(s, amax / 448.0f);
+    EXPECT_LT(s / 2, amax / 448.0f);
+    for (int i = 0; i < 128; ++i) {
+      const float want = Fp8E4M3ToF32(F32ToFp8E4M3(x[b * 128 + i] / s)) * s;
+      EXPECT_EQ(Fp8E4M3ToF32(codes[b * 128 + i]) * s, want);
+    }
+  }
+  auto y = x;
+  Fp8RoundTripInPlace(y.data(), 256);
+  auto z = y;
+  Fp8RoundTripInPlace(z.data(), 256);
+  EXPECT_EQ(y, z);  // values already on the grid stay put
+  for (float v : y) EXPECT_EQ(v, RoundToBf16(v));  // and are exact in bf16
+}
+
+TEST(Fp8QuantTest, DotIsExact) {
+  std::mt19937 rng(12);
+  for (int64_t n : {1, 7, 9, 33, 128}) {
+    std::vector<uint8_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    for (auto& v : a) { v = static_cast<uint8_t>(rng() & 0xff); if ((v & 0x7f) == 0x7f) v = 0; }
+    for (auto& v : b) { v = static_cast<uint8_t>(rng() & 0xff); if ((v & 0x7f) == 0x7f) v = 0; }
+    long double want = 0;
+    for (int64_t i = 0; i < n; ++i) want += static_cast<long double>(Fp8E4M3ToF32(a[i])) * Fp8E4M3ToF32(b[i]);
+    EXPECT_EQ(Fp8DotExact(a.data(), b.data(), n), static_cast<float>(want)) << n;
+    std::vector<double> ad(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ad[i] = Fp8E4M3ToF32(a[i]);
+    EXPECT_EQ(Fp8DotExactDecodedA(ad.data(), b.data(), n), static_cast<float>(want)) << n;
+  }
+}
+
+}  // namespace
+}  // namespace pdserve::kernels
