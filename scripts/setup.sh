@@ -12,9 +12,12 @@ APT_PACKAGES=(
   prometheus-cpp-dev libspdlog-dev libfmt-dev libyaml-cpp-dev libcpp-httplib-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev ocl-icd-opencl-dev
   libpcre2-dev libxxhash-dev prometheus
-  nodejs npm
   python3-numpy
 )
+# Node.js may come from another source (e.g. NodeSource, whose nodejs bundles npm and conflicts
+# with Debian's npm package): only ask apt for it when the commands are missing.
+command -v node >/dev/null 2>&1 || APT_PACKAGES+=(nodejs)
+command -v npm >/dev/null 2>&1 || APT_PACKAGES+=(npm)
 # The torch reference only regenerates golden files; tests read the committed goldens.
 # Set PDSERVE_WITH_TORCH=1 to install it too.
 if [ "${PDSERVE_WITH_TORCH:-0}" = 1 ]; then APT_PACKAGES+=(python3-torch); fi
