@@ -7,6 +7,7 @@
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/mla_attention.h"
 #include "kernels/rope.h"
 #include "model/model.h"
 
@@ -71,15 +72,15 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
   if (opt.trace) std::copy(topk.begin(), topk.end(), opt.trace->topk.begin() + layer * S * K);
 
   std::vector<float> o(static_cast<size_t>(S * H * dv));
+  const kernels::KvTokenView kv_view = cache->View(layer);
   const bool kv_b_bf16 = lw.kv_b.view.dtype == DType::kBF16;
   if (start == 0 && S > 1) {
     // Reference prefill: k_nope | v = bf16(c Wkv_b^T) for every key, scores over [k_nope, k_pe].
     std::vector<float> c_all(static_cast<size_t>(T * Lkv)), kv(static_cast<size_t>(T * H * (dn + dv)));
     std::vector<float> kpe_all(static_cast<size_t>(T * dr));
-    for (int64_t t = 0; t < T; ++t) {
-      cache->DecodeLatent(layer, t, &c_all[t * Lkv]);
-      for (int64_t j = 0; j < dr; ++j) kpe_all[t * dr + j] = Bf16ToF32(cache->k_pe(layer, t)[j]);
-    }
+    std::vector<int32_t> all(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) all[t] = static_cast<int32_t>(t);
+    kernels::GatherLatent(kv_view, all.data(), T, c_all.data(), kpe_all.data());
     kernels::Gemm(c_all.data(), T, Lkv, lw.kv_b.view, kv.data(), H * (dn + dv), pool_);
     kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
     pool_->ParallelFor(S * H, [&](int64_t b, int64_t e) {
@@ -111,11 +112,8 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
       while (n < K && sel[n] >= 0) ++n;
       std::vector<float> csel(static_cast<size_t>(n * Lkv)), kpesel(static_cast<size_t>(n * dr));
       pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
-        for (int64_t j = b; j < e; ++j) {
-          cache->DecodeLatent(layer, sel[j], &csel[j * Lkv]);
-          for (int64_t d = 0; d < dr; ++d) kpesel[j * dr + d] = Bf16ToF32(cache->k_pe(layer, sel[j])[d]);
-        }
-      });
+        kernels::GatherLatent(kv_view, sel + b, e - b, &csel[b * Lkv], &kpesel[b * dr]);
+      }, 16);
       pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
         std::vector<float> qlat(static_cast<size_t>(Lkv)), p(static_cast<size_t>(n)), olat(static_cast<size_t>(Lkv));
         for (int64_t h = hb; h < he; ++h) {
@@ -125,16 +123,8 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
           for (int64_t d = 0; d < dn; ++d)
             kernels::AxpyRow(qv[d], RowPtr(lw.kv_b.view, h * (dn + dv) + d), kv_b_bf16, Lkv, qlat.data());
           kernels::RoundToBf16InPlace(qlat.data(), Lkv);
-          for (int64_t j = 0; j < n; ++j) {
-            const float s_lat = RoundToBf16(kernels::DotF32(qlat.data(), &csel[j * Lkv], Lkv));
-            const float s_pe = RoundToBf16(kernels::DotF32(qv + dn, &kpesel[j * dr], dr));
-            p[j] = RoundToBf16(RoundToBf16(s_lat + s_pe) * scale);
-          }
-          kernels::Softmax(p.data(), n);
-          kernels::RoundToBf16InPlace(p.data(), n);
-          std::fill(olat.begin(), olat.end(), 0.0f);
-          for (int64_t j = 0; j < n; ++j) kernels::Axpy(p[j], &csel[j * Lkv], Lkv, olat.data());
-          kernels::RoundToBf16InPlace(olat.data(), Lkv);
+          kernels::AbsorbedAttentionHead(qlat.data(), qv + dn, csel.data(), kpesel.data(), n, Lkv, dr, scale,
+                                         olat.data(), p.data());
           // o[h] = bf16(o_lat W_uv[h]^T): rows h*(dn+dv)+dn .. +dv.
           float* ov = &o[(i * H + h) * dv];
           kernels::Gemm(olat.data(), 1, Lkv, SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv), ov, dv, nullptr);
@@ -197,6 +187,7 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, int64_t S, i
   if (opt.forced_topk && !opt.trace) return;  // the caller replaces the selections
 
   // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k.
+  const kernels::KvTokenView kv_view = cache->View(layer);
   pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
     std::vector<double> qd(static_cast<size_t>(IH * ID));
     std::vector<float> scores(static_cast<size_t>(T));
@@ -205,15 +196,7 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, int64_t S, i
     for (int64_t i = b; i < e; ++i) {
       const int64_t n_keys = start + i + 1;
       for (int64_t j = 0; j < IH * ID; ++j) qd[j] = table[q8[i * IH * ID + j]];
-      for (int64_t t = 0; t < n_keys; ++t) {
-        const uint8_t* kt = cache->idx_k(layer, t);
-        float acc = 0.0f;
-        for (int64_t h = 0; h < IH; ++h) {
-          const float dot = kernels::Fp8DotExactDecodedA(&qd[h * ID], kt, ID);
-          acc += std::max(dot, 0.0f) * wts[i * IH + h];
-        }
-        scores[t] = acc * *cache->idx_scale(layer, t);
-      }
+      kernels::IndexerScores(kv_view, qd.data(), &wts[i * IH], IH, n_keys, scores.data());
       if (opt.trace)
         std::copy(scores.begin(), scores.begin() + n_keys,
                   opt.trace->index_scores.begin() + (layer * S + i) * T);

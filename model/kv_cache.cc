@@ -1,34 +1,36 @@
 #include "model/kv_cache.h"
 
-#include "common/dtype.h"
-
 namespace pdserve::model {
 
 SequenceKvCache::SequenceKvCache(const ModelConfig& c)
-    : latent_dim_(c.kv_lora_rank),
-      rope_dim_(c.qk_rope_head_dim),
-      index_dim_(c.index_head_dim),
-      layers_(static_cast<size_t>(c.num_hidden_layers)) {}
+    : layout_(KvRecordLayout::ForConfig(c)), layers_(static_cast<size_t>(c.num_hidden_layers)) {}
 
 void SequenceKvCache::Resize(int64_t n) {
-  for (auto& l : layers_) {
-    l.latent_codes.resize(Idx(n, latent_dim_));
-    l.latent_scales.resize(Idx(n, latent_blocks()));
-    l.k_pe.resize(Idx(n, rope_dim_));
-    l.idx_k.resize(Idx(n, index_dim_));
-    l.idx_scale.resize(static_cast<size_t>(n));
-  }
+  for (auto& l : layers_) l.resize(static_cast<size_t>(n * layout_.record_bytes()));
   n_tokens_ = n;
 }
 
-void SequenceKvCache::DecodeLatent(int64_t layer, int64_t pos, float* out) const {
-  const uint8_t* codes = latent_codes(layer, pos);
-  const float* scales = latent_scales(layer, pos);
-  const float* table = Fp8E4M3DecodeTable();
-  for (int64_t b = 0; b < latent_blocks(); ++b) {
-    const float s = scales[b];
-    for (int64_t i = 0; i < 128; ++i) out[b * 128 + i] = table[codes[b * 128 + i]] * s;
-  }
+kernels::KvTokenView ContiguousKvView(const uint8_t* base, const KvRecordLayout& l, int64_t n_tokens) {
+  kernels::KvTokenView v;
+  v.base = base;
+  v.block_table = nullptr;
+  v.block_tokens = n_tokens > 0 ? n_tokens : 1;  // one block holding every token
+  v.block_stride = 0;
+  const int64_t r = l.record_bytes();
+  v.latent_offset = l.latent_offset();
+  v.latent_scale_offset = l.latent_scale_offset();
+  v.kpe_offset = l.kpe_offset();
+  v.idx_k_offset = l.idx_k_offset();
+  v.idx_scale_offset = l.idx_scale_offset();
+  v.latent_stride = v.latent_scale_stride = v.kpe_stride = v.idx_k_stride = v.idx_scale_stride = r;
+  v.latent_dim = l.latent_dim;
+  v.rope_dim = l.rope_dim;
+  v.index_dim = l.index_dim;
+  return v;
+}
+
+kernels::KvTokenView SequenceKvCache::View(int64_t layer) const {
+  return ContiguousKvView(layers_[static_cast<size_t>(layer)].data(), layout_, n_tokens_);
 }
 
 }  // namespace pdserve::model
