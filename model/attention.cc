@@ -35,12 +35,12 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
 
   // qr = bf16(RMSNorm(bf16(x Wq_a^T)));  q = bf16(qr Wq_b^T), rope on the last dr dims per head.
   std::vector<float> qr(static_cast<size_t>(S * Lq));
-  kernels::Gemm(x, S, D, lw.q_a.view, qr.data(), Lq, pool_);
+  ApplyLinear(lw.q_a, x, S, qr.data(), pool_);
   kernels::RoundToBf16InPlace(qr.data(), S * Lq);
   for (int64_t i = 0; i < S; ++i) kernels::RmsNorm(&qr[i * Lq], lw.q_norm.data(), Lq, kNormEps, &qr[i * Lq]);
   kernels::RoundToBf16InPlace(qr.data(), S * Lq);
   std::vector<float> q(static_cast<size_t>(S * H * dqk));
-  kernels::Gemm(qr.data(), S, Lq, lw.q_b.view, q.data(), H * dqk, pool_);
+  ApplyLinear(lw.q_b, qr.data(), S, q.data(), pool_);
   kernels::RoundToBf16InPlace(q.data(), S * H * dqk);
   for (int64_t i = 0; i < S; ++i)
     for (int64_t h = 0; h < H; ++h)
@@ -49,7 +49,7 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
 
   // kv = bf16(x Wkv_a^T): latent c = fp8_roundtrip(bf16(RMSNorm(kv[:Lkv]))), k_pe = rope(kv[Lkv:]).
   std::vector<float> kva(static_cast<size_t>(S * (Lkv + dr)));
-  kernels::Gemm(x, S, D, lw.kv_a.view, kva.data(), Lkv + dr, pool_);
+  ApplyLinear(lw.kv_a, x, S, kva.data(), pool_);
   kernels::RoundToBf16InPlace(kva.data(), S * (Lkv + dr));
   std::vector<float> latent(static_cast<size_t>(Lkv));
   for (int64_t i = 0; i < S; ++i) {
@@ -81,7 +81,7 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
     std::vector<int32_t> all(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) all[t] = static_cast<int32_t>(t);
     kernels::GatherLatent(kv_view, all.data(), T, c_all.data(), kpe_all.data());
-    kernels::Gemm(c_all.data(), T, Lkv, lw.kv_b.view, kv.data(), H * (dn + dv), pool_);
+    ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
     kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
     pool_->ParallelFor(S * H, [&](int64_t b, int64_t e) {
       std::vector<float> p(static_cast<size_t>(K));
@@ -133,7 +133,7 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
       });
     }
   }
-  kernels::Gemm(o.data(), S, H * dv, lw.o.view, out, D, pool_);
+  ApplyLinear(lw.o, o.data(), S, out, pool_);
   kernels::RoundToBf16InPlace(out, S * D);
 }
 
@@ -141,21 +141,21 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, int64_t S, i
                     SequenceKvCache* cache, const ForwardOptions& opt, std::vector<int32_t>* topk) const {
   const ModelConfig& c = config();
   const LayerWeights& lw = weights_->layer(layer);
-  const int64_t D = c.hidden_size, Lq = c.q_lora_rank, IH = c.index_n_heads, ID = c.index_head_dim;
+  const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
   const int64_t dr = c.qk_rope_head_dim, T = start + S, K = c.index_topk;
   const float hadamard_scale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5));
 
   // Queries: bf16(qr Wiq^T), rope (half-split) on the first dr dims, Hadamard, fp8 per head.
   std::vector<float> iq(static_cast<size_t>(S * IH * ID));
-  kernels::Gemm(qr, S, Lq, lw.idx_wq_b.view, iq.data(), IH * ID, pool_);
+  ApplyLinear(lw.idx_wq_b, qr, S, iq.data(), pool_);
   kernels::RoundToBf16InPlace(iq.data(), S * IH * ID);
   // Keys: bf16(LayerNorm(bf16(x Wk^T))), rope, Hadamard, fp8 per token -> cache.
   std::vector<float> ik(static_cast<size_t>(S * ID));
-  kernels::Gemm(x, S, D, lw.idx_wk.view, ik.data(), ID, pool_);
+  ApplyLinear(lw.idx_wk, x, S, ik.data(), pool_);
   kernels::RoundToBf16InPlace(ik.data(), S * ID);
   // Head weights in fp32: wp(x) * IH^-0.5, later * q_scale * ID^-0.5.
   std::vector<float> wts(static_cast<size_t>(S * IH));
-  kernels::Gemm(x, S, D, lw.idx_weights_proj.view, wts.data(), IH, pool_);
+  ApplyLinear(lw.idx_weights_proj, x, S, wts.data(), pool_);
   std::vector<uint8_t> q8(static_cast<size_t>(S * IH * ID));
   std::vector<float> qs(static_cast<size_t>(S * IH));
   const float ih_scale = static_cast<float>(std::pow(static_cast<double>(IH), -0.5));

@@ -90,7 +90,7 @@ Status Model::Forward(const int32_t* tokens, int64_t S, SequenceKvCache* cache, 
   std::vector<float> last(static_cast<size_t>(D));
   kernels::RmsNorm(&sum[static_cast<size_t>((S - 1) * D)], weights_->final_norm().data(), D, kNormEps, last.data());
   kernels::RoundToBf16InPlace(last.data(), D);
-  kernels::Gemm(last.data(), 1, D, weights_->lm_head().view, logits, c.vocab_size, pool_);
+  ApplyLinear(weights_->lm_head(), last.data(), 1, logits, pool_);
   return Status::Ok();
 }
 
@@ -104,7 +104,7 @@ void Model::Ffn(int64_t layer, const float* x, int64_t S, float* out) const {
   }
   const int64_t E = c.n_routed_experts, G = c.n_group, per_group = E / G;
   std::vector<float> logits(static_cast<size_t>(S * E));
-  kernels::Gemm(x, S, D, lw.router.view, logits.data(), E, pool_);
+  ApplyLinear(lw.router, x, S, logits.data(), pool_);
   // Routing per token: sigmoid scores; bias only for the choice; group-limited top-k.
   std::vector<std::vector<std::pair<int64_t, float>>> routes(static_cast<size_t>(S));
   std::vector<float> s(static_cast<size_t>(E)), b(static_cast<size_t>(E)), gscore(static_cast<size_t>(G));
@@ -164,12 +164,12 @@ void Model::Ffn(int64_t layer, const float* x, int64_t S, float* out) const {
 void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {
   const int64_t D = m.gate.n_in(), I = m.gate.n_out();
   std::vector<float> g(static_cast<size_t>(S * I)), u(static_cast<size_t>(S * I));
-  kernels::Gemm(x, S, D, m.gate.view, g.data(), I, pool_);
-  kernels::Gemm(x, S, D, m.up.view, u.data(), I, pool_);
+  ApplyLinear(m.gate, x, S, g.data(), pool_);
+  ApplyLinear(m.up, x, S, u.data(), pool_);
   kernels::RoundToBf16InPlace(g.data(), S * I);
   kernels::RoundToBf16InPlace(u.data(), S * I);
   kernels::SiluMulBf16(g.data(), u.data(), S * I, g.data());
-  kernels::Gemm(g.data(), S, I, m.down.view, out, D, pool_);
+  ApplyLinear(m.down, g.data(), S, out, pool_);
   kernels::RoundToBf16InPlace(out, S * D);
 }
 

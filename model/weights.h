@@ -12,20 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/linear.h"
 
 namespace pdserve::model {
-
-// A linear layer's weight [n_out, n_in]: a view, plus storage when the view is not into the
-// checkpoint mapping.
-struct Linear {
-  kernels::WeightView view{};
-  std::vector<uint16_t> owned_bf16;
-  int64_t n_out() const { return view.n_out; }
-  int64_t n_in() const { return view.n_in; }
-};
 
 struct MlpWeights {
   Linear gate, up, down;  // gate_proj (W1), up_proj (W3), down_proj (W2)
