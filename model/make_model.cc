@@ -1,6 +1,8 @@
 #include "model/make_model.h"
 
+#include <array>
 #include <cmath>
+#include <functional>
 #include <filesystem>
 
 #include "common/dtype.h"
@@ -52,11 +54,24 @@ class Writer {
  public:
   Writer(const MakeModelOptions& opt, uint64_t seed) : opt_(opt), rng_(seed) {}
 
-  // A matrix [n_out, n_in] with entries N(mean, std^2).
-  void Matrix(const std::string& name, int64_t n_out, int64_t n_in, double std, double mean = 0.0) {
+  // A matrix [n_out, n_in] with entries N(mean, std^2), optionally edited before it is written.
+  void Matrix(const std::string& name, int64_t n_out, int64_t n_in, double std, double mean = 0.0,
+              const std::function<void(std::vector<float>&)>& edit = {}) {
     std::vector<float> v(static_cast<size_t>(n_out * n_in));
     for (auto& x : v) x = static_cast<float>(mean + std * rng_.Normal());
+    if (edit) edit(v);
     Emit(name, {n_out, n_in}, v);
+  }
+  // A random unit vector of length n.
+  std::vector<float> UnitVector(int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    double norm = 0;
+    for (auto& x : v) {
+      x = static_cast<float>(rng_.Normal());
+      norm += double(x) * x;
+    }
+    for (auto& x : v) x = static_cast<float>(x / std::sqrt(norm));
+    return v;
   }
   void Vector(const std::string& name, int64_t n, double std, double mean, DType dtype = DType::kBF16) {
     std::vector<float> v(static_cast<size_t>(n));
@@ -204,20 +219,69 @@ Status MakeModel(const MakeModelOptions& options) {
 
   Writer w(opt, opt.seed);
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
-  auto lin = [&](const std::string& name, int64_t n_out, int64_t n_in, double gain) {
-    w.Matrix(name, n_out, n_in, gain / std::sqrt(static_cast<double>(n_in)));
+  auto lin = [&](const std::string& name, int64_t n_out, int64_t n_in, double gain,
+                 const std::function<void(std::vector<float>&)>& edit = {}) {
+    w.Matrix(name, n_out, n_in, gain / std::sqrt(static_cast<double>(n_in)), 0.0, edit);
   };
   auto mlp = [&](const std::string& p, int64_t inter) {
     lin(p + ".gate_proj.weight", inter, D, 1.0);
     lin(p + ".up_proj.weight", inter, D, 1.0);
     lin(p + ".down_proj.weight", D, inter, 0.5);
   };
-  w.Matrix("model.embed_tokens.weight", c.vocab_size, D, 1.0);
+
+  // Structure that gives the Lightning Indexer's choices clear margins (trained models have
+  // it; i.i.d. weights do not, and their near-ties make two correct implementations diverge):
+  //  * every embedding carries a common direction y_dir and a "salience" direction z_dir with
+  //    sign +1 for ~12% of the vocabulary (salient tokens) and -1 for the rest;
+  //  * the indexer's queries pick up y_dir (through q_a_proj and wq_b), its keys pick up z_dir
+  //    (through wk), both into the same non-RoPE key dimensions u_dir, and weights_proj reads
+  //    y_dir so every head weight is positive. Salient keys then score far above zero and the
+  //    others exactly zero (ReLU): with fewer salient keys than index_topk in context, the
+  //    selection is "all salient keys, then the earliest others" with no near-ties.
+  //  * router and lm_head rows are made orthogonal to y_dir and z_dir so those constant
+  //    components do not decide experts or tokens.
+  const std::vector<float> y_dir = w.UnitVector(D);
+  std::vector<float> z_dir = w.UnitVector(D);
+  {
+    double dot = 0, norm = 0;
+    for (int64_t i = 0; i < D; ++i) dot += double(y_dir[i]) * z_dir[i];
+    for (int64_t i = 0; i < D; ++i) norm += std::pow(z_dir[i] -= static_cast<float>(dot) * y_dir[i], 2);
+    for (auto& x : z_dir) x = static_cast<float>(x / std::sqrt(norm));
+  }
+  const std::vector<float> v_dir = w.UnitVector(c.q_lora_rank);
+  const int64_t ID = c.index_head_dim, dr = c.qk_rope_head_dim, n_nope = ID - dr;
+  std::vector<float> u_dir(static_cast<size_t>(ID), 0.0f);  // zero on the RoPE dims (first dr)
+  for (int64_t j = 0; j < n_nope; ++j)  // balanced signs: zero mean survives the LayerNorm
+    u_dir[dr + j] = static_cast<float>(((j * 7 + 3) % n_nope < n_nope / 2 ? 1.0 : -1.0) / std::sqrt(double(n_nope)));
+  const double sqrt_d = std::sqrt(static_cast<double>(D));
+  auto add_outer = [](std::vector<float>& m, int64_t n_in, const std::vector<float>& out_dir,
+                      const std::vector<float>& in_dir, double scale) {
+    for (size_t i = 0; i < out_dir.size(); ++i)
+      for (int64_t j = 0; j < n_in; ++j) m[i * n_in + j] += static_cast<float>(scale * out_dir[i] * in_dir[j]);
+  };
+  auto project_out = [&](std::vector<float>& m, int64_t n_out) {
+    for (int64_t i = 0; i < n_out; ++i)
+      for (const std::vector<float>* dir : std::array<const std::vector<float>*, 2>{&y_dir, &z_dir}) {
+        double dot = 0;
+        for (int64_t j = 0; j < D; ++j) dot += double(m[i * D + j]) * (*dir)[j];
+        for (int64_t j = 0; j < D; ++j) m[i * D + j] -= static_cast<float>(dot * (*dir)[j]);
+      }
+  };
+
+  w.Matrix("model.embed_tokens.weight", c.vocab_size, D, 1.0, 0.0, [&](std::vector<float>& m) {
+    for (int64_t v = 0; v < c.vocab_size; ++v) {
+      // Salient tokens: a fixed hash of the id, so presets of any vocabulary keep ~12%.
+      const bool salient = ((static_cast<uint64_t>(v) * 0x9E3779B97F4A7C15ull) >> 57) < 16;
+      for (int64_t j = 0; j < D; ++j)
+        m[v * D + j] += static_cast<float>(0.5 * sqrt_d * (y_dir[j] + (salient ? 1.0 : -1.0) * z_dir[j]));
+    }
+  });
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
     w.Vector(p + "input_layernorm.weight", D, 0.1, 1.0);
-    lin(a + "q_a_proj.weight", c.q_lora_rank, D, 1.0);
+    lin(a + "q_a_proj.weight", c.q_lora_rank, D, 1.0,
+        [&](std::vector<float>& m) { add_outer(m, D, v_dir, y_dir, 4.0 * std::sqrt(double(c.q_lora_rank)) / sqrt_d); });
     w.Vector(a + "q_a_layernorm.weight", c.q_lora_rank, 0.1, 1.0);
     // q_b and kv_b get gain > 1 so attention scores span a few units: softmax is then peaked
     // enough that attention is not a plain average.
@@ -226,25 +290,34 @@ Status MakeModel(const MakeModelOptions& options) {
     w.Vector(a + "kv_a_layernorm.weight", c.kv_lora_rank, 0.1, 1.0);
     lin(a + "kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, 2.0);
     lin(a + "o_proj.weight", D, H * c.v_head_dim, 0.5);
-    lin(a + "indexer.wq_b.weight", c.index_n_heads * c.index_head_dim, c.q_lora_rank, 1.0);
-    lin(a + "indexer.wk.weight", c.index_head_dim, D, 1.0);
-    w.Vector(a + "indexer.k_norm.weight", c.index_head_dim, 0.1, 1.0);
-    w.Vector(a + "indexer.k_norm.bias", c.index_head_dim, 0.1, 0.0);
-    lin(a + "indexer.weights_proj.weight", c.index_n_heads, D, 1.0);
+    lin(a + "indexer.wq_b.weight", c.index_n_heads * ID, c.q_lora_rank, 1.0, [&](std::vector<float>& m) {
+      std::vector<float> heads_u(static_cast<size_t>(c.index_n_heads * ID));
+      for (int64_t h = 0; h < c.index_n_heads; ++h) std::copy(u_dir.begin(), u_dir.end(), heads_u.begin() + h * ID);
+      add_outer(m, c.q_lora_rank, heads_u, v_dir, 3.0 * std::sqrt(double(n_nope)) / std::sqrt(double(c.q_lora_rank)));
+    });
+    lin(a + "indexer.wk.weight", ID, D, 1.0,
+        [&](std::vector<float>& m) { add_outer(m, D, u_dir, z_dir, 4.0 * std::sqrt(double(n_nope)) / sqrt_d); });
+    w.Vector(a + "indexer.k_norm.weight", ID, 0.1, 1.0);
+    w.Vector(a + "indexer.k_norm.bias", ID, 0.1, 0.0);
+    lin(a + "indexer.weights_proj.weight", c.index_n_heads, D, 1.0, [&](std::vector<float>& m) {
+      std::vector<float> ones(static_cast<size_t>(c.index_n_heads), 1.0f);
+      add_outer(m, D, ones, y_dir, 2.0 / sqrt_d * std::sqrt(double(D)) / 4.0);
+    });
     w.Vector(p + "post_attention_layernorm.weight", D, 0.1, 1.0);
     if (!c.IsMoeLayer(l)) {
       mlp(p + "mlp", c.intermediate_size);
       continue;
     }
     // Router logits with std ~3 spread sigmoid scores over (0, 1): clear gaps between experts.
-    lin(p + "mlp.gate.weight", c.n_routed_experts, D, 3.0);
+    lin(p + "mlp.gate.weight", c.n_routed_experts, D, 3.0,
+        [&](std::vector<float>& m) { project_out(m, c.n_routed_experts); });
     w.Vector(p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, 0.05, 0.0, DType::kF32);
     for (int64_t e = 0; e < c.n_routed_experts; ++e) mlp(p + "mlp.experts." + std::to_string(e), c.moe_intermediate_size);
     if (c.n_shared_experts > 0) mlp(p + "mlp.shared_experts", c.n_shared_experts * c.moe_intermediate_size);
   }
   w.Vector("model.norm.weight", D, 0.1, 1.0);
   // lm_head gain 4: logits with std ~4 give greedy steps clear top-1 margins.
-  lin("lm_head.weight", c.vocab_size, D, 4.0);
+  lin("lm_head.weight", c.vocab_size, D, 4.0, [&](std::vector<float>& m) { project_out(m, c.vocab_size); });
   return w.Finish(c);
 }
 

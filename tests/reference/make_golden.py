@@ -37,10 +37,22 @@ PROMPT_LEN = 48          # <= 64 keeps index_scores small; > index_topk exercise
 MAX_NEW_TOKENS = 20
 
 
-def fixed_prompt(vocab, n=PROMPT_LEN):
+# Greedy steps whose top-1/top-2 logit gap is below this are near-ties: an implementation
+# differing only in summation order may pick either token, so such prompts are skipped.
+MIN_GREEDY_MARGIN = 0.05
+
+
+def fixed_prompt(vocab, n=PROMPT_LEN, variant=0):
     """A fixed, vocabulary-independent recipe for the prompt: spread-out ids, none repeated
-    for vocab >= n."""
-    return [(i * 7919 + 13) % vocab for i in range(n)]
+    for vocab >= n. `variant` shifts the recipe when a prompt has a near-tie greedy step."""
+    return [(i * 7919 + 13 + 101 * variant) % vocab for i in range(n)]
+
+
+def min_greedy_margin(dump_dir):
+    import numpy as np
+    logits = np.load(os.path.join(dump_dir, "step_logits.npy"))
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    return float((top2[:, 1] - top2[:, 0]).min())
 
 
 def make_model(maker, preset, dtype, seed, out_dir, pdserve):
@@ -79,15 +91,22 @@ def make_golden(name, preset, dtype, seed, golden_dir, maker="pdserve", pdserve=
         maker_cmd = make_model(maker, preset, dtype, seed, model_dir, pdserve)
         with open(os.path.join(model_dir, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
-        prompt = fixed_prompt(vocab)
-        ref_cmd = [python, os.path.join(HERE, "deepseek_v32_ref.py"), "--model", model_dir,
-                   "--prompt-ids", ",".join(map(str, prompt)),
-                   "--max-new-tokens", str(MAX_NEW_TOKENS), "--out", dump_dir]
-        subprocess.run(ref_cmd, check=True, stdout=subprocess.DEVNULL)
+        for variant in range(50):
+            prompt = fixed_prompt(vocab, variant=variant)
+            ref_cmd = [python, os.path.join(HERE, "deepseek_v32_ref.py"), "--model", model_dir,
+                       "--prompt-ids", ",".join(map(str, prompt)),
+                       "--max-new-tokens", str(MAX_NEW_TOKENS), "--out", dump_dir]
+            subprocess.run(ref_cmd, check=True, stdout=subprocess.DEVNULL)
+            if min_greedy_margin(dump_dir) >= MIN_GREEDY_MARGIN:
+                break
+            shutil.rmtree(dump_dir)
+        else:
+            raise SystemExit(f"{name}: no prompt variant without a near-tie greedy step")
         with open(os.path.join(dump_dir, "index.json")) as f:
             index = json.load(f)
         index["source"] = {
             "maker": maker, "preset": preset, "dtype": dtype, "seed": seed,
+            "prompt_variant": variant, "min_greedy_margin": min_greedy_margin(dump_dir),
             "maker_command": maker_cmd, "checkpoint_sha256": checkpoint_sha256(model_dir),
             "reference_command": ["deepseek_v32_ref.py", "--model", "<model>", "--prompt-ids",
                                   "<prompt_tokens>", "--max-new-tokens", str(MAX_NEW_TOKENS)],
