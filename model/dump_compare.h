@@ -1,0 +1,45 @@
+// CompareDumps: layer-by-layer comparison of two dump directories (model/greedy_run.h layout;
+// the Python reference writes the same), for `pdserve compare` and the golden tests.
+//
+// Reports, per layer, the cos-sim and max |a-b| of the hidden states, the cos-sim of the
+// finite index scores and the top-k set overlap; per greedy step the logits cos-sim; and the
+// first step whose greedy token differs. Passes when every figure meets its threshold.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::model {
+
+struct CompareThresholds {
+  double hidden_cos = 0.999;
+  double logits_cos = 0.999;
+  double topk_overlap = 0.99;
+  double index_cos = 0.99;
+};
+
+struct LayerComparison {
+  double hidden_cos = 1, hidden_max_abs = 0;
+  double index_cos = 1;      // layers only (row 0 = embedding has none)
+  double topk_overlap = 1;
+};
+
+struct CompareReport {
+  std::vector<LayerComparison> rows;  // [n_layers + 1]: row 0 embedding, row l layer l-1
+  std::vector<double> step_logits_cos;
+  int64_t first_token_mismatch = -1;  // -1: greedy tokens agree over the common steps
+  int64_t steps_compared = 0;
+  bool passed = true;
+  std::string first_failure;          // e.g. "layer 2 hidden cos 0.93 < 0.999"
+  // A human-readable table.
+  std::string ToString() const;
+};
+
+// Errors: NotFound / InvalidArgument when a dump is missing files or the shapes differ.
+Result<CompareReport> CompareDumps(const std::string& dir_a, const std::string& dir_b,
+                                   const CompareThresholds& thresholds);
+
+}  // namespace pdserve::model
