@@ -2,8 +2,11 @@
 //
 // Kernels never start threads; callers split work with ParallelFor, which hands contiguous
 // index ranges to the workers *and* the calling thread, then returns when every range is done.
-// Workers spin for a short while before sleeping: a decode step runs thousands of small
-// parallel regions, and waking a sleeping thread costs 10-100 us on this VM.
+// Work is claimed chunk by chunk, so a worker that is slow to wake (or descheduled on an
+// oversubscribed machine) never holds the caller up: the caller takes the chunks itself and only
+// waits for chunks some worker has actually started. Workers spin briefly before sleeping: a
+// decode step runs hundreds of small parallel regions, and waking a sleeping thread costs
+// 10-100 us on this VM.
 //
 // Thread-safety: ParallelFor may be called from one thread at a time (the owner of the pool,
 // e.g. the engine loop). Nested ParallelFor calls run inline on the calling thread.
@@ -38,25 +41,32 @@ class ThreadPool {
   static ThreadPool& Default();
 
  private:
-  void WorkerLoop(int worker_index);
-  void RunChunks();
+  // The claim word packs (job generation, number of chunks, next chunk to claim) so that a
+  // worker's successful compare-exchange proves the chunk belongs to the job it read.
+  static constexpr int kChunkBits = 20;
+  static constexpr uint64_t kChunkMask = (1ull << kChunkBits) - 1;
+
+  void WorkerLoop();
+  // Claims and runs chunks of job `gen` until none are left. Returns when the job is drained.
+  void RunChunks(uint64_t gen);
 
   const int n_threads_;
   std::vector<std::thread> workers_;  // joined in the destructor
 
-  // The current job; written by the caller before bumping generation_ (release), read by
-  // workers after observing the new generation (acquire).
+  // Current job. Written by the caller before it publishes the claim word (release); read by
+  // workers after they load the word (acquire) and only while their claim is valid.
   const std::function<void(int64_t, int64_t)>* job_fn_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_chunk_ = 1;
-  std::atomic<int64_t> next_chunk_{0};
-  std::atomic<int> active_workers_{0};
-  std::atomic<uint64_t> generation_{0};
+  std::atomic<uint64_t> claim_{0};        // gen << 40 | n_chunks << 20 | next_chunk
+  std::atomic<int64_t> done_chunks_{0};   // chunks of the current job finished
+  std::atomic<uint64_t> generation_{0};   // bumped per job; workers wait for a change
+  std::atomic<int> sleeping_{0};          // workers blocked on cv_ (notify only if > 0)
   std::atomic<bool> stop_{false};
-  std::atomic<bool> in_job_{false};
+  std::atomic<bool> in_job_{false};       // detects nested calls
 
   std::mutex mu_;
-  std::condition_variable cv_;  // wakes sleeping workers on a new generation or stop
+  std::condition_variable cv_;
 };
 
 }  // namespace pdserve
