@@ -29,10 +29,19 @@ constexpr int kGroupM = 4;
 // (~32K MACs, a few microseconds).
 constexpr int64_t kMinMacsPerChunk = 32768;
 
+// Software prefetch of the weight rows at least this far ahead (and at least one block ahead),
+// one prefetch per cache line, into L2 (_MM_HINT_T1). Without it a decode step on the 2-core
+// Zen 5 VM stalls on DRAM: m = 4 ran at ~0.5x the single-thread read bandwidth, m = 1 BF16 at
+// ~0.7x; with it both reach it (bench/gemm, --threads 1; distances 1 block .. 32 KiB and the T0
+// hint measured within noise of each other).
+constexpr int64_t kPrefetchAheadBytes = 8192;
+
 // y[i * ldy + r] = sum_k x[i * ldx + k] * w[r * ldw + k] for i < M, r < R.
+// next: address of weight rows further on (prefetched while this block is computed), same
+// stride; an integer since it may lie past the matrix (prefetches never fault).
 template <int M, int R, typename T>
 void DotBlock(const float* x, int64_t ldx, const T* w, int64_t ldw, int64_t n_in, float* y,
-              int64_t ldy) {
+              int64_t ldy, uintptr_t next) {
   const int64_t n_vec = n_in & ~int64_t{7};
   float sums[M][R];
 #if defined(__AVX2__)
@@ -42,7 +51,7 @@ void DotBlock(const float* x, int64_t ldx, const T* w, int64_t ldw, int64_t n_in
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) acc[i][r] = _mm256_setzero_ps();
   }
-  for (int64_t k = 0; k < n_vec; k += 8) {
+  auto step = [&](int64_t k) __attribute__((always_inline)) {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256 wv = LoadW8(w + r * ldw + k);
@@ -51,7 +60,18 @@ void DotBlock(const float* x, int64_t ldx, const T* w, int64_t ldw, int64_t n_in
         acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * ldx + k), wv, acc[i][r]);
       }
     }
+  };
+  constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line
+  int64_t k = 0;
+  for (; k + kLine <= n_vec; k += kLine) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + (r * ldw + k) * sizeof(T)), _MM_HINT_T1);
+    }
+#pragma GCC unroll 4
+    for (int64_t kk = 0; kk < kLine; kk += 8) step(k + kk);
   }
+  for (; k < n_vec; k += 8) step(k);
   for (int i = 0; i < M; ++i) {
     for (int r = 0; r < R; ++r) sums[i][r] = Hsum8(acc[i][r]);
   }
@@ -80,7 +100,8 @@ void DotBlock(const float* x, int64_t ldx, const T* w, int64_t ldw, int64_t n_in
 }
 
 template <typename T>
-using BlockFn = void (*)(const float*, int64_t, const T*, int64_t, int64_t, float*, int64_t);
+using BlockFn = void (*)(const float*, int64_t, const T*, int64_t, int64_t, float*, int64_t,
+                         uintptr_t);
 
 // kBlockTable<T>[M - 1][R - 1] = DotBlock<M, R, T>.
 template <typename T, int M, int... Rs>
@@ -112,12 +133,17 @@ void RunBlocks(const Job& job, int64_t b0, int64_t b1) {
   const T* w = static_cast<const T*>(job.w);
   const int64_t j_lo = job.j_begin + b0 * job.rows;
   const int64_t j_hi = std::min(job.j_end, job.j_begin + b1 * job.rows);
+  const int64_t row_bytes = job.n_in * static_cast<int64_t>(sizeof(T));
+  const int64_t ahead =
+      std::max<int64_t>(job.rows, (kPrefetchAheadBytes + row_bytes - 1) / row_bytes);
   for (int64_t j = j_lo; j < j_hi; j += job.rows) {
     const int r = static_cast<int>(std::min<int64_t>(job.rows, j_hi - j));
     for (int64_t i = 0; i < job.m; i += kGroupM) {
       const int mg = static_cast<int>(std::min<int64_t>(kGroupM, job.m - i));
       kBlockTable<T>[mg - 1][r - 1](job.x + i * job.ldx, job.ldx, w + j * job.ldw, job.ldw,
-                                    job.n_in, job.y + i * job.ldy + j, job.ldy);
+                                    job.n_in, job.y + i * job.ldy + j, job.ldy,
+                                    reinterpret_cast<uintptr_t>(w + j * job.ldw) +
+                                        ahead * job.ldw * sizeof(T));
     }
   }
 }

@@ -5,7 +5,8 @@
 // rows into a thread-local panel buffer laid out [panel of 16 rows][k][16] (fp32, zero-padded
 // past the last row), then for every 6 rows of x runs the 6x16 microkernel over each panel:
 // 12 ymm accumulators, per k two panel loads and six broadcasts of x straight from x's rows (x is
-// not packed: its 6 x kKc block sits in L1 while the panels stream from L2).
+// not packed: its 6 x kKc block sits in L1 while the panels stream from L2); the last rows of a
+// task use a microkernel with fewer rows.
 // Each output is one sequential fp32 FMA chain over k (the microkernel reloads the partial sum
 // written after the previous k block), so results are independent of the task split.
 #include <algorithm>
@@ -101,11 +102,12 @@ void PackPanels(const T* w, int64_t ldw, int64_t j0, int64_t j1, int64_t k0, int
   }
 }
 
-// y[r * ldy + c] (+)= sum_{k < kc} xr[r][k] * panel[k * kNr + c] for r < mr, c < nr; rows of xr
-// at and past mr may repeat a valid row (their sums are dropped). accumulate: start from the
-// values in y (the previous k block) instead of 0.
-void MicroKernel(int64_t kc, const float* const xr[kMr], const float* panel, float* y,
-                 int64_t ldy, int mr, int nr, bool accumulate) {
+// y[r * ldy + c] (+)= sum_{k < kc} xr[r][k] * panel[k * kNr + c] for r < MR, c < nr.
+// accumulate: start from the values in y (the previous k block) instead of 0.
+// MR < kMr serves the last rows of x without computing throw-away rows.
+template <int MR>
+void MicroKernel(int64_t kc, const float* const* xr, const float* panel, float* y, int64_t ldy,
+                 int nr, bool accumulate) {
 #if defined(__AVX2__)
   alignas(32) static constexpr int32_t kMaskSrc[24] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0,
                                                        0,  0,  0,  0,  0,  0,  0,  0,  0, 0, 0, 0};
@@ -114,53 +116,34 @@ void MicroKernel(int64_t kc, const float* const xr[kMr], const float* panel, flo
       reinterpret_cast<const __m256i*>(kMaskSrc + 8 - std::min(nr, 8)));
   const __m256i mask1 = _mm256_loadu_si256(
       reinterpret_cast<const __m256i*>(kMaskSrc + 8 - std::max(nr - 8, 0)));
-  __m256 c0[kMr], c1[kMr];
+  __m256 c0[MR], c1[MR];
+  const float* x[MR];
 #pragma GCC unroll 8
-  for (int r = 0; r < kMr; ++r) {
-    if (accumulate && r < mr) {
-      if (nr == kNr) {
-        c0[r] = _mm256_loadu_ps(y + r * ldy);
-        c1[r] = _mm256_loadu_ps(y + r * ldy + 8);
-      } else {
-        c0[r] = _mm256_maskload_ps(y + r * ldy, mask0);
-        c1[r] = _mm256_maskload_ps(y + r * ldy + 8, mask1);
-      }
-    } else {
+  for (int r = 0; r < MR; ++r) {
+    x[r] = xr[r];
+    if (!accumulate) {
       c0[r] = _mm256_setzero_ps();
       c1[r] = _mm256_setzero_ps();
+    } else if (nr == kNr) {
+      c0[r] = _mm256_loadu_ps(y + r * ldy);
+      c1[r] = _mm256_loadu_ps(y + r * ldy + 8);
+    } else {
+      c0[r] = _mm256_maskload_ps(y + r * ldy, mask0);
+      c1[r] = _mm256_maskload_ps(y + r * ldy + 8, mask1);
     }
   }
-  const float* x0 = xr[0];
-  const float* x1 = xr[1];
-  const float* x2 = xr[2];
-  const float* x3 = xr[3];
-  const float* x4 = xr[4];
-  const float* x5 = xr[5];
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_load_ps(panel + k * kNr);
     const __m256 b1 = _mm256_load_ps(panel + k * kNr + 8);
-    __m256 a = _mm256_broadcast_ss(x0 + k);
-    c0[0] = _mm256_fmadd_ps(a, b0, c0[0]);
-    c1[0] = _mm256_fmadd_ps(a, b1, c1[0]);
-    a = _mm256_broadcast_ss(x1 + k);
-    c0[1] = _mm256_fmadd_ps(a, b0, c0[1]);
-    c1[1] = _mm256_fmadd_ps(a, b1, c1[1]);
-    a = _mm256_broadcast_ss(x2 + k);
-    c0[2] = _mm256_fmadd_ps(a, b0, c0[2]);
-    c1[2] = _mm256_fmadd_ps(a, b1, c1[2]);
-    a = _mm256_broadcast_ss(x3 + k);
-    c0[3] = _mm256_fmadd_ps(a, b0, c0[3]);
-    c1[3] = _mm256_fmadd_ps(a, b1, c1[3]);
-    a = _mm256_broadcast_ss(x4 + k);
-    c0[4] = _mm256_fmadd_ps(a, b0, c0[4]);
-    c1[4] = _mm256_fmadd_ps(a, b1, c1[4]);
-    a = _mm256_broadcast_ss(x5 + k);
-    c0[5] = _mm256_fmadd_ps(a, b0, c0[5]);
-    c1[5] = _mm256_fmadd_ps(a, b1, c1[5]);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x[r] + k);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < kMr; ++r) {
-    if (r >= mr) break;
+  for (int r = 0; r < MR; ++r) {
     if (nr == kNr) {
       _mm256_storeu_ps(y + r * ldy, c0[r]);
       _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
@@ -170,7 +153,7 @@ void MicroKernel(int64_t kc, const float* const xr[kMr], const float* panel, flo
     }
   }
 #else
-  for (int r = 0; r < mr; ++r) {
+  for (int r = 0; r < MR; ++r) {
     for (int c = 0; c < nr; ++c) {
       float s = accumulate ? y[r * ldy + c] : 0.0f;
       for (int64_t k = 0; k < kc; ++k) s = std::fma(xr[r][k], panel[k * kNr + c], s);
@@ -179,6 +162,12 @@ void MicroKernel(int64_t kc, const float* const xr[kMr], const float* panel, flo
   }
 #endif
 }
+
+using MicroKernelFn = void (*)(int64_t, const float* const*, const float*, float*, int64_t, int,
+                               bool);
+// kMicroKernels[mr - 1] handles mr rows.
+constexpr MicroKernelFn kMicroKernels[kMr] = {&MicroKernel<1>, &MicroKernel<2>, &MicroKernel<3>,
+                                              &MicroKernel<4>, &MicroKernel<5>, &MicroKernel<6>};
 
 struct Job {
   const float* x;
@@ -213,13 +202,13 @@ void RunTask(const Job& job, int64_t task) {
     job.pack(job.w, job.ldw, j0, j1, k0, kc, panels);
     for (int64_t i = i0; i < i1; i += kMr) {
       const int mr = static_cast<int>(std::min<int64_t>(kMr, i1 - i));
+      const MicroKernelFn kernel = kMicroKernels[mr - 1];
       const float* xr[kMr];
-      for (int r = 0; r < kMr; ++r) xr[r] = job.x + (i + std::min(r, mr - 1)) * job.ldx + k0;
+      for (int r = 0; r < mr; ++r) xr[r] = job.x + (i + r) * job.ldx + k0;
       for (int64_t p = 0; p < n_panels; ++p) {
         const int64_t j = j0 + p * kNr;
         const int nr = static_cast<int>(std::min<int64_t>(kNr, j1 - j));
-        MicroKernel(kc, xr, panels + p * kc * kNr, job.y + i * job.ldy + j, job.ldy, mr, nr,
-                    k0 > 0);
+        kernel(kc, xr, panels + p * kc * kNr, job.y + i * job.ldy + j, job.ldy, nr, k0 > 0);
       }
     }
   }
