@@ -1,4 +1,5 @@
-// `pdserve generate --model DIR --prompt-ids 0,15,7 --max-new-tokens N [--dump-logits F.npy]
+// `pdserve generate --model DIR (--prompt-ids 0,15,7 | --prompt TEXT [--tokenizer DIR])
+//  --max-new-tokens N [--dump-logits F.npy]
 //  [--dump-dir DIR] [--force-topk topk.npy] [--threads N]`: greedy decoding on one process.
 // Prints {"prompt_tokens":[...],"output_tokens":[...]} as one JSON line.
 #include <cstdio>
@@ -8,6 +9,8 @@
 #include "common/npy.h"
 #include "model/greedy_run.h"
 #include "services/cli/command.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_paths.h"
 
 namespace pdserve::cli {
 namespace {
@@ -32,8 +35,18 @@ Result<std::vector<int32_t>> ParseIds(const std::string& s) {
 
 Status Generate(const Args& args) {
   PDSERVE_ASSIGN_OR_RETURN(std::string dir, args.Require("model"));
-  PDSERVE_ASSIGN_OR_RETURN(std::string ids_text, args.Require("prompt-ids"));
-  PDSERVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIds(ids_text));
+  std::vector<int32_t> prompt;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  if (args.Has("prompt") == args.Has("prompt-ids"))
+    return Status::InvalidArgument("give exactly one of --prompt TEXT or --prompt-ids 0,15,7,...");
+  if (auto text = args.Get("prompt")) {
+    // The text is encoded as is (no BOS added, like the tokenizer package's encode()).
+    PDSERVE_ASSIGN_OR_RETURN(tok, tokenizer::Tokenizer::Load(args.GetOr("tokenizer", tokenizer::DefaultTokenizerDir())));
+    PDSERVE_ASSIGN_OR_RETURN(prompt, tok->Encode(*text));
+    if (prompt.empty()) return Status::InvalidArgument("--prompt encodes to no tokens");
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(prompt, ParseIds(*args.Get("prompt-ids")));
+  }
   PDSERVE_ASSIGN_OR_RETURN(int64_t max_new, args.GetInt("max-new-tokens", 16));
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 0));
   if (max_new < 0) return Status::InvalidArgument("--max-new-tokens must be >= 0");
@@ -56,7 +69,15 @@ Status Generate(const Args& args) {
     PDSERVE_RETURN_IF_ERROR(WriteNpyF32(*f, run.prefill_logits.data(), {cfg.vocab_size}));
   if (auto dir = args.Get("dump-dir")) PDSERVE_RETURN_IF_ERROR(model::WriteDump(*dir, cfg, run));
   nlohmann::json j = {{"prompt_tokens", prompt}, {"output_tokens", run.output}};
-  std::printf("%s\n", j.dump().c_str());
+  if (tok) {
+    // Ids past the tokenizer's vocabulary (the embedding is padded) decode as nothing.
+    std::vector<int32_t> known;
+    for (int32_t id : run.output)
+      if (id < tok->id_limit()) known.push_back(id);
+    PDSERVE_ASSIGN_OR_RETURN(std::string text, tok->Decode(known));
+    j["output_text"] = text;
+  }
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   if (args.Has("timing"))
     std::fprintf(stderr, "prefill %.3f s (%lld tokens), decode %.3f s (%.2f ms/token)\n", run.prefill_seconds,
                  static_cast<long long>(S), run.decode_seconds,
@@ -65,7 +86,7 @@ Status Generate(const Args& args) {
 }
 
 int RunGenerate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"model", "prompt-ids", "max-new-tokens", "dump-logits", "dump-dir", "force-topk", "threads"},
+  auto args = Args::Parse(argv, {"model", "prompt", "prompt-ids", "tokenizer", "max-new-tokens", "dump-logits", "dump-dir", "force-topk", "threads"},
                           {"timing"});
   if (!args.ok()) return ReportStatus("generate", args.status());
   return ReportStatus("generate", Generate(*args));
