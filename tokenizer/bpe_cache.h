@@ -1,32 +1,32 @@
 // BpeCache: remembers the ids BPE produced for a pre-token (keyed by its raw bytes). Natural
 // text repeats the same words constantly, so most pieces skip the merge loop entirely.
 //
-// The cache is split into shards, each behind its own mutex, so concurrent Encode calls on a
-// shared Tokenizer rarely contend. A full shard is simply emptied: eviction order does not
-// matter for correctness, and this keeps the hit path to one hash lookup.
+// A fixed-size, direct-mapped table of 64-byte entries that hold the key and the ids inline:
+// a lookup touches one cache line and nothing is ever allocated after construction, so a miss
+// (the insert) costs almost nothing either. A new key simply overwrites whatever shared its
+// slot; eviction order does not affect correctness. Keys longer than kMaxKeyBytes and results
+// longer than kMaxIds are not cached (such pieces rarely repeat).
 //
-// Thread-safety: all methods may be called concurrently from any thread.
+// Thread-safety: all methods may be called concurrently from any thread. Slots are guarded by
+// striped spin locks (critical sections are a 64-byte copy, so spinning is cheaper than a mutex).
 #pragma once
 
-#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace pdserve::tokenizer {
 
 class BpeCache {
  public:
-  // `capacity` entries in total (0 disables the cache); pieces longer than kMaxKeyBytes are
-  // never cached (they rarely repeat).
-  explicit BpeCache(size_t capacity);
+  static constexpr size_t kMaxKeyBytes = 30;
+  static constexpr size_t kMaxIds = 7;
 
-  static constexpr size_t kMaxKeyBytes = 128;
+  // About `capacity` entries (rounded up to a power of two; 0 disables the cache).
+  explicit BpeCache(size_t capacity);
 
   // Appends the cached ids of `key` to *out and returns true, or returns false on a miss.
   bool Lookup(std::string_view key, std::vector<int32_t>* out) const;
@@ -34,28 +34,22 @@ class BpeCache {
   void Clear();
 
  private:
-  // Ids of one entry; up to kInline ids live inside the entry (the common case).
-  struct Ids {
-    static constexpr uint32_t kInline = 5;
-    uint32_t n = 0;
-    int32_t inline_ids[kInline];
-    std::unique_ptr<int32_t[]> heap;
-    const int32_t* data() const { return n <= kInline ? inline_ids : heap.get(); }
+  struct alignas(64) Entry {
+    uint32_t tag;  // high hash bits | 1; 0 marks an empty slot
+    uint8_t key_len;
+    uint8_t num_ids;
+    char key[kMaxKeyBytes];
+    int32_t ids[kMaxIds];
   };
-  struct Hash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-  };
-  struct Shard {
-    mutable std::mutex mu;
-    std::unordered_map<std::string, Ids, Hash, std::equal_to<>> map;
-  };
-  static constexpr size_t kShards = 16;
+  static_assert(sizeof(Entry) == 64, "one cache line per entry");
+  static constexpr size_t kLocks = 256;
 
-  Shard& ShardFor(std::string_view key, size_t* hash) const;
+  void Lock(size_t slot) const;
+  void Unlock(size_t slot) const;
 
-  size_t per_shard_capacity_;
-  mutable std::array<Shard, kShards> shards_;
+  std::unique_ptr<Entry[]> entries_;
+  size_t mask_ = 0;
+  mutable std::unique_ptr<std::atomic<uint8_t>[]> locks_;
 };
 
 }  // namespace pdserve::tokenizer

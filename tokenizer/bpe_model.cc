@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <queue>
 
 #include <nlohmann/json.hpp>
 
@@ -198,11 +197,6 @@ void BpeModel::MergeHeap(std::string_view bytes, std::vector<int32_t>* out) cons
     int32_t prev;
     int32_t next;  // -1 at the ends
   };
-  std::vector<Symbol> sym(n);
-  for (size_t i = 0; i < n; ++i) {
-    sym[i] = {byte_ids_[static_cast<uint8_t>(bytes[i])], static_cast<int32_t>(i) - 1,
-              i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
-  }
   // A candidate merge of the symbol at `pos` with its successor, valid only while both still
   // hold the ids recorded here (entries go stale instead of being removed).
   struct Candidate {
@@ -211,21 +205,41 @@ void BpeModel::MergeHeap(std::string_view bytes, std::vector<int32_t>* out) cons
     int32_t left;
     int32_t right;
     int32_t merged;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  // Min-heap on (rank, pos): the lowest rank first, the leftmost on ties.
+  auto later = [](const Candidate& a, const Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
+  // Per-thread scratch: long pieces are common in CJK text, and reallocating both arrays for
+  // each one costs more than the merges.
+  thread_local std::vector<Symbol> sym;
+  thread_local std::vector<Candidate> heap;
+  sym.resize(n);
+  heap.clear();
+  for (size_t i = 0; i < n; ++i) {
+    sym[i] = {byte_ids_[static_cast<uint8_t>(bytes[i])], static_cast<int32_t>(i) - 1,
+              i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
+  }
   auto push = [&](int32_t pos) {
     const int32_t next = sym[pos].next;
     if (next < 0) return;
     const uint64_t v = merges_.Find(sym[pos].id, sym[next].id);
     if (v == MergeTable::kEmpty) return;
-    heap.push({static_cast<uint32_t>(v >> 32), pos, sym[pos].id, sym[next].id,
-               static_cast<int32_t>(v & 0xFFFFFFFFu)});
+    heap.push_back({static_cast<uint32_t>(v >> 32), pos, sym[pos].id, sym[next].id,
+                    static_cast<int32_t>(v & 0xFFFFFFFFu)});
+    std::push_heap(heap.begin(), heap.end(), later);
   };
-  for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
+  for (size_t i = 0; i + 1 < n; ++i) {
+    const uint64_t v = merges_.Find(sym[i].id, sym[i + 1].id);
+    if (v != MergeTable::kEmpty)
+      heap.push_back({static_cast<uint32_t>(v >> 32), static_cast<int32_t>(i), sym[i].id, sym[i + 1].id,
+                      static_cast<int32_t>(v & 0xFFFFFFFFu)});
+  }
+  std::make_heap(heap.begin(), heap.end(), later);
   while (!heap.empty()) {
-    const Candidate c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Candidate c = heap.back();
+    heap.pop_back();
     Symbol& left = sym[c.pos];
     if (left.id != c.left || left.next < 0) continue;
     Symbol& right = sym[left.next];

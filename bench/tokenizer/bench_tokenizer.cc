@@ -11,7 +11,7 @@
 // MB/s counts UTF-8 input bytes (1 MB = 10^6 bytes). Reported: best and median of the rounds.
 //
 // Usage: bench_tokenizer [--bytes N] [--seed S] [--rounds R] [--tokenizer DIR] [--out DIR]
-//                        [--skip-js]
+//                        [--cache ENTRIES] [--skip-js]
 // Writes DIR/tokenizer.json and DIR/tokenizer.md (DIR defaults to <source>/bench/results).
 #include <algorithm>
 #include <chrono>
@@ -132,7 +132,9 @@ int Main(int argc, char** argv) {
 
   // 2. C++.
   const auto t0 = Clock::now();
-  auto tok = tokenizer::Tokenizer::Load(dir);
+  tokenizer::TokenizerOptions options;
+  options.cache_capacity = std::strtoull(Arg(argc, argv, "--cache", std::to_string(options.cache_capacity)).c_str(), nullptr, 10);
+  auto tok = tokenizer::Tokenizer::Load(dir, options);
   const double load_seconds = Seconds(t0, Clock::now());
   if (!tok.ok()) {
     std::fprintf(stderr, "bench_tokenizer: %s\n", tok.status().ToString().c_str());
