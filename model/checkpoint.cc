@@ -9,7 +9,7 @@ namespace pdserve::model {
 
 namespace fs = std::filesystem;
 
-Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir, const std::string& index_name) {
   if (!fs::is_directory(dir)) return Status::NotFound("model directory does not exist", dir);
   auto ckpt = std::make_unique<Checkpoint>();
   ckpt->dir_ = dir;
@@ -18,7 +18,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   // Which files to open, and (when sharded) which tensor each must hold.
   std::vector<std::string> shard_names;
   std::map<std::string, std::string> expected_shard;  // tensor -> shard, from the index
-  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path index_path = fs::path(dir) / index_name;
   if (fs::exists(index_path)) {
     PDSERVE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path.string()));
     auto j = nlohmann::json::parse(text, nullptr, false);

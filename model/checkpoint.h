@@ -23,7 +23,10 @@ class Checkpoint {
   // Errors: NotFound (no config.json or no safetensors), InvalidArgument (bad index JSON, a
   // shard named by the index is missing, the index names a tensor its shard lacks, the same
   // tensor in two shards, or any SafetensorsFile error).
-  static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  // `index_name`: the index file to read when it exists (an expert-parallel rank opens its own
+  // "model-ep{r}-of-{N}.safetensors.index.json", which lists only the shards it needs).
+  static Result<std::unique_ptr<Checkpoint>> Open(
+      const std::string& dir, const std::string& index_name = "model.safetensors.index.json");
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }

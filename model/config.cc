@@ -109,6 +109,13 @@ Result<ModelConfig> ModelConfig::FromJson(const nlohmann::json& j, const std::st
         if (!b.is_array() || b.size() != 2 || b[0] != 128 || b[1] != 128)
           return Status::InvalidArgument("field 'quantization_config.weight_block_size' must be [128, 128], got " + b.dump(), where);
       }
+    } else if (method == "w8a8_int8") {
+      c.weight_format = "w8a8_int8";
+      int64_t version = 1;
+      PDSERVE_RETURN_IF_ERROR(ReadField(*qc, "format_version", false, &version, where + " quantization_config"));
+      if (version != 1)
+        return Status::InvalidArgument("field 'quantization_config.format_version' = " + std::to_string(version) +
+                                           " is unsupported (only 1)", where);
     } else if (!method.empty()) {
       return Status::InvalidArgument("field 'quantization_config.quant_method' = '" + method + "' is unsupported", where);
     }
@@ -229,6 +236,13 @@ nlohmann::json ModelConfig::ToJson() const {
     j["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"},
                                 {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"},
                                 {"weight_block_size", {128, 128}}};
+  } else if (weight_format == "w8a8_int8") {
+    j["quantization_config"] = {{"quant_method", "w8a8_int8"}, {"format_version", 1},
+                                {"weights", "int8, symmetric, one F32 weight_scale per output channel"},
+                                {"activations", "int8, symmetric, dynamic per token"},
+                                {"quantized_modules", {"self_attn.q_b_proj", "self_attn.o_proj",
+                                                       "self_attn.indexer.wq_b", "mlp.experts.*",
+                                                       "mlp.shared_experts"}}};
   }
   return j;
 }

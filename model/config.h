@@ -54,7 +54,9 @@ struct ModelConfig {
   int64_t index_head_dim = 0;          // ID
   int64_t index_topk = 0;              // K
   YarnConfig yarn;
-  // Weight format of the checkpoint ("bf16", "fp8" when quantization_config says fp8).
+  // Weight format of the checkpoint: "bf16"; "fp8" when quantization_config says fp8 (E4M3,
+  // 128x128 block scales); "w8a8_int8" for pdserve's W8A8 (docs/quantization.md: I8 weights
+  // with per-output-channel F32 `weight_scale`, dynamic per-token INT8 activations).
   std::string weight_format = "bf16";
 
   // Derived quantities.

@@ -1,9 +1,46 @@
 #include "model/linear.h"
 
+#include <algorithm>
+
+#include "kernels/quantize.h"
+
 namespace pdserve::model {
 
+namespace {
+// Below this many activation values one thread quantizes them faster than a pool hand-off.
+constexpr int64_t kParallelQuantizeMin = 1 << 16;
+}  // namespace
+
 void ApplyLinear(const Linear& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
-  kernels::Gemm(x, m, w.n_in(), w.view, y, w.n_out(), pool);
+  if (!w.is_int8()) {
+    kernels::Gemm(x, m, w.n_in(), w.view, y, w.n_out(), pool);
+    return;
+  }
+  const int64_t n_in = w.n_in();
+  // Grow-only per-thread scratch: the quantized activations of this call.
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  if (xq.size() < static_cast<size_t>(m * n_in)) xq.resize(static_cast<size_t>(m * n_in));
+  if (xs.size() < static_cast<size_t>(m)) xs.resize(static_cast<size_t>(m));
+  int8_t* q = xq.data();
+  float* s = xs.data();
+  if (pool != nullptr && m > 1 && m * n_in >= kParallelQuantizeMin) {
+    pool->ParallelFor(m, [=](int64_t b, int64_t e) {
+      kernels::QuantizeRowsInt8(x + b * n_in, e - b, n_in, n_in, q + b * n_in, n_in, s + b);
+    });
+  } else {
+    kernels::QuantizeRowsInt8(x, m, n_in, n_in, q, n_in, s);
+  }
+  kernels::GemmInt8(q, s, m, n_in, w.int8, y, w.n_out(), pool);
+}
+
+Linear QuantizeToInt8Linear(const float* w, int64_t n_out, int64_t n_in) {
+  Linear l;
+  l.owned_i8.resize(static_cast<size_t>(n_out * n_in));
+  l.owned_scales.resize(static_cast<size_t>(n_out));
+  kernels::QuantizeRowsInt8(w, n_out, n_in, n_in, l.owned_i8.data(), n_in, l.owned_scales.data());
+  l.int8 = {l.owned_i8.data(), l.owned_scales.data(), n_out, n_in, n_in};
+  return l;
 }
 
 }  // namespace pdserve::model

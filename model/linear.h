@@ -1,7 +1,14 @@
 // Linear: one weight matrix of the model ([n_out, n_in], y = x W^T) and the single entry point
-// every projection goes through, so a weight format (BF16, F32, and later INT8 W8A8) is chosen
-// in one place.
-// Thread-safety: immutable after loading; ApplyLinear may run concurrently on distinct outputs.
+// every projection goes through, so the weight format (BF16, F32, or INT8 W8A8) is chosen in
+// one place.
+//
+// W8A8 (int8 set): weights int8 [n_out, n_in] with one fp32 scale per output row, usually a view
+// into the mmap'd checkpoint (owned_i8/owned_scales hold them otherwise). ApplyLinear then
+// quantizes each activation row on the fly (per token: scale = amax/127, codes = round(x/scale),
+// kernels/quantize.h), runs the exact int8 x int8 -> int32 GEMM and rescales once:
+// y = (acc * x_scale[i]) * w_scale[j] (kernels/gemm_int8.h).
+// Thread-safety: immutable after loading; ApplyLinear may run concurrently on distinct outputs
+// (its activation scratch is thread-local).
 #pragma once
 
 #include <cstdint>
@@ -9,17 +16,28 @@
 
 #include "common/thread_pool.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_int8.h"
 
 namespace pdserve::model {
 
 struct Linear {
-  kernels::WeightView view{};       // BF16/F32 weights (into the mmap or owned_bf16)
+  kernels::WeightView view{};        // BF16/F32 weights (into the mmap or owned_bf16)
   std::vector<uint16_t> owned_bf16;  // storage when the view is not into the checkpoint
-  int64_t n_out() const { return view.n_out; }
-  int64_t n_in() const { return view.n_in; }
+  kernels::Int8WeightView int8{};    // W8A8 weights; int8.data != nullptr selects this format
+  std::vector<int8_t> owned_i8;      // storage when int8 is not a view into the checkpoint
+  std::vector<float> owned_scales;
+  bool is_int8() const { return int8.data != nullptr; }
+  int64_t n_out() const { return is_int8() ? int8.n_out : view.n_out; }
+  int64_t n_in() const { return is_int8() ? int8.n_in : view.n_in; }
 };
 
-// y[m, n_out] = x[m, n_in] W^T with fp32 accumulation (rows packed: ldx = n_in, ldy = n_out).
+// y[m, n_out] = x[m, n_in] W^T (rows packed: ldx = n_in, ldy = n_out). BF16/F32: fp32
+// accumulation (kernels/gemm.h). INT8: dynamic per-token activation quantization, exact int32
+// accumulation, fp32 rescale.
 void ApplyLinear(const Linear& w, const float* x, int64_t m, float* y, ThreadPool* pool);
+
+// An INT8 Linear owning its storage, quantized per output row from fp32 weights w[n_out, n_in]
+// (the converter's per-channel scheme). For tests and tools; checkpoints are converted offline.
+Linear QuantizeToInt8Linear(const float* w, int64_t n_out, int64_t n_in);
 
 }  // namespace pdserve::model

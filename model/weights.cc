@@ -4,8 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 #include "common/dtype.h"
+#include "common/mapped_file.h"
 
 namespace pdserve::model {
 
@@ -15,8 +20,10 @@ class Loader {
  public:
   explicit Loader(Checkpoint& ckpt) : ckpt_(ckpt) {}
 
-  // A matrix [n_out, n_in]: BF16/F32 used in place; F8_E4M3 + weight_scale_inv dequantized.
-  Status LoadLinear(const std::string& name, int64_t n_out, int64_t n_in, Linear* out) {
+  // A matrix [n_out, n_in]: BF16/F32 used in place; F8_E4M3 + weight_scale_inv dequantized;
+  // I8 + weight_scale (W8A8 checkpoints, where allow_int8) used in place.
+  Status LoadLinear(const std::string& name, int64_t n_out, int64_t n_in, Linear* out,
+                    bool allow_int8 = true) {
     const TensorInfo* t = ckpt_.Find(name);
     if (!t) return Missing(name);
     if (t->shape != std::vector<int64_t>{n_out, n_in})
@@ -29,9 +36,10 @@ class Loader {
       case DType::kBF16: return Status::Ok();
       case DType::kF32: out->view.dtype = DType::kF32; return Status::Ok();
       case DType::kF8E4M3: return DequantFp8(name, *t, out);
+      case DType::kI8: return UseInt8(name, *t, allow_int8, out);
       default:
         return Status::InvalidArgument("tensor '" + name + "' has dtype " + std::string(DTypeName(t->dtype)) +
-                                           ", expected BF16, F32 or F8_E4M3",
+                                           ", expected BF16, F32, F8_E4M3 or I8",
                                        t->file);
     }
   }
@@ -64,18 +72,48 @@ class Loader {
     return LoadLinear(prefix + ".down_proj.weight", d, inter, &m->down);
   }
 
-  Status CheckNoneUnused(const ModelConfig& cfg) {
-    std::vector<std::string> unexpected;
+  // Unused tensors are errors, except the MTP layer and, for an EP-sliced load from the full
+  // index, the other ranks' experts. From a rank's own index, another rank's expert is an error.
+  // foreign_only: report only the other ranks' experts (checked before the missing tensors,
+  // which they usually explain).
+  Status CheckNoneUnused(const ModelConfig& cfg, int64_t e_begin, int64_t e_end, bool rank_index,
+                         const std::string& rank_label, bool foreign_only) {
+    std::vector<std::string> unexpected, foreign;
     const std::string mtp_prefix = "model.layers." + std::to_string(cfg.num_hidden_layers) + ".";
     for (const auto& name : ckpt_.UnusedNames()) {
       if (name.rfind(mtp_prefix, 0) == 0) continue;  // the MTP layer: inference ignores it
+      const int64_t e = ExpertOf(name);
+      if (e >= 0 && (e < e_begin || e >= e_end)) {
+        if (rank_index) foreign.push_back(name);
+        continue;
+      }
       unexpected.push_back(name);
     }
-    if (unexpected.empty()) return Status::Ok();
+    if (!foreign.empty())
+      return Status::InvalidArgument(rank_label + " holds experts [" + std::to_string(e_begin) + ", " +
+                                         std::to_string(e_end) + ") but its files hold " + List(foreign),
+                                     ckpt_.dir());
+    if (unexpected.empty() || foreign_only) return Status::Ok();
+    return Status::InvalidArgument("unexpected tensors: " + List(unexpected), ckpt_.dir());
+  }
+
+  // The routed expert id of "model.layers.L.mlp.experts.E.*", -1 for any other name.
+  static int64_t ExpertOf(const std::string& name) {
+    static const std::string kKey = ".mlp.experts.";
+    const size_t at = name.find(kKey);
+    if (at == std::string::npos) return -1;
+    size_t i = at + kKey.size();
+    int64_t e = 0;
+    const size_t digits_begin = i;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') e = e * 10 + (name[i++] - '0');
+    return i > digits_begin && i < name.size() && name[i] == '.' ? e : -1;
+  }
+
+  static std::string List(const std::vector<std::string>& names) {
     std::string list;
-    for (size_t i = 0; i < unexpected.size() && i < 20; ++i) list += (i ? ", " : "") + unexpected[i];
-    if (unexpected.size() > 20) list += ", ... (" + std::to_string(unexpected.size()) + " in all)";
-    return Status::InvalidArgument("unexpected tensors: " + list, ckpt_.dir());
+    for (size_t i = 0; i < names.size() && i < 20; ++i) list += (i ? ", " : "") + names[i];
+    if (names.size() > 20) list += ", ... (" + std::to_string(names.size()) + " in all)";
+    return list;
   }
 
   Status MissingSummary() const {
@@ -91,6 +129,37 @@ class Loader {
   // (with an empty view) and reports at the end.
   Status Missing(const std::string& name) {
     missing_.push_back(name);
+    return Status::Ok();
+  }
+
+  // W8A8: the int8 matrix and its per-row scales stay in the mapping.
+  Status UseInt8(const std::string& name, const TensorInfo& t, bool allowed, Linear* out) {
+    if (ckpt_.config().weight_format != "w8a8_int8")
+      return Status::InvalidArgument("I8 tensor '" + name + "' in a checkpoint whose config.json has no "
+                                     "quantization_config with quant_method 'w8a8_int8'", t.file);
+    if (!allowed)
+      return Status::InvalidArgument("tensor '" + name + "' must be BF16/F32/F8_E4M3: the forward pass reads "
+                                     "it directly, I8 is not supported there", t.file);
+    const std::string scale_name = name.substr(0, name.size() - 7) + ".weight_scale";  // "...weight"
+    const TensorInfo* s = ckpt_.Find(scale_name);
+    const int64_t n_out = t.shape[0], n_in = t.shape[1];
+    if (!s) return Status::InvalidArgument("I8 tensor '" + name + "' has no '" + scale_name + "'", t.file);
+    if (s->dtype != DType::kF32 || s->shape != std::vector<int64_t>{n_out})
+      return Status::InvalidArgument("tensor '" + scale_name + "' must be F32 [" + std::to_string(n_out) + "], got " +
+                                         std::string(DTypeName(s->dtype)) + " " + s->ShapeString(),
+                                     s->file);
+    if (n_in > kernels::kGemmInt8MaxK)
+      return Status::InvalidArgument("I8 tensor '" + name + "' has n_in " + std::to_string(n_in) +
+                                         " > " + std::to_string(kernels::kGemmInt8MaxK) + " (int32 accumulation bound)",
+                                     t.file);
+    const float* scales = reinterpret_cast<const float*>(s->data);
+    for (int64_t j = 0; j < n_out; ++j)
+      if (!std::isfinite(scales[j]) || scales[j] < 0.0f)
+        return Status::InvalidArgument("tensor '" + scale_name + "' has a negative or non-finite scale at row " +
+                                           std::to_string(j),
+                                       s->file);
+    out->int8 = {reinterpret_cast<const int8_t*>(t.data), scales, n_out, n_in, n_in};
+    out->view = {DType::kBF16, nullptr, n_out, n_in, n_in};
     return Status::Ok();
   }
 
@@ -130,14 +199,48 @@ class Loader {
 
 }  // namespace
 
-Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& model_dir) {
+std::string EpIndexName(int64_t ep_rank, int64_t ep_size) {
+  return "model-ep" + std::to_string(ep_rank) + "-of-" + std::to_string(ep_size) + ".safetensors.index.json";
+}
+
+Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& model_dir, const LoadOptions& opt) {
+  if (opt.ep_size < 1 || opt.ep_rank < 0 || opt.ep_rank >= opt.ep_size)
+    return Status::InvalidArgument("bad expert-parallel rank " + std::to_string(opt.ep_rank) + " of " +
+                                   std::to_string(opt.ep_size));
+  const std::string rank_label = "EP rank " + std::to_string(opt.ep_rank) + " of " + std::to_string(opt.ep_size);
+  // A rank's own index, when the conversion wrote one, names only the shards that rank needs.
+  bool rank_index = false;
+  std::string index_name = "model.safetensors.index.json";
+  if (opt.ep_size > 1) {
+    const std::string path = model_dir + "/" + EpIndexName(opt.ep_rank, opt.ep_size);
+    if (std::filesystem::exists(path)) {
+      rank_index = true;
+      index_name = EpIndexName(opt.ep_rank, opt.ep_size);
+      PDSERVE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+      const auto j = nlohmann::json::parse(text, nullptr, false);
+      const nlohmann::json* meta = j.is_object() && j.contains("metadata") ? &j["metadata"] : nullptr;
+      if (!meta || !meta->is_object() || !(*meta)["ep_rank"].is_number_integer() ||
+          !(*meta)["ep_size"].is_number_integer())
+        return Status::InvalidArgument("rank index needs metadata.ep_rank and metadata.ep_size", path);
+      if ((*meta)["ep_rank"].get<int64_t>() != opt.ep_rank || (*meta)["ep_size"].get<int64_t>() != opt.ep_size)
+        return Status::InvalidArgument("index was written for EP rank " + (*meta)["ep_rank"].dump() + " of " +
+                                           (*meta)["ep_size"].dump() + ", loading " + rank_label,
+                                       path);
+    }
+  }
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
-  PDSERVE_ASSIGN_OR_RETURN(w->checkpoint_, Checkpoint::Open(model_dir));
+  PDSERVE_ASSIGN_OR_RETURN(w->checkpoint_, Checkpoint::Open(model_dir, index_name));
   const ModelConfig& c = w->checkpoint_->config();
   w->config_ = c;
+  if (c.n_routed_experts % opt.ep_size != 0)
+    return Status::InvalidArgument("n_routed_experts (" + std::to_string(c.n_routed_experts) +
+                                       ") is not divisible by the EP size " + std::to_string(opt.ep_size),
+                                   model_dir);
+  w->expert_begin_ = opt.ep_rank * c.n_routed_experts / opt.ep_size;
+  w->expert_end_ = (opt.ep_rank + 1) * c.n_routed_experts / opt.ep_size;
   Loader ld(*w->checkpoint_);
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
-  PDSERVE_RETURN_IF_ERROR(ld.LoadLinear("model.embed_tokens.weight", c.vocab_size, D, &w->embed_));
+  PDSERVE_RETURN_IF_ERROR(ld.LoadLinear("model.embed_tokens.weight", c.vocab_size, D, &w->embed_, /*allow_int8=*/false));
   PDSERVE_RETURN_IF_ERROR(ld.LoadLinear("lm_head.weight", c.vocab_size, D, &w->lm_head_));
   PDSERVE_RETURN_IF_ERROR(ld.LoadVector("model.norm.weight", D, &w->final_norm_));
   w->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -152,7 +255,8 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "q_b_proj.weight", H * c.qk_head_dim(), c.q_lora_rank, &L.q_b));
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, D, &L.kv_a));
     PDSERVE_RETURN_IF_ERROR(ld.LoadVector(a + "kv_a_layernorm.weight", c.kv_lora_rank, &L.kv_norm));
-    PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, &L.kv_b));
+    PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, &L.kv_b,
+                                          /*allow_int8=*/false));
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "o_proj.weight", D, H * c.v_head_dim, &L.o));
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "indexer.wq_b.weight", c.index_n_heads * c.index_head_dim, c.q_lora_rank, &L.idx_wq_b));
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "indexer.wk.weight", c.index_head_dim, D, &L.idx_wk));
@@ -167,14 +271,16 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(p + "mlp.gate.weight", c.n_routed_experts, D, &L.router));
     PDSERVE_RETURN_IF_ERROR(ld.LoadVector(p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, &L.router_bias));
     L.experts.resize(static_cast<size_t>(c.n_routed_experts));
-    for (int64_t e = 0; e < c.n_routed_experts; ++e)
+    for (int64_t e = w->expert_begin_; e < w->expert_end_; ++e)
       PDSERVE_RETURN_IF_ERROR(ld.LoadMlp(p + "mlp.experts." + std::to_string(e), D, c.moe_intermediate_size,
                                          &L.experts[static_cast<size_t>(e)]));
     if (c.n_shared_experts > 0)
       PDSERVE_RETURN_IF_ERROR(ld.LoadMlp(p + "mlp.shared_experts", D, c.n_shared_experts * c.moe_intermediate_size, &L.shared));
   }
+  // Another rank's experts in this rank's files explain its missing ones: report that first.
+  PDSERVE_RETURN_IF_ERROR(ld.CheckNoneUnused(c, w->expert_begin_, w->expert_end_, rank_index, rank_label, true));
   PDSERVE_RETURN_IF_ERROR(ld.MissingSummary());
-  PDSERVE_RETURN_IF_ERROR(ld.CheckNoneUnused(c));
+  PDSERVE_RETURN_IF_ERROR(ld.CheckNoneUnused(c, w->expert_begin_, w->expert_end_, rank_index, rank_label, false));
   return w;
 }
 

@@ -5,6 +5,15 @@
 // matrices with 128x128 `weight_scale_inv` blocks are dequantized once at load into owned BF16
 // storage (w = bf16(fp8 * scale_inv[i/128][j/128])); the FP8 pages are then released with
 // madvise, so the process never holds two copies. Norm vectors (small) are converted to fp32.
+// W8A8 checkpoints (config quant_method "w8a8_int8", docs/quantization.md): I8 matrices with
+// their F32 `<name>_scale` [n_out] are used in place from the mmap (no BF16 detour); I8 is
+// refused where the forward pass reads the matrix directly (embed_tokens, kv_b_proj).
+//
+// Expert parallelism: LoadOptions{ep_rank, ep_size} loads only experts [ep_rank * E / ep_size,
+// (ep_rank + 1) * E / ep_size) of every MoE layer (the other entries of `experts` stay empty)
+// plus every non-expert tensor. If the directory has the rank's own index
+// (model-ep{r}-of-{N}.safetensors.index.json, written by `pdserve convert --ep-size N`), only
+// the shards it names are opened, and it must hold exactly that rank's experts.
 // Thread-safety: immutable after Load(); safe to read from any thread.
 #pragma once
 
@@ -38,12 +47,23 @@ struct LayerWeights {
   MlpWeights shared;
 };
 
+struct LoadOptions {
+  int64_t ep_rank = 0;
+  int64_t ep_size = 1;
+};
+
+// The per-rank index file name of an expert-parallel checkpoint.
+std::string EpIndexName(int64_t ep_rank, int64_t ep_size);
+
 class ModelWeights {
  public:
   // Loads and validates every tensor. Errors (InvalidArgument, naming file and tensor): a
   // tensor missing, of the wrong shape or dtype, an FP8 weight without its scale, tensors the
   // architecture does not use ("unexpected tensors: a, b, ..."), or any Checkpoint error.
-  static Result<std::unique_ptr<ModelWeights>> Load(const std::string& model_dir);
+  // With ep_size > 1 also: InvalidArgument for a bad rank/size, E not divisible by ep_size, a
+  // rank index made for another rank, or files holding another rank's experts.
+  static Result<std::unique_ptr<ModelWeights>> Load(const std::string& model_dir,
+                                                    const LoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
@@ -51,6 +71,9 @@ class ModelWeights {
   const Linear& embed() const { return embed_; }
   const Linear& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
+  // Routed experts held: [expert_begin, expert_end) (all of them unless EP-sliced).
+  int64_t expert_begin() const { return expert_begin_; }
+  int64_t expert_end() const { return expert_end_; }
   // Writes embedding row `token` as fp32 into out[D]. REQUIRES 0 <= token < vocab_size.
   void EmbedRow(int64_t token, float* out) const;
 
@@ -60,6 +83,7 @@ class ModelWeights {
   std::vector<LayerWeights> layers_;
   Linear embed_, lm_head_;
   std::vector<float> final_norm_;
+  int64_t expert_begin_ = 0, expert_end_ = 0;
 };
 
 }  // namespace pdserve::model
