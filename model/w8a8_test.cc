@@ -1,0 +1,127 @@
+// W8A8 in the engine: ApplyLinear's INT8 path (bitwise equal to quantize + the int64 reference
+// GEMM), W8A8 checkpoints used in place from the mapping (no BF16 detour), and the accuracy of
+// a converted model against the BF16 engine on the tiny presets: per-layer cos-sim >= 0.99,
+// last-position logits cos-sim >= 0.99, top-1 agreement over 100 teacher-forced greedy steps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "kernels/quantize.h"
+#include "kernels/ref/gemm_int8_ref.h"
+#include "model/convert.h"
+#include "model/convert_accuracy.h"
+#include "model/test_util.h"
+#include "model/weights.h"
+
+namespace pdserve::model {
+namespace {
+
+using testing::TempDir;
+
+TEST(W8A8LinearTest, ApplyLinearInt8EqualsQuantizeThenReferenceGemm) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  ThreadPool pool(2);
+  for (auto [m, n_in, n_out] : {std::tuple<int64_t, int64_t, int64_t>{1, 300, 70}, {5, 128, 33}, {40, 515, 96}}) {
+    std::vector<float> w(static_cast<size_t>(n_out * n_in)), x(static_cast<size_t>(m * n_in));
+    for (auto& v : w) v = dist(rng) * 0.1f;
+    for (auto& v : x) v = dist(rng);
+    const Linear lin = QuantizeToInt8Linear(w.data(), n_out, n_in);
+    ASSERT_TRUE(lin.is_int8());
+    std::vector<float> y(static_cast<size_t>(m * n_out)), ref(y.size());
+    ApplyLinear(lin, x.data(), m, y.data(), &pool);
+    std::vector<int8_t> xq(x.size());
+    std::vector<float> xs(static_cast<size_t>(m));
+    kernels::QuantizeRowsInt8Ref(x.data(), m, n_in, n_in, xq.data(), n_in, xs.data());
+    kernels::GemmInt8Ref(xq.data(), xs.data(), m, n_in, lin.int8, ref.data(), n_out);
+    ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << m;
+  }
+}
+
+TEST(W8A8LoadTest, Int8WeightsAreUsedInPlaceFromTheCheckpoint) {
+  TempDir d("w8_inplace");
+  MakeModelOptions mo;
+  mo.out_dir = d / "fp8";
+  mo.dtype = "fp8";
+  ASSERT_TRUE(MakeModel(mo).ok());
+  ConvertOptions o;
+  o.in_dir = mo.out_dir;
+  o.out_dir = d / "w8";
+  ASSERT_TRUE(Convert(o).ok());
+  auto w = ModelWeights::Load(o.out_dir);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ((*w)->config().weight_format, "w8a8_int8");
+  for (int64_t l = 0; l < (*w)->config().num_hidden_layers; ++l) {
+    const LayerWeights& L = (*w)->layer(l);
+    for (const Linear* lin : {&L.q_b, &L.o, &L.idx_wq_b}) {
+      EXPECT_TRUE(lin->is_int8());
+      EXPECT_TRUE(lin->owned_i8.empty() && lin->owned_bf16.empty());  // a view into the mapping
+    }
+    EXPECT_FALSE(L.kv_b.is_int8());
+    EXPECT_FALSE(L.q_a.is_int8());
+    if (L.is_moe) {
+      EXPECT_TRUE(L.experts[0].down.is_int8() && L.shared.gate.is_int8());
+      EXPECT_FALSE(L.router.is_int8());
+    } else {
+      EXPECT_FALSE(L.dense.gate.is_int8());
+    }
+  }
+}
+
+struct PresetCase {
+  const char* preset;
+  const char* dtype;  // the reference checkpoint's format
+};
+
+class W8A8AccuracyTest : public ::testing::TestWithParam<PresetCase> {};
+
+TEST_P(W8A8AccuracyTest, CloseToTheBf16Engine) {
+  const PresetCase pc = GetParam();
+  TempDir d(std::string("w8_acc_") + pc.preset + pc.dtype);
+  MakeModelOptions mo;
+  mo.preset = pc.preset;
+  mo.dtype = pc.dtype;
+  mo.out_dir = d / "ref";
+  mo.seed = 1234;
+  ASSERT_TRUE(MakeModel(mo).ok());
+  ConvertOptions o;
+  o.in_dir = mo.out_dir;
+  o.out_dir = d / "w8";
+  ASSERT_TRUE(Convert(o).ok());
+  ThreadPool pool(2);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 48; ++i) prompt.push_back((i * 131 + 17) % 997);
+  auto r = CompareW8A8(mo.out_dir, o.out_dir, prompt, 100, &pool);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::string layers;
+  for (double c : r->layer_cos) {
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), "%.5f ", c);
+    layers += buf;
+  }
+  std::printf("[ W8A8 %s/%s ] per-layer cos: %s| logits cos %.5f | top-1 agreement %lld/%lld (teacher-forced), "
+              "step logits cos min %.4f mean %.4f | free-run identical for %lld steps\n",
+              pc.preset, pc.dtype, layers.c_str(), r->logits_cos, static_cast<long long>(r->top1_agree),
+              static_cast<long long>(r->steps), r->min_step_logits_cos, r->mean_step_logits_cos,
+              static_cast<long long>(r->free_run_prefix));
+  RecordProperty("logits_cos", std::to_string(r->logits_cos));
+  RecordProperty("top1_agree", std::to_string(r->top1_agree));
+  EXPECT_GE(r->min_layer_cos, 0.99);
+  EXPECT_GE(r->logits_cos, 0.99);
+  // Decode steps: the issue asks for the agreement to be reported; these floors (well under
+  // the observed 86-95 and 0.988-0.999, docs/quantization.md) catch a broken path, not noise.
+  // Random tiny models have small top-1 margins and an indexer whose top-k flips under noise.
+  EXPECT_GE(r->mean_step_logits_cos, 0.97);
+  EXPECT_GE(r->top1_agree, 75);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, W8A8AccuracyTest,
+                         ::testing::Values(PresetCase{"tiny", "bf16"}, PresetCase{"tiny2", "bf16"},
+                                           PresetCase{"tiny", "fp8"}),
+                         [](const auto& info) { return std::string(info.param.preset) + "_" + info.param.dtype; });
+
+}  // namespace
+}  // namespace pdserve::model
