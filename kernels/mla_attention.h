@@ -1,31 +1,50 @@
 // Decode-side attention kernels over the MLA latent cache and the Lightning Indexer keys.
 //
-// The cache stores per token: the latent as fp8 e4m3 codes + one power-of-two fp32 scale per
-// 128 values, the rope key part as bf16, and the indexer key as fp8 codes + one fp32 scale.
-// `KvTokenView` tells the kernels where token t's records are; a contiguous cache and a paged
-// block pool (blocks of B tokens addressed through a block table) are both expressible.
+// The cache stores per token: the MLA latent (in one of three formats, below), the rope key
+// part as bf16, and the indexer key as fp8 (or int8) codes + one fp32 scale.
+// `KvTokenView` tells the kernels where token t's fields are; a contiguous cache and a paged
+// block pool (blocks of B tokens addressed through a block table, fields stored either per
+// token record or per component array) are all expressible.
 // Rounding points are those of the reference (docs/model-numerics.md): scores and
 // probabilities are rounded to bf16 where the reference rounds them.
+//
+// Latent formats:
+//   kFp8Blockwise  the reference's own form: e4m3 codes + one power-of-two fp32 scale per 128
+//                  values. The model computes with exactly these values (lossless).
+//   kBf16          the bf16 latent before the fp8 round trip (2 bytes per value, no scale).
+//   kInt8PerToken  "C8": int8 codes + one fp32 scale per token (scale = amax / 127).
+// Indexer key formats: kFp8 (the reference: e4m3 codes + fp32 scale from act_quant) or kInt8
+// (int8 codes + fp32 scale = amax / 127). Only the fp8 forms reproduce the reference exactly.
+// Thread-safety: pure functions; distinct outputs may be computed from different threads.
 #pragma once
 
 #include <cstdint>
 
 namespace pdserve::kernels {
 
-// Where the cache records of logical token t live: block = block_table ? block_table[t / B] : 0,
-// slot = t % B (B = block_tokens; a contiguous cache uses block_table = nullptr and
-// block_tokens = capacity). Addresses: base + block * block_stride + field_offset + slot * field_stride.
+enum class KvLatentFormat : uint8_t { kFp8Blockwise = 0, kBf16 = 1, kInt8PerToken = 2 };
+enum class KvIndexFormat : uint8_t { kFp8 = 0, kInt8 = 1 };
+
+// Bytes of one token's latent codes / latent scales for `dim` latent values.
+int64_t LatentCodeBytes(KvLatentFormat f, int64_t dim);
+int64_t LatentScaleBytes(KvLatentFormat f, int64_t dim);
+
+// Where the cache fields of logical token t live: block = block_table ? block_table[t / B] :
+// t / B, slot = t % B (B = block_tokens; a contiguous cache may use block_table = nullptr and
+// block_tokens = capacity). Address: base + block * block_stride + field_offset + slot * field_stride.
 struct KvTokenView {
   const uint8_t* base = nullptr;
   const int32_t* block_table = nullptr;
   int64_t block_tokens = 1;
   int64_t block_stride = 0;         // bytes between blocks
-  int64_t latent_offset = 0, latent_stride = 0;          // fp8 codes [Lkv]
-  int64_t latent_scale_offset = 0, latent_scale_stride = 0;  // fp32 [Lkv / 128]
-  int64_t kpe_offset = 0, kpe_stride = 0;                // bf16 [dr]
-  int64_t idx_k_offset = 0, idx_k_stride = 0;            // fp8 codes [ID]
-  int64_t idx_scale_offset = 0, idx_scale_stride = 0;    // fp32
+  int64_t latent_offset = 0, latent_stride = 0;              // codes (format-dependent)
+  int64_t latent_scale_offset = 0, latent_scale_stride = 0;  // fp32 scales (none for bf16)
+  int64_t kpe_offset = 0, kpe_stride = 0;                    // bf16 [dr]
+  int64_t idx_k_offset = 0, idx_k_stride = 0;                // fp8 / int8 codes [ID]
+  int64_t idx_scale_offset = 0, idx_scale_stride = 0;        // fp32
   int64_t latent_dim = 0, rope_dim = 0, index_dim = 0;
+  KvLatentFormat latent_format = KvLatentFormat::kFp8Blockwise;
+  KvIndexFormat index_format = KvIndexFormat::kFp8;
 
   const uint8_t* Field(int64_t t, int64_t offset, int64_t stride) const {
     const int64_t block = block_table ? block_table[t / block_tokens] : t / block_tokens;
@@ -33,8 +52,15 @@ struct KvTokenView {
   }
 };
 
-// Decodes the latent (codes * scale) and the rope part of tokens sel[0..n) into
-// c_out[n, latent_dim] and kpe_out[n, rope_dim] (fp32 holding exact fp8/bf16 values).
+// Quantize-on-write of one token's latent x[dim] (bf16 values) in format f: codes get
+// LatentCodeBytes(f, dim) bytes, scales LatentScaleBytes(f, dim) bytes (may be null for bf16).
+// REQUIRES: dim % 128 == 0 for kFp8Blockwise.
+void EncodeLatent(KvLatentFormat f, const float* x, int64_t dim, uint8_t* codes, uint8_t* scales);
+// Quantize-on-write of one indexer key x[dim]: codes[dim] + one fp32 scale.
+void EncodeIndexKey(KvIndexFormat f, const float* x, int64_t dim, uint8_t* codes, uint8_t* scale);
+
+// Decodes the latent and the rope part of tokens sel[0..n) into c_out[n, latent_dim] and
+// kpe_out[n, rope_dim] (fp32 holding the exact stored values, dequantized).
 void GatherLatent(const KvTokenView& kv, const int32_t* sel, int64_t n, float* c_out, float* kpe_out);
 
 // One head of absorbed MLA attention over n gathered tokens:
@@ -46,11 +72,13 @@ void AbsorbedAttentionHead(const float* q_lat, const float* q_pe, const float* c
                            int64_t n, int64_t latent_dim, int64_t rope_dim, float scale,
                            float* o_lat, float* scratch);
 
-// Lightning Indexer scores of one query over keys [0, n_keys):
-//   score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t])
-// q_decoded [n_heads, index_dim]: the query's fp8 values as doubles (so each dot is exact);
-// w [n_heads]: head weights already multiplied by the query scales and softmax scale.
+// Lightning Indexer scores of one query over keys [key_begin, key_end), written to scores[t]:
+//   score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t])   (sum over h in order, fp32)
+// q_decoded [n_heads, index_dim]: the query's fp8 values as doubles; every dot q8[h] . k8[t] is
+// computed exactly (products and sums fit a double) and rounded once to fp32, so its value does
+// not depend on the summation order. w [n_heads]: head weights already multiplied by the query
+// scales and softmax scale. REQUIRES: index_dim % 8 == 0, n_heads <= 64.
 void IndexerScores(const KvTokenView& kv, const double* q_decoded, const float* w, int64_t n_heads,
-                   int64_t n_keys, float* scores);
+                   int64_t key_begin, int64_t key_end, float* scores);
 
 }  // namespace pdserve::kernels

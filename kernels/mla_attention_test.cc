@@ -1,10 +1,15 @@
-// Tests of kernels/mla_attention.h: a paged view (shuffled blocks) reads exactly what the
-// contiguous view reads, and the attention head / indexer scores match plain scalar loops.
+// Tests of kernels/mla_attention.h: for every cache format and random block sizes, a paged view
+// (shuffled blocks, one array per component) reads exactly what a contiguous record view reads;
+// the encoders round-trip as documented; the attention head and indexer scores match plain
+// scalar loops.
 #include "kernels/mla_attention.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -15,72 +20,187 @@ namespace pdserve::kernels {
 namespace {
 
 constexpr int64_t kLatent = 256, kRope = 64, kIndex = 128;
-// Record: codes, 2 scales, kpe bf16, idx codes, idx scale.
-constexpr int64_t kRecord = kLatent + 8 + kRope * 2 + kIndex + 4;
 
-KvTokenView MakeView(const uint8_t* base, const int32_t* table, int64_t block_tokens) {
+struct Fields {
+  int64_t code, scale, kpe, idx, idx_scale;  // bytes per token of each component
+  int64_t Record() const { return code + scale + kpe + idx + idx_scale; }
+};
+Fields FieldsFor(KvLatentFormat f) {
+  return {LatentCodeBytes(f, kLatent), LatentScaleBytes(f, kLatent), kRope * 2, kIndex, 4};
+}
+
+// Records back to back (one token's fields together), no block table.
+KvTokenView RecordView(const uint8_t* base, KvLatentFormat lf, KvIndexFormat xf, int64_t n_tokens) {
+  const Fields f = FieldsFor(lf);
   KvTokenView v;
   v.base = base;
-  v.block_table = table;
-  v.block_tokens = block_tokens;
-  v.block_stride = block_tokens * kRecord;
+  v.block_tokens = n_tokens;
   v.latent_offset = 0;
-  v.latent_scale_offset = kLatent;
-  v.kpe_offset = kLatent + 8;
-  v.idx_k_offset = kLatent + 8 + kRope * 2;
-  v.idx_scale_offset = v.idx_k_offset + kIndex;
-  v.latent_stride = v.latent_scale_stride = v.kpe_stride = v.idx_k_stride = v.idx_scale_stride = kRecord;
+  v.latent_scale_offset = f.code;
+  v.kpe_offset = f.code + f.scale;
+  v.idx_k_offset = v.kpe_offset + f.kpe;
+  v.idx_scale_offset = v.idx_k_offset + f.idx;
+  v.latent_stride = v.latent_scale_stride = v.kpe_stride = v.idx_k_stride = v.idx_scale_stride = f.Record();
   v.latent_dim = kLatent;
   v.rope_dim = kRope;
   v.index_dim = kIndex;
+  v.latent_format = lf;
+  v.index_format = xf;
   return v;
 }
 
-void FillRecord(uint8_t* r, std::mt19937& rng) {
-  std::normal_distribution<float> nd;
-  std::vector<float> lat(kLatent);
-  for (auto& x : lat) x = nd(rng);
-  ActQuantFp8(lat.data(), kLatent, r, reinterpret_cast<float*>(r + kLatent));
-  uint16_t* kpe = reinterpret_cast<uint16_t*>(r + kLatent + 8);
-  for (int i = 0; i < kRope; ++i) kpe[i] = F32ToBf16Bits(nd(rng));
-  std::vector<float> k(kIndex);
-  for (auto& x : k) x = nd(rng);
-  ActQuantFp8(k.data(), kIndex, r + kLatent + 8 + kRope * 2, reinterpret_cast<float*>(r + kLatent + 8 + kRope * 2 + kIndex));
+// Blocks of B tokens; inside a block one array per component ([component][token]).
+KvTokenView PagedView(const uint8_t* base, const int32_t* table, int64_t B, KvLatentFormat lf, KvIndexFormat xf) {
+  const Fields f = FieldsFor(lf);
+  KvTokenView v = RecordView(base, lf, xf, 1);
+  v.block_table = table;
+  v.block_tokens = B;
+  v.block_stride = B * f.Record();
+  v.latent_offset = 0;
+  v.latent_scale_offset = B * f.code;
+  v.kpe_offset = B * (f.code + f.scale);
+  v.idx_k_offset = v.kpe_offset + B * f.kpe;
+  v.idx_scale_offset = v.idx_k_offset + B * f.idx;
+  v.latent_stride = f.code;
+  v.latent_scale_stride = f.scale;
+  v.kpe_stride = f.kpe;
+  v.idx_k_stride = f.idx;
+  v.idx_scale_stride = f.idx_scale;
+  return v;
 }
 
-TEST(MlaAttentionTest, PagedViewEqualsContiguousAndScalarLoops) {
-  std::mt19937 rng(5);
-  const int64_t n_tokens = 37, block = 8, n_blocks = 5;
-  std::vector<uint8_t> contiguous(static_cast<size_t>(n_tokens * kRecord));
-  for (int64_t t = 0; t < n_tokens; ++t) FillRecord(&contiguous[t * kRecord], rng);
-  // Paged copy with blocks stored in reverse order.
-  std::vector<int32_t> table = {4, 3, 2, 1, 0};
-  std::vector<uint8_t> paged(static_cast<size_t>(n_blocks * block * kRecord));
-  for (int64_t t = 0; t < n_tokens; ++t)
-    std::copy_n(&contiguous[t * kRecord], kRecord, &paged[(table[t / block] * block + t % block) * kRecord]);
-  const KvTokenView cv = MakeView(contiguous.data(), nullptr, n_tokens);
-  const KvTokenView pv = MakeView(paged.data(), table.data(), block);
-
-  std::vector<int32_t> sel = {0, 5, 8, 9, 36};
-  const int64_t n = static_cast<int64_t>(sel.size());
-  std::vector<float> c1(n * kLatent), k1(n * kRope), c2(n * kLatent), k2(n * kRope);
-  GatherLatent(cv, sel.data(), n, c1.data(), k1.data());
-  GatherLatent(pv, sel.data(), n, c2.data(), k2.data());
-  EXPECT_EQ(c1, c2);
-  EXPECT_EQ(k1, k2);
-
+void FillRecord(uint8_t* r, KvLatentFormat lf, KvIndexFormat xf, std::mt19937& rng) {
+  const Fields f = FieldsFor(lf);
   std::normal_distribution<float> nd;
+  std::vector<float> lat(kLatent);
+  for (auto& x : lat) x = RoundToBf16(nd(rng));
+  EncodeLatent(lf, lat.data(), kLatent, r, r + f.code);
+  for (int i = 0; i < kRope; ++i) {
+    const uint16_t b = F32ToBf16Bits(nd(rng));
+    std::memcpy(r + f.code + f.scale + 2 * i, &b, 2);
+  }
+  std::vector<float> k(kIndex);
+  for (auto& x : k) x = RoundToBf16(nd(rng));
+  EncodeIndexKey(xf, k.data(), kIndex, r + f.code + f.scale + f.kpe, r + f.code + f.scale + f.kpe + f.idx);
+}
+
+// Copies token t's record fields into its paged place.
+void Scatter(const uint8_t* rec, const KvTokenView& pv, int64_t t, const Fields& f) {
+  auto put = [&](int64_t off, int64_t stride, int64_t src, int64_t n) {
+    std::memcpy(const_cast<uint8_t*>(pv.Field(t, off, stride)), rec + src, static_cast<size_t>(n));
+  };
+  put(pv.latent_offset, pv.latent_stride, 0, f.code);
+  put(pv.latent_scale_offset, pv.latent_scale_stride, f.code, f.scale);
+  put(pv.kpe_offset, pv.kpe_stride, f.code + f.scale, f.kpe);
+  put(pv.idx_k_offset, pv.idx_k_stride, f.code + f.scale + f.kpe, f.idx);
+  put(pv.idx_scale_offset, pv.idx_scale_stride, f.code + f.scale + f.kpe + f.idx, f.idx_scale);
+}
+
+TEST(MlaAttentionTest, PagedEqualsContiguousForEveryFormatAndBlockSize) {
+  std::mt19937 rng(5);
+  for (auto lf : {KvLatentFormat::kFp8Blockwise, KvLatentFormat::kBf16, KvLatentFormat::kInt8PerToken}) {
+    for (auto xf : {KvIndexFormat::kFp8, KvIndexFormat::kInt8}) {
+      for (int trial = 0; trial < 4; ++trial) {
+        const int64_t n_tokens = 1 + static_cast<int64_t>(rng() % 90);
+        const int64_t B = 1 + static_cast<int64_t>(rng() % 20);
+        const int64_t n_blocks = (n_tokens + B - 1) / B;
+        const Fields f = FieldsFor(lf);
+        std::vector<uint8_t> contiguous(static_cast<size_t>(n_tokens * f.Record()));
+        for (int64_t t = 0; t < n_tokens; ++t) FillRecord(&contiguous[t * f.Record()], lf, xf, rng);
+        std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng);
+        std::vector<uint8_t> paged(static_cast<size_t>((n_blocks + 1) * B * f.Record()), 0xee);
+        const KvTokenView cv = RecordView(contiguous.data(), lf, xf, n_tokens);
+        const KvTokenView pv = PagedView(paged.data(), table.data(), B, lf, xf);
+        for (int64_t t = 0; t < n_tokens; ++t) Scatter(&contiguous[t * f.Record()], pv, t, f);
+
+        std::vector<int32_t> sel;
+        for (int64_t t = 0; t < n_tokens; ++t)
+          if (rng() % 2 == 0 || t == n_tokens - 1) sel.push_back(static_cast<int32_t>(t));
+        const int64_t n = static_cast<int64_t>(sel.size());
+        std::vector<float> c1(n * kLatent), k1(n * kRope), c2(n * kLatent), k2(n * kRope);
+        GatherLatent(cv, sel.data(), n, c1.data(), k1.data());
+        GatherLatent(pv, sel.data(), n, c2.data(), k2.data());
+        EXPECT_EQ(c1, c2);
+        EXPECT_EQ(k1, k2);
+
+        std::vector<double> qd(3 * kIndex);
+        for (auto& q : qd) {
+          uint8_t code = static_cast<uint8_t>(rng() & 0xff);
+          if ((code & 0x7f) == 0x7f) code = 0;
+          q = Fp8E4M3ToF32(code);
+        }
+        const float w[3] = {0.3f, -0.2f, 0.05f};
+        std::vector<float> s1(n_tokens), s2(n_tokens, -1.0f);
+        IndexerScores(cv, qd.data(), w, 3, 0, n_tokens, s1.data());
+        const int64_t mid = n_tokens / 2;  // two ranges cover all keys
+        IndexerScores(pv, qd.data(), w, 3, 0, mid, s2.data());
+        IndexerScores(pv, qd.data(), w, 3, mid, n_tokens, s2.data());
+        EXPECT_EQ(s1, s2);
+        // Against a plain loop: exact double dots, fp32 head sum in order.
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          const uint8_t* rec = &contiguous[t * f.Record()];
+          const uint8_t* k = rec + f.code + f.scale + f.kpe;
+          float ks;
+          std::memcpy(&ks, k + kIndex, 4);
+          float acc = 0;
+          for (int h = 0; h < 3; ++h) {
+            double dot = 0;
+            for (int64_t i = 0; i < kIndex; ++i)
+              dot += qd[h * kIndex + i] * (xf == KvIndexFormat::kFp8 ? double(Fp8E4M3ToF32(k[i])) : double(int8_t(k[i])));
+            acc += std::max(static_cast<float>(dot), 0.0f) * w[h];
+          }
+          EXPECT_EQ(s1[t], acc * ks) << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(MlaAttentionTest, EncodersRoundTrip) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(kLatent), y(kLatent), kpe(kRope);
+  for (auto& v : x) v = RoundToBf16(nd(rng) * 3.0f);
+  int32_t zero = 0;
+  for (auto lf : {KvLatentFormat::kFp8Blockwise, KvLatentFormat::kBf16, KvLatentFormat::kInt8PerToken}) {
+    const Fields f = FieldsFor(lf);
+    std::vector<uint8_t> rec(static_cast<size_t>(f.Record()), 0);
+    EncodeLatent(lf, x.data(), kLatent, rec.data(), rec.data() + f.code);
+    GatherLatent(RecordView(rec.data(), lf, KvIndexFormat::kFp8, 1), &zero, 1, y.data(), kpe.data());
+    if (lf == KvLatentFormat::kFp8Blockwise) {
+      std::vector<float> want = x;
+      Fp8RoundTripInPlace(want.data(), kLatent);
+      EXPECT_EQ(y, want);
+    } else if (lf == KvLatentFormat::kBf16) {
+      EXPECT_EQ(y, x);  // bf16 values are stored exactly
+    } else {
+      float amax = 0;
+      for (float v : x) amax = std::max(amax, std::fabs(v));
+      for (int64_t i = 0; i < kLatent; ++i) EXPECT_LE(std::fabs(y[i] - x[i]), amax / 254.0f * 1.0001f) << i;
+    }
+  }
+}
+
+TEST(MlaAttentionTest, AbsorbedHeadMatchesScalarLoop) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  const int64_t n = 19;
+  std::vector<float> c(n * kLatent), kpe(n * kRope);
+  for (auto& v : c) v = RoundToBf16(nd(rng));
+  for (auto& v : kpe) v = RoundToBf16(nd(rng));
   std::vector<float> q_lat(kLatent), q_pe(kRope), o(kLatent), scratch(n);
-  for (auto& x : q_lat) x = RoundToBf16(nd(rng) * 0.1f);
-  for (auto& x : q_pe) x = RoundToBf16(nd(rng) * 0.1f);
-  AbsorbedAttentionHead(q_lat.data(), q_pe.data(), c1.data(), k1.data(), n, kLatent, kRope, 0.07f, o.data(), scratch.data());
+  for (auto& v : q_lat) v = RoundToBf16(nd(rng) * 0.1f);
+  for (auto& v : q_pe) v = RoundToBf16(nd(rng) * 0.1f);
+  AbsorbedAttentionHead(q_lat.data(), q_pe.data(), c.data(), kpe.data(), n, kLatent, kRope, 0.07f, o.data(), scratch.data());
   // Scalar: same rounding points, double accumulation for the dots.
   std::vector<double> p(n);
   double mx = -1e30;
   for (int64_t j = 0; j < n; ++j) {
     double a = 0, b = 0;
-    for (int64_t i = 0; i < kLatent; ++i) a += double(q_lat[i]) * c1[j * kLatent + i];
-    for (int64_t i = 0; i < kRope; ++i) b += double(q_pe[i]) * k1[j * kRope + i];
+    for (int64_t i = 0; i < kLatent; ++i) a += double(q_lat[i]) * c[j * kLatent + i];
+    for (int64_t i = 0; i < kRope; ++i) b += double(q_pe[i]) * kpe[j * kRope + i];
     p[j] = RoundToBf16(RoundToBf16(RoundToBf16(float(a)) + RoundToBf16(float(b))) * 0.07f);
     mx = std::max(mx, p[j]);
   }
@@ -88,28 +208,8 @@ TEST(MlaAttentionTest, PagedViewEqualsContiguousAndScalarLoops) {
   for (auto& v : p) z += (v = std::exp(v - mx));
   for (int64_t i = 0; i < kLatent; ++i) {
     double want = 0;
-    for (int64_t j = 0; j < n; ++j) want += RoundToBf16(float(p[j] / z)) * c1[j * kLatent + i];
+    for (int64_t j = 0; j < n; ++j) want += RoundToBf16(float(p[j] / z)) * c[j * kLatent + i];
     EXPECT_NEAR(o[i], want, 1e-2 * (std::fabs(want) + 0.05)) << i;
-  }
-
-  // Indexer scores over both views, against a direct formula.
-  std::vector<double> qd(2 * kIndex);
-  std::vector<uint8_t> q8(2 * kIndex);
-  for (auto& c : q8) { c = static_cast<uint8_t>(rng() & 0xff); if ((c & 0x7f) == 0x7f) c = 0; }
-  for (int i = 0; i < 2 * kIndex; ++i) qd[i] = Fp8E4M3ToF32(q8[i]);
-  const float w[2] = {0.3f, -0.2f};
-  std::vector<float> s1(n_tokens), s2(n_tokens);
-  IndexerScores(cv, qd.data(), w, 2, n_tokens, s1.data());
-  IndexerScores(pv, qd.data(), w, 2, n_tokens, s2.data());
-  EXPECT_EQ(s1, s2);
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const uint8_t* rec = &contiguous[t * kRecord];
-    const uint8_t* k = rec + kLatent + 8 + kRope * 2;
-    float ks;
-    std::memcpy(&ks, k + kIndex, 4);
-    float acc = 0;
-    for (int h = 0; h < 2; ++h) acc += std::max(Fp8DotExact(&q8[h * kIndex], k, kIndex), 0.0f) * w[h];
-    EXPECT_EQ(s1[t], acc * ks) << t;
   }
 }
 

@@ -1,20 +1,25 @@
-// MLA attention and the Lightning Indexer of one layer (members of Model).
+// MLA attention and the Lightning Indexer of one layer over a batch (members of Model).
 // The rounding points follow docs/model-numerics.md step by step; "bf16(...)" below means
-// the value is rounded to bf16 there, as the reference does.
+// the value is rounded to bf16 there, as the reference does. Per-row arithmetic never depends
+// on the other rows of the batch (model/batch.h).
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/gemm.h"
 #include "kernels/mla_attention.h"
 #include "kernels/rope.h"
+#include "model/batch_plan.h"
 #include "model/model.h"
 
 namespace pdserve::model {
 
 namespace {
 constexpr float kNormEps = 1e-6f;
+constexpr int64_t kIndexerKeysPerTask = 1024;  // keys scored per parallel work item
 
 const uint8_t* RowPtr(const kernels::WeightView& w, int64_t row) {
   return static_cast<const uint8_t*>(w.data) + row * w.ld * static_cast<int64_t>(DTypeSize(w.dtype));
@@ -22,60 +27,85 @@ const uint8_t* RowPtr(const kernels::WeightView& w, int64_t row) {
 kernels::WeightView SubRows(const kernels::WeightView& w, int64_t row, int64_t n) {
   return {w.dtype, RowPtr(w, row), n, w.n_in, w.ld};
 }
+bool NonAbsorbed(const BatchSequence& q) {
+  return q.grouping == RowGrouping::kChunk && q.start == 0 && q.n_tokens > 1;
+}
 }  // namespace
 
-void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, SequenceKvCache* cache,
-                      const ForwardOptions& opt, float* out) const {
+void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, float* out) const {
   const ModelConfig& c = config();
   const LayerWeights& lw = weights_->layer(layer);
   const int64_t D = c.hidden_size, H = c.num_attention_heads, Lq = c.q_lora_rank, Lkv = c.kv_lora_rank;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
-  const int64_t T = start + S, K = c.index_topk;
+  const int64_t S = plan.n_rows, K = c.index_topk;
   const float scale = c.AttentionScale();
 
   // qr = bf16(RMSNorm(bf16(x Wq_a^T)));  q = bf16(qr Wq_b^T), rope on the last dr dims per head.
   std::vector<float> qr(static_cast<size_t>(S * Lq));
-  ApplyLinear(lw.q_a, x, S, qr.data(), pool_);
+  PlannedLinear(lw.q_a, x, plan, qr.data());
   kernels::RoundToBf16InPlace(qr.data(), S * Lq);
   for (int64_t i = 0; i < S; ++i) kernels::RmsNorm(&qr[i * Lq], lw.q_norm.data(), Lq, kNormEps, &qr[i * Lq]);
   kernels::RoundToBf16InPlace(qr.data(), S * Lq);
   std::vector<float> q(static_cast<size_t>(S * H * dqk));
-  ApplyLinear(lw.q_b, qr.data(), S, q.data(), pool_);
+  PlannedLinear(lw.q_b, qr.data(), plan, q.data());
   kernels::RoundToBf16InPlace(q.data(), S * H * dqk);
   for (int64_t i = 0; i < S; ++i)
     for (int64_t h = 0; h < H; ++h)
-      kernels::ApplyRopeInterleaved(&q[(i * H + h) * dqk + dn], dr, start + i, rope_freqs_.data());
+      kernels::ApplyRopeInterleaved(&q[(i * H + h) * dqk + dn], dr, plan.row_pos[i], rope_freqs_.data());
   kernels::RoundToBf16InPlace(q.data(), S * H * dqk);
 
-  // kv = bf16(x Wkv_a^T): latent c = fp8_roundtrip(bf16(RMSNorm(kv[:Lkv]))), k_pe = rope(kv[Lkv:]).
+  // kv = bf16(x Wkv_a^T): latent c = bf16(RMSNorm(kv[:Lkv])) stored in the cache's format (the
+  // fp8 form is the reference's round trip, losslessly); k_pe = rope(kv[Lkv:]) as bf16.
   std::vector<float> kva(static_cast<size_t>(S * (Lkv + dr)));
-  ApplyLinear(lw.kv_a, x, S, kva.data(), pool_);
+  PlannedLinear(lw.kv_a, x, plan, kva.data());
   kernels::RoundToBf16InPlace(kva.data(), S * (Lkv + dr));
-  std::vector<float> latent(static_cast<size_t>(Lkv));
-  for (int64_t i = 0; i < S; ++i) {
-    const int64_t pos = start + i;
-    float* row = &kva[i * (Lkv + dr)];
-    kernels::RmsNorm(row, lw.kv_norm.data(), Lkv, kNormEps, latent.data());
-    kernels::RoundToBf16InPlace(latent.data(), Lkv);
-    kernels::ActQuantFp8(latent.data(), Lkv, cache->latent_codes(layer, pos), cache->latent_scales(layer, pos));
-    float* kpe = row + Lkv;
-    kernels::ApplyRopeInterleaved(kpe, dr, pos, rope_freqs_.data());
-    uint16_t* dst = cache->k_pe(layer, pos);
-    for (int64_t j = 0; j < dr; ++j) dst[j] = F32ToBf16Bits(kpe[j]);
-  }
+  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
+    std::vector<float> latent(static_cast<size_t>(Lkv));
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t pos = plan.row_pos[i];
+      const KvSequenceRef& kv = plan.seqs[plan.row_seq[i]].kv;
+      float* row = &kva[i * (Lkv + dr)];
+      kernels::RmsNorm(row, lw.kv_norm.data(), Lkv, kNormEps, latent.data());
+      kernels::RoundToBf16InPlace(latent.data(), Lkv);
+      kernels::EncodeLatent(kv.layout->latent_format, latent.data(), Lkv, kv.Field(layer, KvComponent::kLatentCodes, pos),
+                            kv.Field(layer, KvComponent::kLatentScales, pos));
+      float* kpe = row + Lkv;
+      kernels::ApplyRopeInterleaved(kpe, dr, pos, rope_freqs_.data());
+      uint8_t* dst = kv.Field(layer, KvComponent::kRope, pos);
+      for (int64_t j = 0; j < dr; ++j) {
+        const uint16_t bits = F32ToBf16Bits(kpe[j]);
+        std::memcpy(dst + 2 * j, &bits, 2);
+      }
+    }
+  }, 4);
 
   // Sparse selection per query.
   std::vector<int32_t> topk(static_cast<size_t>(S * K), -1);
-  Indexer(layer, x, qr.data(), S, start, cache, opt, &topk);
-  if (opt.forced_topk)
-    std::copy(opt.forced_topk->begin() + layer * S * K, opt.forced_topk->begin() + (layer + 1) * S * K, topk.begin());
-  if (opt.trace) std::copy(topk.begin(), topk.end(), opt.trace->topk.begin() + layer * S * K);
+  Indexer(layer, x, qr.data(), plan, &topk);
+  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+    const BatchSequence& sq = plan.seqs[s];
+    if (!sq.options) continue;
+    const int64_t Sq = sq.n_tokens, r0 = plan.seq_row[s];
+    if (sq.options->forced_topk)
+      std::copy(sq.options->forced_topk->begin() + layer * Sq * K, sq.options->forced_topk->begin() + (layer + 1) * Sq * K,
+                topk.begin() + r0 * K);
+    if (sq.options->trace)
+      std::copy(topk.begin() + r0 * K, topk.begin() + (r0 + Sq) * K, sq.options->trace->topk.begin() + layer * Sq * K);
+  }
 
   std::vector<float> o(static_cast<size_t>(S * H * dv));
-  const kernels::KvTokenView kv_view = cache->View(layer);
   const bool kv_b_bf16 = lw.kv_b.view.dtype == DType::kBF16;
-  if (start == 0 && S > 1) {
+  std::vector<int64_t> absorbed;  // rows taking the absorbed form
+  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+    const BatchSequence& sq = plan.seqs[s];
+    const int64_t r0 = plan.seq_row[s];
+    if (!NonAbsorbed(sq)) {
+      for (int64_t i = 0; i < sq.n_tokens; ++i) absorbed.push_back(r0 + i);
+      continue;
+    }
     // Reference prefill: k_nope | v = bf16(c Wkv_b^T) for every key, scores over [k_nope, k_pe].
+    const int64_t T = sq.n_tokens;
+    const kernels::KvTokenView kv_view = sq.kv.View(layer);
     std::vector<float> c_all(static_cast<size_t>(T * Lkv)), kv(static_cast<size_t>(T * H * (dn + dv)));
     std::vector<float> kpe_all(static_cast<size_t>(T * dr));
     std::vector<int32_t> all(static_cast<size_t>(T));
@@ -83,12 +113,12 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
     kernels::GatherLatent(kv_view, all.data(), T, c_all.data(), kpe_all.data());
     ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
     kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
-    pool_->ParallelFor(S * H, [&](int64_t b, int64_t e) {
+    pool_->ParallelFor(T * H, [&](int64_t b, int64_t e) {
       std::vector<float> p(static_cast<size_t>(K));
       for (int64_t qh = b; qh < e; ++qh) {
         const int64_t i = qh / H, h = qh % H;
-        const int32_t* sel = &topk[i * K];
-        const float* qv = &q[(i * H + h) * dqk];
+        const int32_t* sel = &topk[(r0 + i) * K];
+        const float* qv = &q[((r0 + i) * H + h) * dqk];
         int64_t n = 0;
         for (int64_t j = 0; j < K && sel[j] >= 0; ++j, ++n) {
           const int64_t t = sel[j];
@@ -98,111 +128,178 @@ void Model::Attention(int64_t layer, const float* x, int64_t S, int64_t start, S
         }
         kernels::Softmax(p.data(), n);
         kernels::RoundToBf16InPlace(p.data(), n);
-        float* ov = &o[(i * H + h) * dv];
+        float* ov = &o[((r0 + i) * H + h) * dv];
         std::fill(ov, ov + dv, 0.0f);
         for (int64_t j = 0; j < n; ++j) kernels::Axpy(p[j], &kv[(sel[j] * H + h) * (dn + dv) + dn], dv, ov);
         kernels::RoundToBf16InPlace(ov, dv);
       }
     });
-  } else {
-    // Absorbed form over the latent cache (decode, or a chunk after a cached prefix).
-    for (int64_t i = 0; i < S; ++i) {
-      const int32_t* sel = &topk[i * K];
+  }
+
+  // Absorbed form over the latent cache (decode, or a chunk after a cached prefix).
+  const int64_t nA = static_cast<int64_t>(absorbed.size());
+  if (nA > 0) {
+    // q_lat[r, h] = bf16(q_nope[r, h] W_uk[h]): rows h*(dn+dv) .. +dn of Wkv_b, each of length
+    // Lkv, accumulated in d order for every row (one pass over W_uk serves the whole batch).
+    std::vector<float> qlat(static_cast<size_t>(nA * H * Lkv), 0.0f), olat(static_cast<size_t>(nA * H * Lkv));
+    pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
+      for (int64_t h = hb; h < he; ++h) {
+        for (int64_t d = 0; d < dn; ++d) {
+          const uint8_t* w_row = RowPtr(lw.kv_b.view, h * (dn + dv) + d);
+          for (int64_t a = 0; a < nA; ++a)
+            kernels::AxpyRow(q[(absorbed[a] * H + h) * dqk + d], w_row, kv_b_bf16, Lkv, &qlat[(a * H + h) * Lkv]);
+        }
+        for (int64_t a = 0; a < nA; ++a) kernels::RoundToBf16InPlace(&qlat[(a * H + h) * Lkv], Lkv);
+      }
+    });
+    auto attend_row = [&](int64_t a, std::vector<float>* csel, std::vector<float>* kpesel, bool parallel) {
+      const int64_t r = absorbed[a];
+      const int32_t* sel = &topk[r * K];
       int64_t n = 0;
       while (n < K && sel[n] >= 0) ++n;
-      std::vector<float> csel(static_cast<size_t>(n * Lkv)), kpesel(static_cast<size_t>(n * dr));
-      pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
-        kernels::GatherLatent(kv_view, sel + b, e - b, &csel[b * Lkv], &kpesel[b * dr]);
-      }, 16);
-      pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
-        std::vector<float> qlat(static_cast<size_t>(Lkv)), p(static_cast<size_t>(n)), olat(static_cast<size_t>(Lkv));
-        for (int64_t h = hb; h < he; ++h) {
-          const float* qv = &q[(i * H + h) * dqk];
-          // q_lat = bf16(q_nope W_uk[h]): rows h*(dn+dv) .. +dn of Wkv_b, each of length Lkv.
-          std::fill(qlat.begin(), qlat.end(), 0.0f);
-          for (int64_t d = 0; d < dn; ++d)
-            kernels::AxpyRow(qv[d], RowPtr(lw.kv_b.view, h * (dn + dv) + d), kv_b_bf16, Lkv, qlat.data());
-          kernels::RoundToBf16InPlace(qlat.data(), Lkv);
-          kernels::AbsorbedAttentionHead(qlat.data(), qv + dn, csel.data(), kpesel.data(), n, Lkv, dr, scale,
-                                         olat.data(), p.data());
-          // o[h] = bf16(o_lat W_uv[h]^T): rows h*(dn+dv)+dn .. +dv.
-          float* ov = &o[(i * H + h) * dv];
-          kernels::Gemm(olat.data(), 1, Lkv, SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv), ov, dv, nullptr);
-          kernels::RoundToBf16InPlace(ov, dv);
-        }
+      csel->resize(static_cast<size_t>(n * Lkv));
+      kpesel->resize(static_cast<size_t>(n * dr));
+      const kernels::KvTokenView kv_view = plan.seqs[plan.row_seq[r]].kv.View(layer);
+      auto heads = [&](int64_t hb, int64_t he) {
+        std::vector<float> p(static_cast<size_t>(n));
+        for (int64_t h = hb; h < he; ++h)
+          kernels::AbsorbedAttentionHead(&qlat[(a * H + h) * Lkv], &q[(r * H + h) * dqk + dn], csel->data(), kpesel->data(),
+                                         n, Lkv, dr, scale, &olat[(a * H + h) * Lkv], p.data());
+      };
+      if (parallel) {
+        pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
+          kernels::GatherLatent(kv_view, sel + b, e - b, &(*csel)[b * Lkv], &(*kpesel)[b * dr]);
+        }, 16);
+        pool_->ParallelFor(H, heads);
+      } else {
+        kernels::GatherLatent(kv_view, sel, n, csel->data(), kpesel->data());
+        heads(0, H);
+      }
+    };
+    if (nA >= 2 * pool_->n_threads()) {
+      pool_->ParallelFor(nA, [&](int64_t b, int64_t e) {
+        std::vector<float> csel, kpesel;
+        for (int64_t a = b; a < e; ++a) attend_row(a, &csel, &kpesel, false);
       });
+    } else {
+      std::vector<float> csel, kpesel;
+      for (int64_t a = 0; a < nA; ++a) attend_row(a, &csel, &kpesel, true);
     }
+    // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, up to 8 rows per call
+    // (the streaming path, as a single row alone takes).
+    std::vector<float> oA(static_cast<size_t>(nA * H * dv));
+    pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
+      for (int64_t h = hb; h < he; ++h)
+        for (int64_t a = 0; a < nA; a += kernels::kGemmSmallMMax)
+          kernels::Gemm(&olat[(a * H + h) * Lkv], std::min<int64_t>(kernels::kGemmSmallMMax, nA - a), H * Lkv,
+                        SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv), &oA[(a * H + h) * dv], H * dv, nullptr);
+    });
+    kernels::RoundToBf16InPlace(oA.data(), nA * H * dv);
+    for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);
   }
-  ApplyLinear(lw.o, o.data(), S, out, pool_);
+  PlannedLinear(lw.o, o.data(), plan, out);
   kernels::RoundToBf16InPlace(out, S * D);
 }
 
-void Model::Indexer(int64_t layer, const float* x, const float* qr, int64_t S, int64_t start,
-                    SequenceKvCache* cache, const ForwardOptions& opt, std::vector<int32_t>* topk) const {
+void Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchPlan& plan,
+                    std::vector<int32_t>* topk) const {
   const ModelConfig& c = config();
   const LayerWeights& lw = weights_->layer(layer);
   const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-  const int64_t dr = c.qk_rope_head_dim, T = start + S, K = c.index_topk;
+  const int64_t dr = c.qk_rope_head_dim, S = plan.n_rows, K = c.index_topk;
   const float hadamard_scale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5));
 
   // Queries: bf16(qr Wiq^T), rope (half-split) on the first dr dims, Hadamard, fp8 per head.
   std::vector<float> iq(static_cast<size_t>(S * IH * ID));
-  ApplyLinear(lw.idx_wq_b, qr, S, iq.data(), pool_);
+  PlannedLinear(lw.idx_wq_b, qr, plan, iq.data());
   kernels::RoundToBf16InPlace(iq.data(), S * IH * ID);
-  // Keys: bf16(LayerNorm(bf16(x Wk^T))), rope, Hadamard, fp8 per token -> cache.
+  // Keys: bf16(LayerNorm(bf16(x Wk^T))), rope, Hadamard, quantized per token -> cache.
   std::vector<float> ik(static_cast<size_t>(S * ID));
-  ApplyLinear(lw.idx_wk, x, S, ik.data(), pool_);
+  PlannedLinear(lw.idx_wk, x, plan, ik.data());
   kernels::RoundToBf16InPlace(ik.data(), S * ID);
   // Head weights in fp32: wp(x) * IH^-0.5, later * q_scale * ID^-0.5.
   std::vector<float> wts(static_cast<size_t>(S * IH));
-  ApplyLinear(lw.idx_weights_proj, x, S, wts.data(), pool_);
+  PlannedLinear(lw.idx_weights_proj, x, plan, wts.data());
   std::vector<uint8_t> q8(static_cast<size_t>(S * IH * ID));
   std::vector<float> qs(static_cast<size_t>(S * IH));
   const float ih_scale = static_cast<float>(std::pow(static_cast<double>(IH), -0.5));
-  for (int64_t i = 0; i < S; ++i) {
-    const int64_t pos = start + i;
-    for (int64_t h = 0; h < IH; ++h) {
-      float* v = &iq[(i * IH + h) * ID];
-      kernels::ApplyRopeHalfSplit(v, dr, pos, rope_freqs_.data());
-      kernels::RoundToBf16InPlace(v, ID);
-      kernels::HadamardTransform(v, ID);
-      for (int64_t d = 0; d < ID; ++d) v[d] *= hadamard_scale;
-      kernels::RoundToBf16InPlace(v, ID);
-      kernels::ActQuantFp8(v, ID, &q8[(i * IH + h) * ID], &qs[i * IH + h]);
-      float& w = wts[i * IH + h];
-      w = w * ih_scale;
-      w = w * qs[i * IH + h];
-      w = w * hadamard_scale;
+  pool_->ParallelFor(S, [&](int64_t rb, int64_t re) {
+    for (int64_t i = rb; i < re; ++i) {
+      const int64_t pos = plan.row_pos[i];
+      for (int64_t h = 0; h < IH; ++h) {
+        float* v = &iq[(i * IH + h) * ID];
+        kernels::ApplyRopeHalfSplit(v, dr, pos, rope_freqs_.data());
+        kernels::RoundToBf16InPlace(v, ID);
+        kernels::HadamardTransform(v, ID);
+        for (int64_t d = 0; d < ID; ++d) v[d] *= hadamard_scale;
+        kernels::RoundToBf16InPlace(v, ID);
+        kernels::ActQuantFp8(v, ID, &q8[(i * IH + h) * ID], &qs[i * IH + h]);
+        float& w = wts[i * IH + h];
+        w = w * ih_scale;
+        w = w * qs[i * IH + h];
+        w = w * hadamard_scale;
+      }
+      float* k = &ik[i * ID];
+      kernels::LayerNorm(k, lw.idx_k_norm_w.data(), lw.idx_k_norm_b.data(), ID, kNormEps, k);
+      kernels::RoundToBf16InPlace(k, ID);
+      kernels::ApplyRopeHalfSplit(k, dr, pos, rope_freqs_.data());
+      kernels::RoundToBf16InPlace(k, ID);
+      kernels::HadamardTransform(k, ID);
+      for (int64_t d = 0; d < ID; ++d) k[d] *= hadamard_scale;
+      kernels::RoundToBf16InPlace(k, ID);
+      const KvSequenceRef& kv = plan.seqs[plan.row_seq[i]].kv;
+      kernels::EncodeIndexKey(kv.layout->index_format, k, ID, kv.Field(layer, KvComponent::kIndexCodes, pos),
+                              kv.Field(layer, KvComponent::kIndexScales, pos));
     }
-    float* k = &ik[i * ID];
-    kernels::LayerNorm(k, lw.idx_k_norm_w.data(), lw.idx_k_norm_b.data(), ID, kNormEps, k);
-    kernels::RoundToBf16InPlace(k, ID);
-    kernels::ApplyRopeHalfSplit(k, dr, pos, rope_freqs_.data());
-    kernels::RoundToBf16InPlace(k, ID);
-    kernels::HadamardTransform(k, ID);
-    for (int64_t d = 0; d < ID; ++d) k[d] *= hadamard_scale;
-    kernels::RoundToBf16InPlace(k, ID);
-    kernels::ActQuantFp8(k, ID, cache->idx_k(layer, pos), cache->idx_scale(layer, pos));
-  }
-  if (opt.forced_topk && !opt.trace) return;  // the caller replaces the selections
+  }, 2);
 
-  // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k.
-  const kernels::KvTokenView kv_view = cache->View(layer);
-  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
+  // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k. Work
+  // items are (row, run of keys) so one long row still uses every thread.
+  struct Task { int64_t row, begin, end; };
+  std::vector<Task> tasks;
+  std::vector<int64_t> score_off(static_cast<size_t>(S + 1), 0);
+  for (int64_t i = 0; i < S; ++i) {
+    const BatchSequence& sq = plan.seqs[plan.row_seq[i]];
+    const bool skip = sq.options && sq.options->forced_topk && !sq.options->trace;  // replaced later
+    const int64_t n_keys = skip ? 0 : plan.row_pos[i] + 1;
+    score_off[i + 1] = score_off[i] + n_keys;
+    for (int64_t b = 0; b < n_keys; b += kIndexerKeysPerTask)
+      tasks.push_back({i, b, std::min(n_keys, b + kIndexerKeysPerTask)});
+  }
+  std::vector<float> scores(static_cast<size_t>(score_off[S]));
+  const float* table = Fp8E4M3DecodeTable();
+  pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
     std::vector<double> qd(static_cast<size_t>(IH * ID));
-    std::vector<float> scores(static_cast<size_t>(T));
-    std::vector<int32_t> scratch(static_cast<size_t>(T));
-    const float* table = Fp8E4M3DecodeTable();
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t n_keys = start + i + 1;
-      for (int64_t j = 0; j < IH * ID; ++j) qd[j] = table[q8[i * IH * ID + j]];
-      kernels::IndexerScores(kv_view, qd.data(), &wts[i * IH], IH, n_keys, scores.data());
-      if (opt.trace)
-        std::copy(scores.begin(), scores.begin() + n_keys,
-                  opt.trace->index_scores.begin() + (layer * S + i) * T);
-      kernels::TopKIndices(scores.data(), n_keys, K, &(*topk)[i * K], scratch.data());
+    int64_t decoded_row = -1;
+    for (int64_t j = b; j < e; ++j) {
+      const Task& t = tasks[j];
+      if (t.row != decoded_row) {
+        for (int64_t k = 0; k < IH * ID; ++k) qd[k] = table[q8[t.row * IH * ID + k]];
+        decoded_row = t.row;
+      }
+      kernels::IndexerScores(plan.seqs[plan.row_seq[t.row]].kv.View(layer), qd.data(), &wts[t.row * IH], IH, t.begin,
+                             t.end, &scores[score_off[t.row]]);
     }
   });
+  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
+    std::vector<int32_t> scratch;
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t n_keys = score_off[i + 1] - score_off[i];
+      if (n_keys == 0) continue;
+      scratch.resize(static_cast<size_t>(n_keys));
+      kernels::TopKIndices(&scores[score_off[i]], n_keys, K, &(*topk)[i * K], scratch.data());
+    }
+  });
+  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+    const BatchSequence& sq = plan.seqs[s];
+    if (!sq.options || !sq.options->trace) continue;
+    const int64_t Sq = sq.n_tokens, T = sq.start + Sq;
+    for (int64_t i = 0; i < Sq; ++i) {
+      const int64_t r = plan.seq_row[s] + i;
+      std::copy(scores.begin() + score_off[r], scores.begin() + score_off[r + 1],
+                sq.options->trace->index_scores.begin() + (layer * Sq + i) * T);
+    }
+  }
 }
 
 }  // namespace pdserve::model

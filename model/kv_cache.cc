@@ -1,36 +1,45 @@
 #include "model/kv_cache.h"
 
+#include <algorithm>
+
 namespace pdserve::model {
 
-SequenceKvCache::SequenceKvCache(const ModelConfig& c)
-    : layout_(KvRecordLayout::ForConfig(c)), layers_(static_cast<size_t>(c.num_hidden_layers)) {}
+SequenceKvCache::SequenceKvCache(const ModelConfig& c, int64_t block_tokens, KvLatentFormat latent,
+                                 KvIndexFormat index)
+    : layout_(KvLayout::ForConfig(c, std::max<int64_t>(1, block_tokens), latent, index)) {}
 
 void SequenceKvCache::Resize(int64_t n) {
-  for (auto& l : layers_) l.resize(static_cast<size_t>(n * layout_.record_bytes()));
+  const int64_t blocks = layout_.BlocksForTokens(n);
+  const int64_t have = static_cast<int64_t>(table_.size());
+  if (blocks > have) {
+    // Grow geometrically so a token-by-token decode reallocates O(log n) times.
+    const int64_t target = std::max(blocks, have * 2);
+    storage_.resize(static_cast<size_t>(target * layout_.BlockBytes()), 0);
+    for (int64_t b = have; b < target; ++b) table_.push_back(static_cast<int32_t>(b));
+  }
+  if (n < n_tokens_) {
+    // Zero the dropped tokens' bytes in every component so a later regrow reads zeros.
+    for (int64_t pos = n; pos < n_tokens_; ++pos)
+      for (int64_t l = 0; l < layout_.num_layers; ++l)
+        for (int c = 0; c < kNumKvComponents; ++c) {
+          const auto comp = static_cast<KvComponent>(c);
+          std::fill_n(Ref().Field(l, comp, pos), layout_.ComponentBytesPerToken(comp), 0);
+        }
+  }
   n_tokens_ = n;
 }
 
-kernels::KvTokenView ContiguousKvView(const uint8_t* base, const KvRecordLayout& l, int64_t n_tokens) {
-  kernels::KvTokenView v;
-  v.base = base;
-  v.block_table = nullptr;
-  v.block_tokens = n_tokens > 0 ? n_tokens : 1;  // one block holding every token
-  v.block_stride = 0;
-  const int64_t r = l.record_bytes();
-  v.latent_offset = l.latent_offset();
-  v.latent_scale_offset = l.latent_scale_offset();
-  v.kpe_offset = l.kpe_offset();
-  v.idx_k_offset = l.idx_k_offset();
-  v.idx_scale_offset = l.idx_scale_offset();
-  v.latent_stride = v.latent_scale_stride = v.kpe_stride = v.idx_k_stride = v.idx_scale_stride = r;
-  v.latent_dim = l.latent_dim;
-  v.rope_dim = l.rope_dim;
-  v.index_dim = l.index_dim;
-  return v;
+KvSequenceRef SequenceKvCache::Ref() {
+  KvSequenceRef r;
+  r.pool_base = storage_.data();
+  r.layout = &layout_;
+  r.block_table = table_.data();
+  r.capacity_tokens = static_cast<int64_t>(table_.size()) * layout_.block_tokens;
+  return r;
 }
 
 kernels::KvTokenView SequenceKvCache::View(int64_t layer) const {
-  return ContiguousKvView(layers_[static_cast<size_t>(layer)].data(), layout_, n_tokens_);
+  return layout_.View(storage_.data(), table_.data(), layer);
 }
 
 }  // namespace pdserve::model

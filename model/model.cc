@@ -4,8 +4,9 @@
 #include <limits>
 
 #include "kernels/elementwise.h"
-#include "kernels/fp8_quant.h"
+#include "kernels/gemm.h"
 #include "kernels/rope.h"
+#include "model/batch_plan.h"
 
 namespace pdserve::model {
 
@@ -29,148 +30,130 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, ThreadP
   return std::unique_ptr<Model>(new Model(std::move(w), pool));
 }
 
-Status Model::Forward(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,
-                      const ForwardOptions& opt) const {
+Status Model::Validate(const BatchSequence& q) const {
   const ModelConfig& c = config();
+  const int64_t S = q.n_tokens;
   if (S <= 0) return Status::InvalidArgument("forward needs at least one token");
   for (int64_t i = 0; i < S; ++i)
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
-      return Status::InvalidArgument("token id " + std::to_string(tokens[i]) + " outside the vocabulary [0, " +
+    if (q.tokens[i] < 0 || q.tokens[i] >= c.vocab_size)
+      return Status::InvalidArgument("token id " + std::to_string(q.tokens[i]) + " outside the vocabulary [0, " +
                                      std::to_string(c.vocab_size) + ")", "position " + std::to_string(i));
-  const int64_t start = cache->n_tokens();
-  const int64_t T = start + S;
-  if (T > c.max_position_embeddings)
+  const int64_t T = q.start + S;
+  if (q.start < 0 || T > c.max_position_embeddings)
     return Status::InvalidArgument("sequence of " + std::to_string(T) + " tokens exceeds max_position_embeddings " +
                                    std::to_string(c.max_position_embeddings));
-  const int64_t L = c.num_hidden_layers, D = c.hidden_size, K = c.index_topk;
-  if (opt.forced_topk && static_cast<int64_t>(opt.forced_topk->size()) != L * S * K)
-    return Status::InvalidArgument("forced top-k has " + std::to_string(opt.forced_topk->size()) +
+  const int64_t L = c.num_hidden_layers, K = c.index_topk;
+  const std::vector<int32_t>* forced = q.options ? q.options->forced_topk : nullptr;
+  if (forced && static_cast<int64_t>(forced->size()) != L * S * K)
+    return Status::InvalidArgument("forced top-k has " + std::to_string(forced->size()) +
                                    " entries, expected n_layers*S*index_topk = " + std::to_string(L * S * K));
-  if (opt.forced_topk)
-    for (int32_t t : *opt.forced_topk)
+  if (forced)
+    for (int32_t t : *forced)
       if (t < -1 || t >= T) return Status::InvalidArgument("forced top-k position " + std::to_string(t) + " out of range");
-  cache->Resize(T);
-  if (opt.trace) {
-    opt.trace->hidden.assign(static_cast<size_t>((L + 1) * S * D), 0.0f);
-    opt.trace->index_scores.assign(static_cast<size_t>(L * S * T), -std::numeric_limits<float>::infinity());
-    opt.trace->topk.assign(static_cast<size_t>(L * S * K), -1);
+  return Status::Ok();
+}
+
+Status Model::Forward(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,
+                      const ForwardOptions& opt) const {
+  BatchSequence q;
+  q.tokens = tokens;
+  q.n_tokens = S;
+  q.start = cache->n_tokens();
+  q.grouping = RowGrouping::kChunk;
+  q.logits = logits;
+  q.options = &opt;
+  PDSERVE_RETURN_IF_ERROR(Validate(q));
+  cache->Resize(q.start + S);
+  q.kv = cache->Ref();
+  return ForwardBatch(std::span<const BatchSequence>(&q, 1));
+}
+
+void Model::PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const {
+  ForEachGemmPath(x, w.n_in(), y, w.n_out(), plan.row_tiled.data(), plan.n_rows,
+                  [&](const float* xs, int64_t m, float* ys) { ApplyLinear(w, xs, m, ys, pool_); });
+}
+
+Status Model::ForwardBatch(std::span<const BatchSequence> seqs) const {
+  const ModelConfig& c = config();
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    PDSERVE_RETURN_IF_ERROR(Validate(seqs[s]).WithContext("batch sequence " + std::to_string(s)));
+    if (seqs[s].kv.capacity_tokens < seqs[s].start + seqs[s].n_tokens)
+      return Status::InvalidArgument("batch sequence " + std::to_string(s) + ": KV capacity " +
+                                     std::to_string(seqs[s].kv.capacity_tokens) + " < " +
+                                     std::to_string(seqs[s].start + seqs[s].n_tokens) + " tokens");
   }
+  const BatchPlan plan = BatchPlan::Build(seqs);
+  const int64_t R = plan.n_rows;
+  if (R == 0) return Status::Ok();
+  const int64_t L = c.num_hidden_layers, D = c.hidden_size, K = c.index_topk;
+  for (const BatchSequence& q : seqs) {
+    ForwardTrace* tr = q.options ? q.options->trace : nullptr;
+    if (!tr) continue;
+    const int64_t S = q.n_tokens, T = q.start + S;
+    tr->hidden.assign(static_cast<size_t>((L + 1) * S * D), 0.0f);
+    tr->index_scores.assign(static_cast<size_t>(L * S * T), -std::numeric_limits<float>::infinity());
+    tr->topk.assign(static_cast<size_t>(L * S * K), -1);
+  }
+  auto trace_hidden = [&](int64_t slot, const std::vector<float>& sum) {
+    for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+      const BatchSequence& q = seqs[s];
+      ForwardTrace* tr = q.options ? q.options->trace : nullptr;
+      if (!tr) continue;
+      std::copy_n(sum.begin() + plan.seq_row[s] * D, q.n_tokens * D,
+                  tr->hidden.begin() + slot * q.n_tokens * D);
+    }
+  };
 
   // residual: bf16 values; sum: the unrounded fp32 residual + branch output; x: normed input.
-  std::vector<float> residual(static_cast<size_t>(S * D)), sum(static_cast<size_t>(S * D));
-  std::vector<float> x(static_cast<size_t>(S * D)), branch(static_cast<size_t>(S * D));
-  for (int64_t i = 0; i < S; ++i) weights_->EmbedRow(tokens[i], &residual[static_cast<size_t>(i * D)]);
-  kernels::RoundToBf16InPlace(residual.data(), S * D);
+  std::vector<float> residual(static_cast<size_t>(R * D)), sum(static_cast<size_t>(R * D));
+  std::vector<float> x(static_cast<size_t>(R * D)), branch(static_cast<size_t>(R * D));
+  for (int64_t s = 0; s < plan.n_seqs(); ++s)
+    for (int64_t i = 0; i < seqs[s].n_tokens; ++i)
+      weights_->EmbedRow(seqs[s].tokens[i], &residual[static_cast<size_t>((plan.seq_row[s] + i) * D)]);
+  kernels::RoundToBf16InPlace(residual.data(), R * D);
   sum = residual;
-  if (opt.trace) std::copy(sum.begin(), sum.end(), opt.trace->hidden.begin());
+  trace_hidden(0, sum);
 
   auto norm_rows = [&](const std::vector<float>& w, const std::vector<float>& in, std::vector<float>* out) {
-    for (int64_t i = 0; i < S; ++i)
-      kernels::RmsNorm(&in[static_cast<size_t>(i * D)], w.data(), D, kNormEps, &(*out)[static_cast<size_t>(i * D)]);
-    kernels::RoundToBf16InPlace(out->data(), S * D);
+    pool_->ParallelFor(R, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        kernels::RmsNorm(&in[static_cast<size_t>(i * D)], w.data(), D, kNormEps, &(*out)[static_cast<size_t>(i * D)]);
+    }, 8);
+    kernels::RoundToBf16InPlace(out->data(), R * D);
   };
   auto add_residual = [&]() {  // sum = fp32(branch) + fp32(residual); residual = bf16(sum)
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = branch[i] + residual[i];
     residual = sum;
-    kernels::RoundToBf16InPlace(residual.data(), S * D);
+    kernels::RoundToBf16InPlace(residual.data(), R * D);
   };
 
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = weights_->layer(l);
     norm_rows(lw.attn_norm, sum, &x);
-    Attention(l, x.data(), S, start, cache, opt, branch.data());
+    Attention(l, x.data(), plan, branch.data());
     add_residual();
     norm_rows(lw.ffn_norm, sum, &x);
-    Ffn(l, x.data(), S, branch.data());
+    Ffn(l, x.data(), plan, branch.data());
     add_residual();
-    if (opt.trace)
-      std::copy(sum.begin(), sum.end(), opt.trace->hidden.begin() + static_cast<std::ptrdiff_t>((l + 1) * S * D));
+    trace_hidden(l + 1, sum);
   }
-  // Final norm of the last position only, then fp32 logits.
-  std::vector<float> last(static_cast<size_t>(D));
-  kernels::RmsNorm(&sum[static_cast<size_t>((S - 1) * D)], weights_->final_norm().data(), D, kNormEps, last.data());
-  kernels::RoundToBf16InPlace(last.data(), D);
-  ApplyLinear(weights_->lm_head(), last.data(), 1, logits, pool_);
+  // Final norm of each sequence's last position only, then fp32 logits. Every row is its own
+  // group here (a single-sequence call computes one row), so all take the streaming path.
+  std::vector<int64_t> want;
+  for (int64_t s = 0; s < plan.n_seqs(); ++s)
+    if (seqs[s].logits) want.push_back(s);
+  if (want.empty()) return Status::Ok();
+  const int64_t n = static_cast<int64_t>(want.size()), V = c.vocab_size;
+  std::vector<float> last(static_cast<size_t>(n * D)), out(static_cast<size_t>(n * V));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = plan.seq_row[want[i] + 1] - 1;
+    kernels::RmsNorm(&sum[static_cast<size_t>(row * D)], weights_->final_norm().data(), D, kNormEps, &last[i * D]);
+  }
+  kernels::RoundToBf16InPlace(last.data(), n * D);
+  for (int64_t i = 0; i < n; i += kernels::kGemmSmallMMax)
+    ApplyLinear(weights_->lm_head(), &last[i * D], std::min<int64_t>(kernels::kGemmSmallMMax, n - i), &out[i * V], pool_);
+  for (int64_t i = 0; i < n; ++i) std::copy_n(&out[i * V], V, seqs[want[i]].logits);
   return Status::Ok();
-}
-
-void Model::Ffn(int64_t layer, const float* x, int64_t S, float* out) const {
-  const ModelConfig& c = config();
-  const LayerWeights& lw = weights_->layer(layer);
-  const int64_t D = c.hidden_size;
-  if (!lw.is_moe) {
-    Mlp(lw.dense, x, S, out);
-    return;
-  }
-  const int64_t E = c.n_routed_experts, G = c.n_group, per_group = E / G;
-  std::vector<float> logits(static_cast<size_t>(S * E));
-  ApplyLinear(lw.router, x, S, logits.data(), pool_);
-  // Routing per token: sigmoid scores; bias only for the choice; group-limited top-k.
-  std::vector<std::vector<std::pair<int64_t, float>>> routes(static_cast<size_t>(S));
-  std::vector<float> s(static_cast<size_t>(E)), b(static_cast<size_t>(E)), gscore(static_cast<size_t>(G));
-  std::vector<int32_t> gsel(static_cast<size_t>(G)), esel(static_cast<size_t>(E)), scratch(static_cast<size_t>(E));
-  for (int64_t t = 0; t < S; ++t) {
-    for (int64_t e = 0; e < E; ++e) {
-      s[e] = 1.0f / (1.0f + std::exp(-logits[static_cast<size_t>(t * E + e)]));
-      b[e] = s[e] + lw.router_bias[static_cast<size_t>(e)];
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      float top1 = -INFINITY, top2 = -INFINITY;
-      for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
-        if (b[e] > top1) { top2 = top1; top1 = b[e]; }
-        else if (b[e] > top2) top2 = b[e];
-      }
-      gscore[g] = top1 + top2;
-    }
-    const int64_t n_g = kernels::TopKIndices(gscore.data(), G, c.topk_group, gsel.data(), scratch.data());
-    std::vector<float> masked(static_cast<size_t>(E), -INFINITY);
-    for (int64_t i = 0; i < n_g; ++i)
-      for (int64_t e = gsel[i] * per_group; e < (gsel[i] + 1) * per_group; ++e) masked[e] = b[e];
-    const int64_t n_e = kernels::TopKIndices(masked.data(), E, c.num_experts_per_tok, esel.data(), scratch.data());
-    float denom = 0.0f;
-    for (int64_t i = 0; i < n_e; ++i) denom += s[esel[i]];
-    auto& r = routes[static_cast<size_t>(t)];
-    for (int64_t i = 0; i < n_e; ++i)
-      r.push_back({esel[i], s[esel[i]] / denom * static_cast<float>(c.routed_scaling_factor)});
-  }
-  // Experts in ascending id order; each gets the rows routed to it (possibly none).
-  std::vector<float> y(static_cast<size_t>(S * D), 0.0f);
-  std::vector<float> xin, yout;
-  std::vector<std::pair<int64_t, float>> rows;  // (token, weight)
-  for (int64_t e = 0; e < E; ++e) {
-    rows.clear();
-    for (int64_t t = 0; t < S; ++t)
-      for (const auto& [id, w] : routes[static_cast<size_t>(t)])
-        if (id == e) rows.push_back({t, w});
-    if (rows.empty()) continue;
-    const int64_t n = static_cast<int64_t>(rows.size());
-    xin.resize(static_cast<size_t>(n * D));
-    yout.resize(static_cast<size_t>(n * D));
-    for (int64_t i = 0; i < n; ++i)
-      std::copy(x + rows[i].first * D, x + (rows[i].first + 1) * D, xin.begin() + i * D);
-    Mlp(lw.experts[static_cast<size_t>(e)], xin.data(), n, yout.data());
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t d = 0; d < D; ++d) y[static_cast<size_t>(rows[i].first * D + d)] += yout[static_cast<size_t>(i * D + d)] * rows[i].second;
-  }
-  if (c.n_shared_experts > 0) {
-    std::vector<float> z(static_cast<size_t>(S * D));
-    Mlp(lw.shared, x, S, z.data());
-    for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];
-  }
-  std::copy(y.begin(), y.end(), out);
-  kernels::RoundToBf16InPlace(out, S * D);
-}
-
-void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {
-  const int64_t D = m.gate.n_in(), I = m.gate.n_out();
-  std::vector<float> g(static_cast<size_t>(S * I)), u(static_cast<size_t>(S * I));
-  ApplyLinear(m.gate, x, S, g.data(), pool_);
-  ApplyLinear(m.up, x, S, u.data(), pool_);
-  kernels::RoundToBf16InPlace(g.data(), S * I);
-  kernels::RoundToBf16InPlace(u.data(), S * I);
-  kernels::SiluMulBf16(g.data(), u.data(), S * I, g.data());
-  ApplyLinear(m.down, g.data(), S, out, pool_);
-  kernels::RoundToBf16InPlace(out, S * D);
 }
 
 }  // namespace pdserve::model

@@ -1,21 +1,25 @@
-// Model: the DeepSeek-V3.2 forward pass on CPU for one sequence at a time, bit-for-bit
-// following the reference's rounding points (docs/model-numerics.md).
+// Model: the DeepSeek-V3.2 forward pass on CPU, bit-for-bit following the reference's rounding
+// points (docs/model-numerics.md), for one sequence (Forward) or a batch of sequences sharing
+// every GEMM (ForwardBatch, model/batch.h), each with its own paged KV cache.
 //
-// Forward(tokens) runs S new tokens at positions [cache.n_tokens(), +S) and appends their KV:
-//   * a prefill from position 0 with S > 1 uses the reference's non-absorbed attention
+// A call runs S new tokens of a sequence at positions [start, start + S) and appends their KV:
+//   * a prefill chunk from position 0 with S > 1 uses the reference's non-absorbed attention
 //     (k_nope/v expanded from the latent), exactly as the official prefill;
 //   * any other call (S == 1 decode, or a chunk continuing a cached prefix) uses the absorbed
 //     form over the latent cache. Both compute the same function and differ only in rounding.
-// Every layer attends sparsely to the Lightning Indexer's top-k keys.
-// Thread-safety: a Model is immutable after Load and may run several sequences concurrently
+// Every layer attends sparsely to the Lightning Indexer's top-k keys. The MoE runs all rows of
+// the batch together, grouped by expert.
+// Thread-safety: a Model is immutable after Load and may run several batches concurrently
 // only if each call gets its own pool; calls sharing a ThreadPool must be serialized.
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "common/thread_pool.h"
+#include "model/batch.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
 
@@ -36,6 +40,8 @@ struct ForwardOptions {
   const std::vector<int32_t>* forced_topk = nullptr;
 };
 
+struct BatchPlan;
+
 class Model {
  public:
   // Errors: see ModelWeights::Load.
@@ -43,22 +49,31 @@ class Model {
 
   const ModelConfig& config() const { return weights_->config(); }
   const ModelWeights& weights() const { return *weights_; }
+  ThreadPool* pool() const { return pool_; }
 
-  // Runs tokens[0..S) and writes the last position's fp32 logits to logits[vocab_size].
+  // Runs tokens[0..S) at positions [cache.n_tokens(), +S), appends their KV, and writes the
+  // last position's fp32 logits to logits[vocab_size]. The rows form one group (kChunk).
   // Errors: InvalidArgument for S == 0, a token outside [0, vocab_size), a position past
-  // max_position_embeddings, or a malformed forced_topk.
+  // max_position_embeddings, or a malformed forced_topk; the cache is unchanged on error.
   Status Forward(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,
                  const ForwardOptions& options = {}) const;
 
+  // One batched step over several sequences (distinct KV storage each). Errors: those of
+  // Forward for any sequence (nothing is computed then), and InvalidArgument when a
+  // sequence's KV capacity is short. Each sequence's results are bitwise those of running it
+  // alone with the same tokens, start and grouping (model/batch.h).
+  Status ForwardBatch(std::span<const BatchSequence> seqs) const;
+
  private:
-  struct Scratch;
   Model(std::unique_ptr<ModelWeights> w, ThreadPool* pool);
-  void Attention(int64_t layer, const float* x, int64_t S, int64_t start, SequenceKvCache* cache,
-                 const ForwardOptions& opt, float* out) const;
-  void Indexer(int64_t layer, const float* x, const float* qr, int64_t S, int64_t start,
-               SequenceKvCache* cache, const ForwardOptions& opt, std::vector<int32_t>* topk) const;
-  void Ffn(int64_t layer, const float* x, int64_t S, float* out) const;
+  Status Validate(const BatchSequence& s) const;
+  void Attention(int64_t layer, const float* x, const BatchPlan& plan, float* out) const;
+  void Indexer(int64_t layer, const float* x, const float* qr, const BatchPlan& plan,
+               std::vector<int32_t>* topk) const;
+  void Ffn(int64_t layer, const float* x, const BatchPlan& plan, float* out) const;
   void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
+  // ApplyLinear over the plan's rows, each with its group's GEMM path.
+  void PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const;
 
   std::unique_ptr<ModelWeights> weights_;
   ThreadPool* pool_;

@@ -1,0 +1,106 @@
+// The FFN of one layer over a batch (members of Model): a dense MLP, or the MoE (sigmoid
+// router with group-limited top-k, routed experts in ascending id order, shared experts).
+// Every row keeps the GEMM path its row group would select alone (model/batch.h): for a
+// routed expert that is decided by how many rows of the same group chose the expert.
+#include <cmath>
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "model/batch_plan.h"
+#include "model/model.h"
+
+namespace pdserve::model {
+
+void Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, float* out) const {
+  const ModelConfig& c = config();
+  const LayerWeights& lw = weights_->layer(layer);
+  const int64_t D = c.hidden_size, S = plan.n_rows;
+  auto mlp_fn = [&](const MlpWeights& m) {
+    return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
+  };
+  if (!lw.is_moe) {
+    ForEachGemmPath(x, D, out, D, plan.row_tiled.data(), S, mlp_fn(lw.dense));
+    return;
+  }
+  const int64_t E = c.n_routed_experts, G = c.n_group, per_group = E / G;
+  std::vector<float> logits(static_cast<size_t>(S * E));
+  PlannedLinear(lw.router, x, plan, logits.data());
+  // Routing per token: sigmoid scores; bias only for the choice; group-limited top-k.
+  std::vector<std::vector<std::pair<int64_t, float>>> routes(static_cast<size_t>(S));
+  pool_->ParallelFor(S, [&](int64_t tb, int64_t te) {
+    std::vector<float> s(static_cast<size_t>(E)), b(static_cast<size_t>(E)), gscore(static_cast<size_t>(G));
+    std::vector<int32_t> gsel(static_cast<size_t>(G)), esel(static_cast<size_t>(E)), scratch(static_cast<size_t>(E));
+    std::vector<float> masked(static_cast<size_t>(E));
+    for (int64_t t = tb; t < te; ++t) {
+      for (int64_t e = 0; e < E; ++e) {
+        s[e] = 1.0f / (1.0f + std::exp(-logits[static_cast<size_t>(t * E + e)]));
+        b[e] = s[e] + lw.router_bias[static_cast<size_t>(e)];
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float top1 = -INFINITY, top2 = -INFINITY;
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+          if (b[e] > top1) { top2 = top1; top1 = b[e]; }
+          else if (b[e] > top2) top2 = b[e];
+        }
+        gscore[g] = top1 + top2;
+      }
+      const int64_t n_g = kernels::TopKIndices(gscore.data(), G, c.topk_group, gsel.data(), scratch.data());
+      std::fill(masked.begin(), masked.end(), -INFINITY);
+      for (int64_t i = 0; i < n_g; ++i)
+        for (int64_t e = gsel[i] * per_group; e < (gsel[i] + 1) * per_group; ++e) masked[e] = b[e];
+      const int64_t n_e = kernels::TopKIndices(masked.data(), E, c.num_experts_per_tok, esel.data(), scratch.data());
+      float denom = 0.0f;
+      for (int64_t i = 0; i < n_e; ++i) denom += s[esel[i]];
+      auto& r = routes[static_cast<size_t>(t)];
+      for (int64_t i = 0; i < n_e; ++i)
+        r.push_back({esel[i], s[esel[i]] / denom * static_cast<float>(c.routed_scaling_factor)});
+    }
+  }, 8);
+  // Rows per expert, in row order: (row, weight).
+  std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));
+  for (int64_t t = 0; t < S; ++t)
+    for (const auto& [id, w] : routes[static_cast<size_t>(t)]) by_expert[static_cast<size_t>(id)].push_back({t, w});
+  // Experts in ascending id order; each gets the rows routed to it (possibly none).
+  std::vector<float> y(static_cast<size_t>(S * D), 0.0f);
+  std::vector<float> xin, yout;
+  std::vector<uint8_t> tiled;
+  std::vector<int64_t> group_count(plan.group_size.size(), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rows = by_expert[static_cast<size_t>(e)];
+    if (rows.empty()) continue;
+    const int64_t n = static_cast<int64_t>(rows.size());
+    xin.resize(static_cast<size_t>(n * D));
+    yout.resize(static_cast<size_t>(n * D));
+    tiled.resize(static_cast<size_t>(n));
+    for (const auto& rw : rows) ++group_count[static_cast<size_t>(plan.row_group[rw.first])];
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy(x + rows[i].first * D, x + (rows[i].first + 1) * D, xin.begin() + i * D);
+      tiled[i] = group_count[static_cast<size_t>(plan.row_group[rows[i].first])] > kernels::kGemmSmallMMax;
+    }
+    for (const auto& rw : rows) group_count[static_cast<size_t>(plan.row_group[rw.first])] = 0;
+    ForEachGemmPath(xin.data(), D, yout.data(), D, tiled.data(), n, mlp_fn(lw.experts[static_cast<size_t>(e)]));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t d = 0; d < D; ++d) y[static_cast<size_t>(rows[i].first * D + d)] += yout[static_cast<size_t>(i * D + d)] * rows[i].second;
+  }
+  if (c.n_shared_experts > 0) {
+    std::vector<float> z(static_cast<size_t>(S * D));
+    ForEachGemmPath(x, D, z.data(), D, plan.row_tiled.data(), S, mlp_fn(lw.shared));
+    for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];
+  }
+  std::copy(y.begin(), y.end(), out);
+  kernels::RoundToBf16InPlace(out, S * D);
+}
+
+void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {
+  const int64_t D = m.gate.n_in(), I = m.gate.n_out();
+  std::vector<float> g(static_cast<size_t>(S * I)), u(static_cast<size_t>(S * I));
+  ApplyLinear(m.gate, x, S, g.data(), pool_);
+  ApplyLinear(m.up, x, S, u.data(), pool_);
+  kernels::RoundToBf16InPlace(g.data(), S * I);
+  kernels::RoundToBf16InPlace(u.data(), S * I);
+  kernels::SiluMulBf16(g.data(), u.data(), S * I, g.data());
+  ApplyLinear(m.down, g.data(), S, out, pool_);
+  kernels::RoundToBf16InPlace(out, S * D);
+}
+
+}  // namespace pdserve::model
