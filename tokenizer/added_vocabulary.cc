@@ -43,14 +43,15 @@ Result<AddedVocabulary> AddedVocabulary::FromJson(const json& added_tokens) {
   try {
     for (const json& entry : added_tokens) {
       AddedToken t;
-      t.id = entry.at("id").get<int32_t>();
+      const json& id = entry.at("id");
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 24))
+        return Status::InvalidArgument("added token id " + id.dump() + " is not an integer in [0, 2^24)");
+      t.id = id.get<int32_t>();
       t.content = entry.at("content").get<std::string>();
       t.special = entry.value("special", false);
       t.lstrip = entry.value("lstrip", false);
       t.rstrip = entry.value("rstrip", false);
       t.normalized = entry.value("normalized", !t.special);
-      if (t.id < 0 || t.id >= (1 << 30))
-        return Status::InvalidArgument("added token id " + std::to_string(t.id) + " out of range");
       if (t.content.empty()) return Status::InvalidArgument("added token " + std::to_string(t.id) + " is empty");
       PDSERVE_RETURN_IF_ERROR(ValidateUtf8(t.content).WithContext("added token " + std::to_string(t.id)));
       if (entry.value("single_word", false))

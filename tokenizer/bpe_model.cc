@@ -65,11 +65,14 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& model, size_t c
     for (const auto& [token, id_json] : vocab_it->items()) {
       if (!id_json.is_number_integer()) return Status::InvalidArgument("vocab id of '" + token + "' is not an integer");
       const int64_t id = id_json.get<int64_t>();
-      if (id < 0 || id >= (int64_t{1} << 30)) return Status::InvalidArgument("vocab id " + std::to_string(id) + " out of range");
+      if (id < 0 || id >= (int64_t{1} << 24)) return Status::InvalidArgument("vocab id " + std::to_string(id) + " out of range");
       PDSERVE_RETURN_IF_ERROR(ValidateUtf8(token).WithContext("vocab token"));
       m->token_to_id_[token] = static_cast<int32_t>(id);
       max_id = std::max(max_id, id);
     }
+    if (static_cast<size_t>(max_id + 1) > 2 * m->token_to_id_.size() + 1024)
+      return Status::InvalidArgument("vocab ids go up to " + std::to_string(max_id) + " for only " +
+                                     std::to_string(m->token_to_id_.size()) + " tokens: ids too sparse");
     m->id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
     m->id_present_.assign(static_cast<size_t>(max_id + 1), false);
     for (const auto& [token, id] : m->token_to_id_) {

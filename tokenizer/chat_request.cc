@@ -15,7 +15,7 @@ Result<std::optional<std::string>> ParseContent(const json& m, const std::string
     std::string text;
     for (size_t k = 0; k < it->size(); ++k) {
       const json& part = (*it)[k];
-      if (!part.is_object() || part.value("type", std::string()) != "text" || !part.contains("text") ||
+      if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
           !part["text"].is_string())
         return Status::InvalidArgument(where + ".content[" + std::to_string(k) +
                                        "] must be {\"type\": \"text\", \"text\": string}");
@@ -52,9 +52,20 @@ Result<std::vector<ToolCall>> ParseToolCalls(const json& m, const std::string& w
   }
   return calls;
 }
+Result<std::vector<ChatMessage>> ParseMessages(const json& messages);
+
 }  // namespace
 
 Result<std::vector<ChatMessage>> ParseChatMessages(const json& messages) {
+  try {
+    return ParseMessages(messages);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("malformed chat messages: ") + e.what());
+  }
+}
+
+namespace {
+Result<std::vector<ChatMessage>> ParseMessages(const json& messages) {
   if (!messages.is_array()) return Status::InvalidArgument("\"messages\" must be a list");
   std::vector<ChatMessage> out;
   out.reserve(messages.size());
@@ -72,6 +83,7 @@ Result<std::vector<ChatMessage>> ParseChatMessages(const json& messages) {
   }
   return out;
 }
+}  // namespace
 
 Result<ChatRequest> ParseChatRequestJson(const json& request) {
   if (!request.is_object()) return Status::InvalidArgument("chat request must be a JSON object");

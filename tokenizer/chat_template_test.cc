@@ -92,6 +92,9 @@ TEST(ChatTemplate, BadRequestsGiveClearErrors) {
       {R"({"messages": [{"content": "x"}]})", "messages[0].role"},
       {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
       {R"({"messages": [], "thinking": "yes"})", "thinking"},
+      {R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", "content[0]"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "content[0]"},
+      {R"({"messages": {"role": "user"}})", "list"},
       {R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]})",
        "arguments"},
   };

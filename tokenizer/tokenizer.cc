@@ -45,6 +45,18 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir,
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view tokenizer_json,
                                                        std::string_view config_json,
                                                        const TokenizerOptions& options) {
+  // Components report wrong types themselves; this catches anything they missed so a malformed
+  // file can never escape as an exception.
+  try {
+    return Build(tokenizer_json, config_json, options);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("malformed tokenizer.json: ") + e.what());
+  }
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Build(std::string_view tokenizer_json,
+                                                    std::string_view config_json,
+                                                    const TokenizerOptions& options) {
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   if (!config_json.empty()) {
     PDSERVE_ASSIGN_OR_RETURN(t->config_, TokenizerConfig::FromJsonText(config_json));
@@ -81,6 +93,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view tokenize
 Status Tokenizer::BuildDecodeTable() {
   int32_t limit = model_->id_limit();
   for (const AddedToken& a : added_.tokens()) limit = std::max(limit, a.id + 1);
+  // Ids index dense tables; refuse absurdly sparse ones instead of allocating for them.
+  const size_t entries = model_->vocab_size() + added_.tokens().size();
+  if (static_cast<size_t>(limit) > 2 * entries + 1024)
+    return Status::InvalidArgument("token ids go up to " + std::to_string(limit - 1) + " for only " +
+                                   std::to_string(entries) + " tokens: ids too sparse");
   decode_bytes_.assign(limit, std::string());
   flags_.assign(limit, 0);
   for (int32_t id = 0; id < model_->id_limit(); ++id) {

@@ -97,6 +97,9 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  static Result<std::unique_ptr<Tokenizer>> Build(std::string_view tokenizer_json,
+                                                  std::string_view config_json,
+                                                  const TokenizerOptions& options);
   Status BuildDecodeTable();
 
   static constexpr uint8_t kValid = 1;

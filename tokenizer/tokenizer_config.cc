@@ -19,6 +19,14 @@ Result<std::string> TokenContent(const json& config, const char* key) {
 }  // namespace
 
 Result<TokenizerConfig> TokenizerConfig::FromJsonText(std::string_view text) {
+  try {
+    return Parse(text);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("malformed tokenizer_config.json: ") + e.what());
+  }
+}
+
+Result<TokenizerConfig> TokenizerConfig::Parse(std::string_view text) {
   json config;
   try {
     config = json::parse(text);

@@ -24,6 +24,9 @@ struct TokenizerConfig {
   // ({"content": ...}); a template list picks the entry named "default".
   // Errors: InvalidArgument for malformed JSON or wrongly typed fields.
   static Result<TokenizerConfig> FromJsonText(std::string_view text);
+
+ private:
+  static Result<TokenizerConfig> Parse(std::string_view text);
 };
 
 }  // namespace pdserve::tokenizer

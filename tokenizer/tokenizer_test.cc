@@ -4,8 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
+#include <nlohmann/json.hpp>
+
 #include "common/mapped_file.h"
+#include "tokenizer/byte_level.h"
 #include "tokenizer/testing_util.h"
+#include "tokenizer/utf8.h"
 
 namespace pdserve::tokenizer {
 namespace {
@@ -100,7 +106,9 @@ TEST(Tokenizer, MalformedFilesGiveClearErrors) {
       {R"({"model": {}, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "WordPiece"}})",
        StatusCode::kUnimplemented, "decoder"},
       {R"({"model": {}, "added_tokens": [{"id": "x", "content": "a"}]})", StatusCode::kInvalidArgument,
-       "added_tokens"},
+       "added token id"},
+      {R"({"model": {}, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": 7}})",
+       StatusCode::kInvalidArgument, "malformed tokenizer.json"},
   };
   for (const Case& c : cases) {
     auto t = Tokenizer::FromJson(c.json, "");
@@ -108,10 +116,118 @@ TEST(Tokenizer, MalformedFilesGiveClearErrors) {
     EXPECT_EQ(t.status().code(), c.code) << t.status().ToString();
     EXPECT_NE(t.status().message().find(c.needle), std::string::npos) << t.status().ToString();
   }
-  auto bad_config = Tokenizer::FromJson(full, "{\"bos_token\": 5}");
-  EXPECT_EQ(bad_config.status().code(), StatusCode::kInvalidArgument);
+  for (const char* config : {R"({"bos_token": 5})", R"({"chat_template": [{"name": 5}]})", "{", "[]"}) {
+    auto bad_config = Tokenizer::FromJson(full, config);
+    EXPECT_EQ(bad_config.status().code(), StatusCode::kInvalidArgument) << config;
+  }
   auto missing = Tokenizer::Load("/nonexistent/tokenizer/dir");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// A small but complete byte-level tokenizer.json in DeepSeek's shape.
+nlohmann::json SmallTokenizerJson() {
+  using nlohmann::json;
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    AppendUtf8(ByteToChar(static_cast<uint8_t>(b)), &s);
+    vocab[s] = b;
+  }
+  vocab["ab"] = 256;
+  return {
+      {"added_tokens", {{{"id", 257}, {"content", "<s>"}, {"special", true}, {"lstrip", false},
+                         {"rstrip", false}, {"normalized", false}, {"single_word", false}}}},
+      {"normalizer", {{"type", "Sequence"}, {"normalizers", json::array()}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", "\\p{N}{1,3}"}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
+      {"post_processor", {{"type", "ByteLevel"}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", {"a b"}}}},
+  };
+}
+
+TEST(Tokenizer, LoadsAnyTokenizerJsonOfTheSameShape) {
+  auto t = Tokenizer::FromJson(SmallTokenizerJson().dump(), "");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ((*t)->Encode("xab<s>123456").value(), (Ids{'x', 256, 257, '1', '2', '3', '4', '5', '6'}));
+  EXPECT_EQ((*t)->Decode(Ids{'x', 256, 257}).value(), "xab<s>");
+  EXPECT_EQ((*t)->Decode(Ids{'x', 256, 257}, {.skip_special_tokens = true}).value(), "xab");
+}
+
+// Every field of a valid tokenizer.json replaced by every wrong JSON type (or removed): loading
+// must return a status (usually an error), never throw or crash.
+TEST(Tokenizer, MutatedTokenizerJsonNeverCrashes) {
+  using nlohmann::json;
+  const json base = SmallTokenizerJson();
+  const json replacements[] = {nullptr, 1e30, -1, 4000000000LL, "str", json::array(), json::object(), true,
+                               json::array({1, "x"})};
+  // Collect paths to mutate, skipping the 256 individual vocab entries.
+  std::vector<json::json_pointer> paths;
+  std::function<void(const json&, const json::json_pointer&)> walk = [&](const json& j, const json::json_pointer& p) {
+    paths.push_back(p);
+    if (p.to_string() == "/model/vocab") return;
+    if (j.is_object())
+      for (const auto& [k, v] : j.items()) walk(v, p / k);
+    if (j.is_array())
+      for (size_t i = 0; i < j.size(); ++i) walk(j[i], p / i);
+  };
+  walk(base, json::json_pointer());
+  int loaded = 0, refused = 0;
+  for (const auto& path : paths) {
+    if (path.empty()) continue;
+    for (const json& r : replacements) {
+      json mutated = base;
+      mutated[path] = r;
+      auto t = Tokenizer::FromJson(mutated.dump(), "");
+      (t.ok() ? loaded : refused)++;
+      if (t.ok()) {
+        auto ids = (*t)->Encode("ab 12 <s>");
+        if (ids.ok()) (void)(*t)->Decode(*ids);
+      }
+    }
+    json removed = base;
+    json& parent = removed[path.parent_pointer()];
+    if (parent.is_array()) {
+      parent.erase(std::stoul(path.back()));
+    } else {
+      parent.erase(path.back());
+    }
+    (void)Tokenizer::FromJson(removed.dump(), "");
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(loaded, 0);
+}
+
+TEST(Tokenizer, RandomTextRoundTripsAndRandomBytesNeverCrash) {
+  PDSERVE_DEEPSEEK_OR_FAIL(tok);
+  std::mt19937 rng(2024);
+  for (int round = 0; round < 300; ++round) {
+    // Any scalar value, assigned or not, in any Unicode version: byte-level BPE is lossless.
+    std::string text;
+    const int n = rng() % 40;
+    for (int i = 0; i < n; ++i) {
+      char32_t cp;
+      do {
+        cp = rng() % 4 == 0 ? rng() % 0x80 : rng() % 0x110000;
+      } while (cp >= 0xD800 && cp <= 0xDFFF);
+      AppendUtf8(cp, &text);
+    }
+    auto ids = tok->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    ASSERT_EQ(tok->Decode(*ids).value(), text);
+    // Arbitrary bytes: either an InvalidArgument or a round trip, never a crash.
+    std::string bytes;
+    for (int i = 0; i < n; ++i) bytes.push_back(static_cast<char>(rng()));
+    auto raw = tok->Encode(bytes);
+    if (raw.ok()) {
+      ASSERT_EQ(tok->Decode(*raw).value(), bytes);
+    } else {
+      ASSERT_EQ(raw.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
 }
 
 TEST(Tokenizer, ConcurrentEncodesAgree) {
