@@ -1,0 +1,809 @@
+#include "kvtransfer/ucx/ucx_transport.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+
+#include <fmt/format.h>
+
+#include "common/logging.h"
+#include "kvtransfer/ucx/ucx_status.h"
+
+namespace pdserve::kvtransfer {
+
+namespace {
+constexpr auto kCloseGiveUp = std::chrono::seconds(2);
+constexpr auto kMaxSleep = std::chrono::milliseconds(100);
+
+std::string ShortAddress(const std::string& address) {
+  return fmt::format("ucx:{:016x}", std::hash<std::string>{}(address));
+}
+
+// Envelope of every active message: [u32 little-endian address length][address][payload].
+std::string MakeEnvelope(const std::string& address, const std::string& payload) {
+  std::string out(4 + address.size() + payload.size(), '\0');
+  const uint32_t n = static_cast<uint32_t>(address.size());
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 4, address.data(), address.size());
+  std::memcpy(out.data() + 4 + address.size(), payload.data(), payload.size());
+  return out;
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Bookkeeping (all touched by the I/O thread only).
+
+struct UcxTransport::Peer {
+  UcxTransport* owner = nullptr;
+  std::weak_ptr<Peer> self;
+  std::string address;
+  std::unique_ptr<UcxEndpoint> ep;
+  std::map<std::string, std::unique_ptr<UcxRemoteKey>> rkeys;  // by packed key
+  std::deque<std::shared_ptr<Batch>> queue;       // batches with ops not yet issued (FIFO)
+  std::deque<std::shared_ptr<Message>> messages;  // messages not yet started (FIFO)
+  uint64_t batches_submitted = 0;
+  uint64_t batches_issued = 0;  // leaves `queue` in order: a message waits for its turn
+  bool message_flushing = false;
+  uint32_t inflight = 0;  // RMA ops outstanding
+  bool failed = false;
+  Status reset_status;
+  Status endpoint_error;  // set by OnEndpointError
+};
+
+struct UcxTransport::Batch {
+  RmaKind kind = RmaKind::kWrite;
+  std::shared_ptr<Peer> peer;
+  RemoteRegionDesc region;
+  std::vector<RmaOp> ops;
+  Deadline deadline{};
+  DoneCallback done;
+  ucp_rkey_h rkey = nullptr;
+  size_t next_op = 0;
+  uint64_t next_offset = 0;
+  uint32_t inflight = 0;
+  uint64_t bytes = 0;
+  Status status;
+  bool finished = false;
+};
+
+struct UcxTransport::Message {
+  enum class Stage { kQueued, kFlushing, kSending, kDone };
+  std::shared_ptr<Peer> peer;
+  uint16_t channel = 0;
+  std::string envelope;
+  bool flush_first = false;
+  uint64_t after_batches = 0;
+  Deadline deadline{};
+  DoneCallback done;
+  Stage stage = Stage::kQueued;
+};
+
+struct UcxTransport::OpContext {
+  UcxTransport* transport;
+  std::shared_ptr<Batch> batch;
+  std::shared_ptr<Message> message;
+  uint64_t length;
+};
+
+struct UcxTransport::Closing {
+  ucs_status_ptr_t request;
+  std::shared_ptr<Peer> peer;
+  Deadline give_up;
+};
+
+class UcxTransport::Region final : public LocalRegion {
+ public:
+  Region(UcxTransport* owner, uint64_t id, const RegisteredRegion& registered)
+      : owner_(owner), id_(id) {
+    desc_.base_address = reinterpret_cast<uint64_t>(registered.data());
+    desc_.length = registered.size();
+    desc_.packed_key = registered.packed_key();
+  }
+  ~Region() override {
+    owner_->RunSync([this] {
+      owner_->regions_.erase(id_);
+      owner_->counters_.registered_regions--;
+    });
+  }
+  uint8_t* data() const override { return reinterpret_cast<uint8_t*>(desc_.base_address); }
+  uint64_t size() const override { return desc_.length; }
+  const RemoteRegionDesc& remote_desc() const override { return desc_; }
+
+ private:
+  UcxTransport* const owner_;
+  const uint64_t id_;
+  RemoteRegionDesc desc_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Creation and the public (any-thread) API.
+
+Result<std::unique_ptr<UcxTransport>> UcxTransport::Create(const UcxTransportOptions& options) {
+  if (options.max_chunk_bytes == 0 || options.max_inflight_ops == 0) {
+    return Status::InvalidArgument("max_chunk_bytes and max_inflight_ops must be positive");
+  }
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<UcxContext> context,
+                           UcxContext::Create(options.context));
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, UcxWorker::Create(context.get()));
+  const int event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (event_fd < 0 || epoll_fd < 0) {
+    if (event_fd >= 0) close(event_fd);
+    if (epoll_fd >= 0) close(epoll_fd);
+    return Status::Internal("cannot create the UCX transport's eventfd / epoll");
+  }
+  for (int fd : {worker->event_fd(), event_fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      close(event_fd);
+      close(epoll_fd);
+      return Status::Internal("epoll_ctl on the UCX worker fd failed");
+    }
+  }
+  return std::unique_ptr<UcxTransport>(
+      new UcxTransport(options, std::move(context), std::move(worker), event_fd, epoll_fd));
+}
+
+UcxTransport::UcxTransport(const UcxTransportOptions& options, std::unique_ptr<UcxContext> context,
+                           std::unique_ptr<UcxWorker> worker, int event_fd, int epoll_fd)
+    : options_(options),
+      context_(std::move(context)),
+      worker_(std::move(worker)),
+      address_(worker_->address()),
+      event_fd_(event_fd),
+      epoll_fd_(epoll_fd) {
+  // Active-message handlers, one per channel; registered before the I/O thread starts.
+  static_assert(kMaxChannels <= 16);
+  for (uint16_t channel = 0; channel < kMaxChannels; ++channel) {
+    ucp_am_handler_param_t param{};
+    param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    param.id = channel;
+    param.cb = &UcxTransport::OnAmReceived;
+    am_args_[channel] = AmArg{this, channel};
+    param.arg = &am_args_[channel];
+    param.flags = UCP_AM_FLAG_WHOLE_MSG;
+    ucs_status_t status = ucp_worker_set_am_recv_handler(worker_->get(), &param);
+    PDSERVE_CHECK(status == UCS_OK, "ucp_worker_set_am_recv_handler failed");
+  }
+  thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
+}
+
+UcxTransport::~UcxTransport() {
+  thread_.request_stop();
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(event_fd_, &one, sizeof(one));
+  thread_.join();
+  PDSERVE_CHECK(regions_.empty(), "a LocalRegion outlived its UcxTransport");
+  peers_.clear();
+  worker_.reset();
+  context_.reset();
+  close(event_fd_);
+  close(epoll_fd_);
+}
+
+void UcxTransport::Post(std::function<void()> command) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(command));
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(event_fd_, &one, sizeof(one));
+}
+
+void UcxTransport::RunSync(const std::function<void()>& fn) {
+  if (std::this_thread::get_id() == io_thread_id_) {
+    fn();
+    return;
+  }
+  std::promise<void> done;
+  Post([&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+Result<std::unique_ptr<LocalRegion>> UcxTransport::AllocateRegion(uint64_t bytes) {
+  Result<std::unique_ptr<LocalRegion>> result = Status::Internal("not run");
+  RunSync([&] {
+    auto registered = RegisteredRegion::Allocate(context_.get(), bytes);
+    if (!registered.ok()) {
+      result = registered.status();
+      return;
+    }
+    const uint64_t id = next_region_id_++;
+    auto region = std::make_unique<Region>(this, id, *registered.value());
+    regions_[id] = std::move(registered).value();
+    counters_.registered_regions++;
+    result = std::unique_ptr<LocalRegion>(std::move(region));
+  });
+  return result;
+}
+
+Result<std::unique_ptr<LocalRegion>> UcxTransport::RegisterRegion(void* data, uint64_t bytes) {
+  Result<std::unique_ptr<LocalRegion>> result = Status::Internal("not run");
+  RunSync([&] {
+    auto registered = RegisteredRegion::Register(context_.get(), data, bytes);
+    if (!registered.ok()) {
+      result = registered.status();
+      return;
+    }
+    const uint64_t id = next_region_id_++;
+    auto region = std::make_unique<Region>(this, id, *registered.value());
+    regions_[id] = std::move(registered).value();
+    counters_.registered_regions++;
+    result = std::unique_ptr<LocalRegion>(std::move(region));
+  });
+  return result;
+}
+
+Status UcxTransport::RegisterClient(uint16_t channel, MessageHandler on_message,
+                                    PeerFailureHandler on_peer_failure) {
+  if (channel >= kMaxChannels) return Status::InvalidArgument("channel out of range");
+  RunSync([&] { clients_[channel] = Client{std::move(on_message), std::move(on_peer_failure)}; });
+  return Status::Ok();
+}
+
+void UcxTransport::UnregisterClient(uint16_t channel) {
+  if (channel >= kMaxChannels) return;
+  RunSync([&] { clients_[channel] = Client{}; });
+}
+
+Status UcxTransport::Submit(RmaKind kind, std::string_view peer, const RemoteRegionDesc& region,
+                            std::vector<RmaOp> ops, Deadline deadline, DoneCallback done) {
+  for (const RmaOp& op : ops) {
+    if (!RangeWithin(op.remote_address, op.length, region.base_address, region.length)) {
+      return Status::InvalidArgument(fmt::format(
+          "RMA {:#x}+{} is outside the remote region {:#x}+{}", op.remote_address, op.length,
+          region.base_address, region.length));
+    }
+    if (op.local == nullptr && op.length > 0) return Status::InvalidArgument("null local buffer");
+  }
+  if (region.packed_key.empty()) return Status::InvalidArgument("remote region without a key");
+  auto batch = std::make_shared<Batch>();
+  batch->kind = kind;
+  batch->region = region;
+  batch->ops = std::move(ops);
+  batch->deadline = deadline;
+  batch->done = std::move(done);
+  counters_.pending_batches++;
+  Post([this, batch, address = std::string(peer)] {
+    Status error;
+    std::shared_ptr<Peer> p = GetPeer(address, &error);
+    active_batches_.push_back(batch);
+    if (p == nullptr) {
+      batch->status = error;
+      FinishBatchIfDone(batch);
+      return;
+    }
+    batch->peer = p;
+    p->batches_submitted++;
+    p->queue.push_back(batch);
+  });
+  return Status::Ok();
+}
+
+Status UcxTransport::SendMessage(std::string_view peer, uint16_t channel, std::string payload,
+                                 bool flush_writes_first, Deadline deadline, DoneCallback done) {
+  if (channel >= kMaxChannels) return Status::InvalidArgument("channel out of range");
+  auto message = std::make_shared<Message>();
+  message->channel = channel;
+  message->envelope = MakeEnvelope(address_, payload);
+  message->flush_first = flush_writes_first;
+  message->deadline = deadline;
+  message->done = std::move(done);
+  counters_.pending_messages++;
+  Post([this, message, address = std::string(peer)] {
+    Status error;
+    std::shared_ptr<Peer> p = GetPeer(address, &error);
+    active_messages_.push_back(message);
+    if (p == nullptr) {
+      FinishMessage(message, error);
+      return;
+    }
+    message->peer = p;
+    message->after_batches = message->flush_first ? p->batches_submitted : 0;
+    p->messages.push_back(message);
+  });
+  return Status::Ok();
+}
+
+void UcxTransport::Connect(std::string_view peer) {
+  Post([this, address = std::string(peer)] {
+    Status error;
+    if (GetPeer(address, &error) != nullptr) return;
+    for (const Client& c : clients_) {
+      if (c.on_peer_failure) c.on_peer_failure(address, error);
+    }
+  });
+}
+
+void UcxTransport::Disconnect(std::string_view peer) {
+  Post([this, address = std::string(peer)] {
+    auto it = peers_.find(address);
+    if (it == peers_.end()) return;
+    ResetPeer(it->second, Status::Cancelled("disconnected"), /*notify=*/false);
+  });
+}
+
+TransportStats UcxTransport::Stats() const {
+  TransportStats s;
+  s.registered_regions = counters_.registered_regions.load();
+  s.peers = counters_.peers.load();
+  s.remote_keys = counters_.remote_keys.load();
+  s.inflight_ops = counters_.inflight_ops.load();
+  s.pending_batches = counters_.pending_batches.load();
+  s.pending_messages = counters_.pending_messages.load();
+  s.bytes_written = counters_.bytes_written.load();
+  s.bytes_read = counters_.bytes_read.load();
+  s.messages_sent = counters_.messages_sent.load();
+  s.messages_received = counters_.messages_received.load();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The I/O thread.
+
+void UcxTransport::Loop(std::stop_token stop) {
+  io_thread_id_ = std::this_thread::get_id();
+  ucp_worker_h worker = worker_->get();
+  const auto busy_poll = std::chrono::microseconds(options_.busy_poll_us);
+  Deadline last_activity = Clock::now();
+  while (!stop.stop_requested()) {
+    bool did = RunCommands();
+    for (auto& [address, peer] : peers_) did |= Pump(*peer);
+    for (int i = 0; i < 256 && ucp_worker_progress(worker) > 0; ++i) did = true;
+    if (!failed_peers_.empty()) {
+      std::vector<std::shared_ptr<Peer>> failed;
+      failed.swap(failed_peers_);
+      for (auto& peer : failed) {
+        ResetPeer(peer, Status::Unavailable(fmt::format("peer {} failed: {}",
+                                                        ShortAddress(peer->address),
+                                                        peer->endpoint_error.ToString())),
+                  /*notify=*/true);
+      }
+      did = true;
+    }
+    const Deadline now = Clock::now();
+    CheckDeadlines(now);
+    did |= ProgressClosing(false);
+    if (did) {
+      last_activity = now;
+      continue;
+    }
+    if (now - last_activity < busy_poll) continue;
+    if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
+    auto sleep = std::min<Clock::duration>(NextDeadline() - now, kMaxSleep);
+    if (!closing_.empty()) sleep = std::min<Clock::duration>(sleep, std::chrono::milliseconds(1));
+    const int timeout_ms = static_cast<int>(std::max<int64_t>(
+        0, std::chrono::ceil<std::chrono::milliseconds>(sleep).count()));
+    epoll_event events[4];
+    epoll_wait(epoll_fd_, events, 4, timeout_ms);
+    uint64_t drained;
+    while (read(event_fd_, &drained, sizeof(drained)) > 0) {
+    }
+  }
+  Shutdown();
+}
+
+bool UcxTransport::RunCommands() {
+  std::deque<std::function<void()>> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands.swap(commands_);
+  }
+  for (auto& command : commands) command();
+  return !commands.empty();
+}
+
+std::shared_ptr<UcxTransport::Peer> UcxTransport::GetPeer(const std::string& address,
+                                                          Status* error) {
+  auto it = peers_.find(address);
+  if (it != peers_.end()) return it->second;
+  auto peer = std::make_shared<Peer>();
+  peer->owner = this;
+  peer->self = peer;
+  peer->address = address;
+  // Peers without peer error handling (shared memory) make the PEER-mode attempt fail with a
+  // UCX error log line: try it only until it failed once.
+  const bool try_peer_mode = !peer_mode_unreachable_ || !options_.allow_no_error_handling;
+  auto ep = UcxEndpoint::Create(worker_.get(), address, try_peer_mode,
+                                options_.allow_no_error_handling, &UcxTransport::OnEndpointError,
+                                peer.get());
+  if (!ep.ok()) {
+    *error = ep.status().WithContext(fmt::format("connecting to {}", ShortAddress(address)));
+    return nullptr;
+  }
+  peer->ep = std::move(ep).value();
+  if (try_peer_mode && !peer->ep->peer_error_handling()) peer_mode_unreachable_ = true;
+  peers_[address] = peer;
+  counters_.peers++;
+  return peer;
+}
+
+bool UcxTransport::Pump(Peer& peer) {
+  bool did = false;
+  std::shared_ptr<Peer> self = peer.self.lock();
+  while (!peer.failed && !peer.queue.empty()) {
+    std::shared_ptr<Batch> b = peer.queue.front();
+    if (b->finished || !b->status.ok() || b->next_op >= b->ops.size()) {
+      peer.queue.pop_front();
+      peer.batches_issued++;
+      FinishBatchIfDone(b);
+      did = true;
+      continue;
+    }
+    if (peer.inflight >= options_.max_inflight_ops) break;
+    did |= IssueRma(self, b);
+  }
+  did |= PumpMessages(self);
+  return did;
+}
+
+bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared_ptr<Batch>& b) {
+  if (b->rkey == nullptr) {
+    auto it = peer->rkeys.find(b->region.packed_key);
+    if (it == peer->rkeys.end()) {
+      auto key = UcxRemoteKey::Unpack(peer->ep.get(), b->region.packed_key);
+      if (!key.ok()) {
+        b->status = key.status();
+        return true;
+      }
+      it = peer->rkeys.emplace(b->region.packed_key, std::move(key).value()).first;
+      counters_.remote_keys++;
+    }
+    b->rkey = it->second->get();
+  }
+  const RmaOp& op = b->ops[b->next_op];
+  const uint64_t length = std::min(options_.max_chunk_bytes, op.length - b->next_offset);
+  if (length == 0) {
+    b->next_op++;
+    b->next_offset = 0;
+    return true;
+  }
+  auto* ctx = new OpContext{this, b, nullptr, length};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &UcxTransport::OnRmaDone;
+  param.user_data = ctx;
+  uint8_t* local = static_cast<uint8_t*>(op.local) + b->next_offset;
+  const uint64_t remote = op.remote_address + b->next_offset;
+  ucs_status_ptr_t request =
+      b->kind == RmaKind::kWrite
+          ? ucp_put_nbx(peer->ep->get(), local, length, remote, b->rkey, &param)
+          : ucp_get_nbx(peer->ep->get(), local, length, remote, b->rkey, &param);
+  b->next_offset += length;
+  if (b->next_offset == op.length) {
+    b->next_op++;
+    b->next_offset = 0;
+  }
+  if (request == nullptr) {
+    b->bytes += length;
+    delete ctx;
+  } else if (UCS_PTR_IS_ERR(request)) {
+    b->status = FromUcsStatus(UCS_PTR_STATUS(request),
+                              b->kind == RmaKind::kWrite ? "ucp_put_nbx" : "ucp_get_nbx");
+    delete ctx;
+  } else {
+    b->inflight++;
+    peer->inflight++;
+    counters_.inflight_ops++;
+  }
+  return true;
+}
+
+void UcxTransport::OnRmaDone(void* request, ucs_status_t status, void* user_data) {
+  auto* ctx = static_cast<OpContext*>(user_data);
+  UcxTransport* self = ctx->transport;
+  Batch& b = *ctx->batch;
+  if (b.finished) {  // ended when its endpoint's close was abandoned
+    ucp_request_free(request);
+    delete ctx;
+    return;
+  }
+  b.inflight--;
+  b.peer->inflight--;
+  self->counters_.inflight_ops--;
+  if (status == UCS_OK) {
+    b.bytes += ctx->length;
+  } else if (b.status.ok()) {
+    b.status = b.peer->failed && !b.peer->reset_status.ok()
+                   ? b.peer->reset_status
+                   : FromUcsStatus(status, "RMA to a peer");
+  }
+  ucp_request_free(request);
+  std::shared_ptr<Batch> batch = std::move(ctx->batch);
+  delete ctx;
+  self->FinishBatchIfDone(batch);
+}
+
+void UcxTransport::FinishBatchIfDone(const std::shared_ptr<Batch>& b) {
+  if (b->finished || b->inflight > 0) return;
+  if (b->status.ok() && b->next_op < b->ops.size()) return;
+  b->finished = true;
+  counters_.pending_batches--;
+  (b->kind == RmaKind::kWrite ? counters_.bytes_written : counters_.bytes_read) += b->bytes;
+  DoneCallback done = std::move(b->done);
+  if (done) done(b->status);
+}
+
+bool UcxTransport::PumpMessages(const std::shared_ptr<Peer>& peer) {
+  bool did = false;
+  while (!peer->failed && !peer->messages.empty() && !peer->message_flushing) {
+    std::shared_ptr<Message> m = peer->messages.front();
+    if (m->stage == Message::Stage::kDone) {
+      peer->messages.pop_front();
+      continue;
+    }
+    if (m->flush_first && peer->batches_issued < m->after_batches) break;
+    peer->messages.pop_front();
+    did = true;
+    if (!m->flush_first) {
+      SendAm(peer, m);
+      continue;
+    }
+    m->stage = Message::Stage::kFlushing;
+    auto* ctx = new OpContext{this, nullptr, m, 0};
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &UcxTransport::OnFlushDone;
+    param.user_data = ctx;
+    ucs_status_ptr_t request = ucp_ep_flush_nbx(peer->ep->get(), &param);
+    if (request == nullptr) {
+      delete ctx;
+      SendAm(peer, m);
+    } else if (UCS_PTR_IS_ERR(request)) {
+      delete ctx;
+      FinishMessage(m, FromUcsStatus(UCS_PTR_STATUS(request), "ucp_ep_flush_nbx"));
+    } else {
+      peer->message_flushing = true;
+    }
+  }
+  return did;
+}
+
+void UcxTransport::OnFlushDone(void* request, ucs_status_t status, void* user_data) {
+  auto* ctx = static_cast<OpContext*>(user_data);
+  UcxTransport* self = ctx->transport;
+  std::shared_ptr<Message> m = std::move(ctx->message);
+  delete ctx;
+  ucp_request_free(request);
+  m->peer->message_flushing = false;
+  if (m->stage == Message::Stage::kDone) return;  // already failed (deadline / reset)
+  if (status != UCS_OK) {
+    self->FinishMessage(m, m->peer->failed && !m->peer->reset_status.ok()
+                               ? m->peer->reset_status
+                               : FromUcsStatus(status, "ucp_ep_flush_nbx"));
+    return;
+  }
+  self->SendAm(m->peer, m);
+}
+
+void UcxTransport::SendAm(const std::shared_ptr<Peer>& peer, const std::shared_ptr<Message>& m) {
+  if (peer->failed) {
+    FinishMessage(m, peer->reset_status);
+    return;
+  }
+  m->stage = Message::Stage::kSending;
+  auto* ctx = new OpContext{this, nullptr, m, 0};
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  param.cb.send = &UcxTransport::OnAmSent;
+  param.user_data = ctx;
+  ucs_status_ptr_t request = ucp_am_send_nbx(peer->ep->get(), m->channel, nullptr, 0,
+                                             m->envelope.data(), m->envelope.size(), &param);
+  if (request == nullptr) {
+    delete ctx;
+    FinishMessage(m, Status::Ok());
+  } else if (UCS_PTR_IS_ERR(request)) {
+    delete ctx;
+    FinishMessage(m, FromUcsStatus(UCS_PTR_STATUS(request), "ucp_am_send_nbx"));
+  }
+}
+
+void UcxTransport::OnAmSent(void* request, ucs_status_t status, void* user_data) {
+  auto* ctx = static_cast<OpContext*>(user_data);
+  UcxTransport* self = ctx->transport;
+  std::shared_ptr<Message> m = std::move(ctx->message);
+  delete ctx;
+  ucp_request_free(request);
+  if (status == UCS_OK) {
+    self->FinishMessage(m, Status::Ok());
+  } else {
+    self->FinishMessage(m, m->peer->failed && !m->peer->reset_status.ok()
+                               ? m->peer->reset_status
+                               : FromUcsStatus(status, "ucp_am_send_nbx"));
+  }
+}
+
+void UcxTransport::FinishMessage(const std::shared_ptr<Message>& m, const Status& status) {
+  if (m->stage == Message::Stage::kDone) return;
+  m->stage = Message::Stage::kDone;
+  counters_.pending_messages--;
+  if (status.ok()) counters_.messages_sent++;
+  DoneCallback done = std::move(m->done);
+  if (done) done(status);
+}
+
+ucs_status_t UcxTransport::OnAmReceived(void* arg, const void* header, size_t header_length,
+                                        void* data, size_t length,
+                                        const ucp_am_recv_param_t* param) {
+  auto* am = static_cast<AmArg*>(arg);
+  am->self->counters_.messages_received++;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    GetLogger("kvtransfer")->warn("dropping a rendezvous active message (peers send eager only)");
+    return UCS_OK;
+  }
+  const auto* bytes = static_cast<const char*>(data);
+  if (length < 4) return UCS_OK;
+  uint32_t address_length = 0;
+  for (int i = 0; i < 4; ++i) {
+    address_length |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  }
+  if (address_length > length - 4) return UCS_OK;
+  std::string_view sender(bytes + 4, address_length);
+  std::string_view payload(bytes + 4 + address_length, length - 4 - address_length);
+  const Client& client = am->self->clients_[am->channel];
+  if (client.on_message) client.on_message(sender, payload);
+  return UCS_OK;
+}
+
+void UcxTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  std::shared_ptr<Peer> self = peer->self.lock();
+  if (self == nullptr || self->failed) return;
+  self->endpoint_error = FromUcsStatus(status, "endpoint error");
+  peer->owner->failed_peers_.push_back(std::move(self));
+}
+
+void UcxTransport::ResetPeer(std::shared_ptr<Peer> peer, const Status& status, bool notify) {
+  if (peer->failed) return;
+  peer->failed = true;
+  peer->reset_status = status;
+  auto it = peers_.find(peer->address);
+  if (it != peers_.end() && it->second == peer) {
+    peers_.erase(it);
+    counters_.peers--;
+  }
+  for (auto& b : peer->queue) {
+    if (b->status.ok()) b->status = status;
+  }
+  std::deque<std::shared_ptr<Batch>> queued;
+  queued.swap(peer->queue);
+  for (auto& b : queued) FinishBatchIfDone(b);
+  std::deque<std::shared_ptr<Message>> messages;
+  messages.swap(peer->messages);
+  for (auto& m : messages) FinishMessage(m, status);
+  // Messages being flushed / sent end now; their UCX requests end with the endpoint.
+  for (auto& m : active_messages_) {
+    if (m->peer == peer) FinishMessage(m, status);
+  }
+  if (peer->inflight == 0) {
+    counters_.remote_keys -= peer->rkeys.size();
+    peer->rkeys.clear();  // before the endpoint goes, as UCX requires
+  }
+  ucs_status_ptr_t request = peer->ep->StartClose();
+  closing_.push_back(Closing{request, peer, Clock::now() + kCloseGiveUp});
+  GetLogger("kvtransfer")->debug("reset peer {}: {}", ShortAddress(peer->address),
+                                 status.ToString());
+  if (notify) {
+    for (const Client& c : clients_) {
+      if (c.on_peer_failure) c.on_peer_failure(peer->address, status);
+    }
+  }
+}
+
+bool UcxTransport::ProgressClosing(bool force_all) {
+  bool did = false;
+  const Deadline now = Clock::now();
+  for (auto it = closing_.begin(); it != closing_.end();) {
+    Closing& c = *it;
+    const bool done = c.request == nullptr || ucp_request_check_status(c.request) != UCS_INPROGRESS;
+    const bool give_up = now >= c.give_up || force_all;
+    if (!done && !give_up) {
+      ++it;
+      continue;
+    }
+    if (done && c.request != nullptr) ucp_request_free(c.request);
+    if (!done) {
+      GetLogger("kvtransfer")->warn("closing the endpoint to {} did not finish; abandoning it",
+                                    ShortAddress(c.peer->address));
+    }
+    Peer& peer = *c.peer;
+    // A forced close completes outstanding RMA with UCS_ERR_CANCELED; without peer error
+    // handling (shared memory) RMA never stays outstanding. Anything left is ended here.
+    for (auto& b : active_batches_) {
+      if (b->peer == c.peer && !b->finished && b->inflight > 0) {
+        counters_.inflight_ops -= b->inflight;
+        peer.inflight -= b->inflight;
+        b->inflight = 0;
+        if (b->status.ok()) b->status = peer.reset_status;
+        FinishBatchIfDone(b);
+      }
+    }
+    counters_.remote_keys -= peer.rkeys.size();
+    peer.rkeys.clear();
+    peer.ep.reset();
+    it = closing_.erase(it);
+    did = true;
+  }
+  return did;
+}
+
+void UcxTransport::CheckDeadlines(Deadline now) {
+  std::vector<std::shared_ptr<Peer>> to_reset;
+  for (auto& b : active_batches_) {
+    if (b->finished || now < b->deadline) continue;
+    if (b->status.ok()) {
+      b->status = Status::DeadlineExceeded(fmt::format(
+          "RMA batch to {} unfinished at its deadline ({} of {} ops issued)",
+          b->peer ? ShortAddress(b->peer->address) : std::string("?"), b->next_op,
+          b->ops.size()));
+    }
+    if (b->inflight > 0 && b->peer && !b->peer->failed) to_reset.push_back(b->peer);
+    FinishBatchIfDone(b);
+  }
+  for (auto& m : active_messages_) {
+    if (m->stage == Message::Stage::kDone || now < m->deadline) continue;
+    const bool in_ucx =
+        m->stage == Message::Stage::kFlushing || m->stage == Message::Stage::kSending;
+    FinishMessage(m, Status::DeadlineExceeded("message unsent at its deadline"));
+    if (in_ucx && m->peer && !m->peer->failed) to_reset.push_back(m->peer);
+  }
+  for (auto& peer : to_reset) {
+    ResetPeer(peer, Status::Unavailable("peer reset: an operation on it missed its deadline"),
+              /*notify=*/true);
+  }
+  std::erase_if(active_batches_, [](const auto& b) { return b->finished; });
+  std::erase_if(active_messages_,
+                [](const auto& m) { return m->stage == Message::Stage::kDone; });
+}
+
+Deadline UcxTransport::NextDeadline() const {
+  Deadline next = Deadline::max();
+  for (const auto& b : active_batches_) {
+    if (!b->finished) next = std::min(next, b->deadline);
+  }
+  for (const auto& m : active_messages_) {
+    if (m->stage != Message::Stage::kDone) next = std::min(next, m->deadline);
+  }
+  return next;
+}
+
+void UcxTransport::Shutdown() {
+  RunCommands();
+  std::vector<std::shared_ptr<Peer>> peers;
+  for (auto& [address, peer] : peers_) peers.push_back(peer);
+  for (auto& peer : peers) {
+    ResetPeer(peer, Status::Cancelled("UCX transport shutting down"), /*notify=*/false);
+  }
+  const Deadline give_up = Clock::now() + kCloseGiveUp;
+  while (!closing_.empty() && Clock::now() < give_up) {
+    ucp_worker_progress(worker_->get());
+    ProgressClosing(false);
+  }
+  ProgressClosing(true);
+  for (auto& b : active_batches_) {
+    if (b->status.ok()) b->status = Status::Cancelled("UCX transport shutting down");
+    b->inflight = 0;
+    FinishBatchIfDone(b);
+  }
+  for (auto& m : active_messages_) FinishMessage(m, Status::Cancelled("UCX transport shut down"));
+  active_batches_.clear();
+  active_messages_.clear();
+  if (!regions_.empty()) {
+    GetLogger("kvtransfer")->error("{} registered regions outlive the UCX transport",
+                                   regions_.size());
+  }
+}
+
+}  // namespace pdserve::kvtransfer
