@@ -22,6 +22,7 @@
 // Thread-safety: immutable; Render() may be called from any thread.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
