@@ -40,9 +40,12 @@ inline int32_t Hsum(__m256i v) {
 #endif
 
 // acc[i][r] = sum_k x16[i][k] * w[r][k] for i < M, r < R.
+// While it runs, the bytes [next, next_end) (the weight rows of the block that follows) are
+// prefetched, spread evenly over the k loop: rows of ~1 KB are too short for the hardware
+// stream prefetcher to ramp up on (bench/w8a8 GEMV from DRAM: 15 -> see docs/quantization.md).
 template <int M, int R>
 void DotBlock(const int16_t* x16, int64_t ldx16, const int8_t* w, int64_t ldw, int64_t n_in,
-              int32_t acc[kGroupM][8]) {
+              int32_t acc[kGroupM][8], const int8_t* next, const int8_t* next_end) {
   int64_t k = 0;
 #if defined(__AVX2__)
   __m256i a[M][R];
@@ -51,7 +54,13 @@ void DotBlock(const int16_t* x16, int64_t ldx16, const int8_t* w, int64_t ldw, i
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) a[i][r] = _mm256_setzero_si256();
   }
+  // Lines of the next block to prefetch per 16-wide k step (rounded up).
+  const int64_t steps = std::max<int64_t>(1, n_in / 16);
+  const int64_t lines_per_step = ((next_end - next) / 64 + steps - 1) / steps;
+  const char* pf = reinterpret_cast<const char*>(next);
+  const char* pf_end = reinterpret_cast<const char*>(next_end);
   for (; k + 16 <= n_in; k += 16) {
+    for (int64_t l = 0; l < lines_per_step && pf < pf_end; ++l, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * ldw + k)));
@@ -79,7 +88,8 @@ void DotBlock(const int16_t* x16, int64_t ldx16, const int8_t* w, int64_t ldw, i
   }
 }
 
-using BlockFn = void (*)(const int16_t*, int64_t, const int8_t*, int64_t, int64_t, int32_t[kGroupM][8]);
+using BlockFn = void (*)(const int16_t*, int64_t, const int8_t*, int64_t, int64_t, int32_t[kGroupM][8],
+                         const int8_t*, const int8_t*);
 
 template <int M>
 BlockFn PickBlock(int r) {
@@ -248,7 +258,11 @@ void GemmInt8SmallM(const Int8Problem& p, int64_t i_begin, int64_t i_end, int64_
     const int rows = i_end - i_begin > kGroupM ? kRowsForM[kGroupM] : kRowsForM[mg];
     for (int64_t j = j_begin; j < j_end; j += rows) {
       const int r = static_cast<int>(std::min<int64_t>(rows, j_end - j));
-      Block(mg, r)(p.x16 + i * p.ldx16, p.ldx16, w.data + j * w.ld, w.ld, w.n_in, acc);
+      // The next block's rows (none after the slice's last block).
+      const int64_t jn = std::min(j + rows, j_end), rn = std::min<int64_t>(rows, j_end - jn);
+      const int8_t* next = w.data + jn * w.ld;
+      Block(mg, r)(p.x16 + i * p.ldx16, p.ldx16, w.data + j * w.ld, w.ld, w.n_in, acc, next,
+                   rn > 0 ? next + (rn - 1) * w.ld + w.n_in : next);
       for (int ii = 0; ii < mg; ++ii) {
         if (p.raw) {
           int32_t* y = static_cast<int32_t*>(p.y) + (i + ii) * p.ldy + j;

@@ -124,8 +124,8 @@ class Converter {
 
  private:
   Status CheckOptions() {
-    if (opt_.quant != "w8a8" && opt_.quant != "bf16")
-      return Status::InvalidArgument("--quant must be w8a8 or bf16, got '" + opt_.quant + "'");
+    if (opt_.quant != "w8a8" && opt_.quant != "w8a8_all" && opt_.quant != "bf16")
+      return Status::InvalidArgument("--quant must be w8a8, w8a8_all or bf16, got '" + opt_.quant + "'");
     if (opt_.ep_size < 1) return Status::InvalidArgument("--ep-size must be >= 1");
     if (opt_.max_shard_bytes <= 0) return Status::InvalidArgument("max shard size must be > 0");
     if (opt_.in_dir.empty() || opt_.out_dir.empty()) return Status::InvalidArgument("missing --in or --out");
@@ -168,7 +168,8 @@ class Converter {
                                            ", expected BF16, F32 or F8_E4M3",
                                        t->file);
       }
-      const bool to_int8 = opt_.quant == "w8a8" && IsW8A8Target(name);
+      const bool to_int8 = (opt_.quant == "w8a8" && IsW8A8Target(name)) ||
+                           (opt_.quant == "w8a8_all" && t->shape.size() == 2 && IsW8A8AllTarget(name));
       if (to_int8 && t->shape.size() != 2)
         return Status::InvalidArgument("quantization target '" + name + "' is not a matrix: " + t->ShapeString(), t->file);
       if (to_int8 && t->shape[1] > kernels::kGemmInt8MaxK)
@@ -374,10 +375,13 @@ class Converter {
     if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("invalid JSON", cfg_path);
     j.erase("quantization_config");
     j["torch_dtype"] = "bfloat16";
-    if (opt_.quant == "w8a8") {
+    if (opt_.quant != "bf16") {
       ModelConfig q = ckpt_->config();
       q.weight_format = "w8a8_int8";
       j["quantization_config"] = q.ToJson()["quantization_config"];
+      if (opt_.quant == "w8a8_all")
+        j["quantization_config"]["quantized_modules"] = {"all matrices except embed_tokens, kv_b_proj, mlp.gate, "
+                                                         "indexer.weights_proj"};
     }
     PDSERVE_RETURN_IF_ERROR(WriteStringToFile(opt_.out_dir + "/config.json", j.dump(2)));
     for (const auto& e : fs::directory_iterator(opt_.in_dir)) {
@@ -412,6 +416,14 @@ bool IsW8A8Target(const std::string& name) {
   const bool expert = ExpertOf(name) >= 0 || name.find(".mlp.shared_experts.") != std::string::npos;
   return expert && (EndsWith(name, ".gate_proj.weight") || EndsWith(name, ".up_proj.weight") ||
                     EndsWith(name, ".down_proj.weight"));
+}
+
+bool IsW8A8AllTarget(const std::string& name) {
+  if (!EndsWith(name, ".weight")) return false;
+  static const char* kKeep[] = {"embed_tokens", "kv_b_proj", "mlp.gate.weight", "weights_proj", "norm"};
+  for (const char* k : kKeep)
+    if (name.find(k) != std::string::npos) return false;
+  return true;
 }
 
 Result<ConvertStats> Convert(const ConvertOptions& options) { return Converter(options).Run(); }

@@ -11,6 +11,10 @@
 // become I8 [n_out, n_in] + F32 `<module>.weight_scale` [n_out] (symmetric, per output row:
 // scale = amax/127); every other matrix and vector is BF16 (FP8 ones dequantized) or kept as is
 // (F32 vectors). The MTP layer (index num_hidden_layers) is dropped: inference never reads it.
+// W8A8-all (quant "w8a8_all", beyond the seeds' plan, for memory-bound decode): every matrix
+// except embed_tokens and kv_b_proj (read directly by the forward pass), the router
+// (mlp.gate) and the indexer's weights_proj (tiny, routing/selection-sensitive) becomes I8,
+// lm_head and the dense MLPs included.
 // Expert parallelism (ep_size N > 1): rank r's routed experts [r*E/N, (r+1)*E/N) go to shards
 // `model-ep{r}-of-{N}-XXXXX-of-YYYYY.safetensors`, everything else to
 // `model-shared-XXXXX-of-YYYYY.safetensors`; `model.safetensors.index.json` lists all of them
@@ -29,7 +33,7 @@ namespace pdserve::model {
 struct ConvertOptions {
   std::string in_dir;
   std::string out_dir;                   // must not exist or be empty
-  std::string quant = "w8a8";            // "w8a8" or "bf16"
+  std::string quant = "w8a8";            // "w8a8", "w8a8_all" or "bf16"
   int64_t ep_size = 1;                   // expert-parallel split of the routed experts
   int64_t max_shard_bytes = int64_t{4} << 30;
   ThreadPool* pool = nullptr;            // row blocks are converted in parallel on it
@@ -46,8 +50,9 @@ struct ConvertStats {
   double seconds = 0;
 };
 
-// True for the HF weight names W8A8 stores as I8 (see above).
+// True for the HF weight names W8A8 (resp. W8A8-all, for matrices) stores as I8 (see above).
 bool IsW8A8Target(const std::string& name);
+bool IsW8A8AllTarget(const std::string& name);
 
 // Errors: InvalidArgument for bad options (unknown quant, ep_size not dividing the experts, an
 // output directory that is not empty, in == out), an already-W8A8 input, and malformed input

@@ -312,7 +312,7 @@ TEST(ConvertTest, MalformedInputsAreRefusedClearly) {
   o.in_dir = d / "in_vec";
   o.out_dir = d / "out_opts";
   o.quant = "int4";
-  ExpectError(Convert(o).status(), "--quant must be w8a8 or bf16");
+  ExpectError(Convert(o).status(), "--quant must be w8a8, w8a8_all or bf16");
   o.quant = "bf16";
   o.ep_size = 3;
   ExpectError(Convert(o).status(), "--ep-size 3 does not divide n_routed_experts (8)");

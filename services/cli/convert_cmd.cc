@@ -1,4 +1,4 @@
-// `pdserve convert --in HF_DIR --out DIR [--quant w8a8|bf16] [--ep-size N] [--max-shard-mb N]
+// `pdserve convert --in HF_DIR --out DIR [--quant w8a8|w8a8_all|bf16] [--ep-size N] [--max-shard-mb N]
 //                  [--threads N]`
 // Streams a BF16 or FP8 (block-scaled) Hugging Face checkpoint into pdserve's W8A8 INT8 format
 // or plain BF16 (docs/quantization.md), optionally split per expert-parallel rank.

@@ -1,0 +1,350 @@
+// bench_w8a8: measures the W8A8 path against the BF16 one on this machine.
+//
+//   gemm:      prefill shapes (m = 512, 2048): GemmInt8 (and with the activation quantization
+//              that ApplyLinear adds) vs the BF16 and F32 Gemm on the same shapes, GFLOP/s;
+//              decode shapes (m = 1): weights rotated over 256 MiB so they come from DRAM, GB/s.
+//   crossover: GemmInt8's two paths for m = 1..16 (sets kGemmInt8SmallMMax).
+//   decode:    the `small` preset, batch 1: one decode step, BF16 vs W8A8 (and W8A8 "all").
+//   convert:   FP8 `small` -> W8A8 in a child process: GB/s of input and the child's peak RSS.
+//   accuracy:  `small` W8A8 vs BF16: per-layer cos, logits cos, top-1 over 100 greedy steps.
+// Every timing alternates the contenders over several rounds and keeps the best median: the
+// 2-core VM is shared, single runs are noisy.
+//
+// Usage: bench_w8a8 [--only gemm|crossover|decode|convert|accuracy] [--threads N] [--rounds R]
+//                   [--models DIR] [--context N]
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "bench/common/bench_util.h"
+#include "common/cpu_features.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_int8.h"
+#include "kernels/gemm_int8_internal.h"
+#include "kernels/quantize.h"
+#include "model/convert.h"
+#include "model/convert_accuracy.h"
+#include "model/make_model.h"
+#include "model/model.h"
+
+namespace pdserve::bench {
+namespace {
+
+struct Opts {
+  std::string only;
+  int threads = 2;
+  int rounds = 3;
+  std::string models = "models";
+  int64_t context = 256;
+};
+
+// Best over rounds of the median of `reps` calls.
+double Best(const std::function<void()>& fn, int reps, int rounds) {
+  double best = 1e30;
+  for (int r = 0; r < rounds; ++r) best = std::min(best, MedianSeconds(fn, reps));
+  return best;
+}
+
+struct Shape {
+  int64_t n_out, n_in;
+  const char* what;
+};
+// Weight shapes of the `small` preset and of the real model's scale (per the MoE expert).
+const Shape kShapes[] = {{1024, 1024, "small: o_proj/2"},   {2048, 1024, "small: o_proj^T"},
+                         {3072, 384, "small: q_b_proj"},    {256, 1024, "small: expert gate/up"},
+                         {1024, 256, "small: expert down"}, {2048, 7168, "V3.2: expert gate/up"},
+                         {7168, 2048, "V3.2: expert down"}};
+
+nlohmann::json GemmBench(const Opts& o, ThreadPool* pool, std::string* md) {
+  nlohmann::json out = nlohmann::json::array();
+  *md += "## GEMM: INT8 (W8A8) vs BF16 / F32 weights, " + std::to_string(o.threads) + " threads\n\n"
+         "| m | n_out x n_in | shape | F32 GF/s | BF16 GF/s | INT8 GOP/s | INT8+quant GOP/s | INT8/BF16 | INT8+quant/BF16 | INT8/F32 |\n"
+         "|---|---|---|---|---|---|---|---|---|---|\n";
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t m : {512, 2048}) {
+    for (const Shape& s : kShapes) {
+      std::vector<float> x(static_cast<size_t>(m * s.n_in)), y(static_cast<size_t>(m * s.n_out)), wf(static_cast<size_t>(s.n_out * s.n_in));
+      for (auto& v : x) v = dist(rng);
+      for (auto& v : wf) v = dist(rng);
+      std::vector<uint16_t> wb(wf.size());
+      for (size_t i = 0; i < wf.size(); ++i) wb[i] = F32ToBf16Bits(wf[i]);
+      std::vector<int8_t> wq(wf.size()), xq(x.size());
+      std::vector<float> ws(static_cast<size_t>(s.n_out)), xs(static_cast<size_t>(m));
+      kernels::QuantizeRowsInt8(wf.data(), s.n_out, s.n_in, s.n_in, wq.data(), s.n_in, ws.data());
+      kernels::QuantizeRowsInt8(x.data(), m, s.n_in, s.n_in, xq.data(), s.n_in, xs.data());
+      const kernels::WeightView vf{DType::kF32, wf.data(), s.n_out, s.n_in, s.n_in};
+      const kernels::WeightView vb{DType::kBF16, wb.data(), s.n_out, s.n_in, s.n_in};
+      const kernels::Int8WeightView vi{wq.data(), ws.data(), s.n_out, s.n_in, s.n_in};
+      const int reps = m * s.n_out * s.n_in > (int64_t{1} << 31) ? 3 : 7;
+      const double tf = Best([&] { kernels::Gemm(x.data(), m, s.n_in, vf, y.data(), s.n_out, pool); }, reps, o.rounds);
+      const double tb = Best([&] { kernels::Gemm(x.data(), m, s.n_in, vb, y.data(), s.n_out, pool); }, reps, o.rounds);
+      const double ti = Best([&] { kernels::GemmInt8(xq.data(), xs.data(), m, s.n_in, vi, y.data(), s.n_out, pool); }, reps, o.rounds);
+      const double tq = Best([&] {
+        pool->ParallelFor(m, [&](int64_t b, int64_t e) {
+          kernels::QuantizeRowsInt8(x.data() + b * s.n_in, e - b, s.n_in, s.n_in, xq.data() + b * s.n_in, s.n_in, xs.data() + b);
+        });
+        kernels::GemmInt8(xq.data(), xs.data(), m, s.n_in, vi, y.data(), s.n_out, pool);
+      }, reps, o.rounds);
+      const double fl = 2.0 * m * s.n_out * s.n_in / 1e9;
+      out.push_back({{"m", m}, {"n_out", s.n_out}, {"n_in", s.n_in}, {"f32_gflops", fl / tf}, {"bf16_gflops", fl / tb},
+                     {"int8_gops", fl / ti}, {"int8_with_quant_gops", fl / tq}, {"int8_over_bf16", tb / ti},
+                     {"int8_quant_over_bf16", tb / tq}, {"int8_over_f32", tf / ti}});
+      char line[320];
+      std::snprintf(line, sizeof(line), "| %lld | %lldx%lld | %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx | %.2fx |\n",
+                    static_cast<long long>(m), static_cast<long long>(s.n_out), static_cast<long long>(s.n_in), s.what,
+                    fl / tf, fl / tb, fl / ti, fl / tq, tb / ti, tb / tq, tf / ti);
+      *md += line;
+      std::printf("%s", line);
+      std::fflush(stdout);
+    }
+  }
+  // Decode (m = 1): weights from DRAM, as in a decode step where they were long evicted.
+  *md += "\n## GEMV (m = 1), weights from DRAM: GB/s of weight bytes and time per call\n\n"
+         "| n_out x n_in | BF16 us | BF16 GB/s | INT8 us | INT8 GB/s | speed-up |\n|---|---|---|---|---|---|\n";
+  for (const Shape& s : kShapes) {
+    const int64_t per = s.n_out * s.n_in;
+    const int64_t copies = std::max<int64_t>(2, (int64_t{256} << 20) / (per * 2));
+    std::vector<uint16_t> wb(static_cast<size_t>(per * copies), F32ToBf16Bits(0.5f));
+    std::vector<int8_t> wq(static_cast<size_t>(per * copies * 2), 3);  // same 512 MiB rotation span
+    std::vector<float> ws(static_cast<size_t>(s.n_out), 0.01f), x(static_cast<size_t>(s.n_in), 0.25f), y(static_cast<size_t>(s.n_out));
+    std::vector<int8_t> xq(static_cast<size_t>(s.n_in), 5);
+    float xs = 0.01f;
+    int64_t cb = 0, ci = 0;
+    const double tb = Best([&] {
+      kernels::WeightView v{DType::kBF16, wb.data() + (cb++ % copies) * per, s.n_out, s.n_in, s.n_in};
+      kernels::Gemm(x.data(), 1, s.n_in, v, y.data(), s.n_out, pool);
+    }, 41, o.rounds);
+    const double ti = Best([&] {
+      kernels::Int8WeightView v{wq.data() + (ci++ % (2 * copies)) * per, ws.data(), s.n_out, s.n_in, s.n_in};
+      kernels::QuantizeRowsInt8(x.data(), 1, s.n_in, s.n_in, xq.data(), s.n_in, &xs);
+      kernels::GemmInt8(xq.data(), &xs, 1, s.n_in, v, y.data(), s.n_out, pool);
+    }, 41, o.rounds);
+    out.push_back({{"m", 1}, {"n_out", s.n_out}, {"n_in", s.n_in}, {"bf16_us", tb * 1e6}, {"int8_us", ti * 1e6},
+                   {"bf16_gbps", per * 2 / tb / 1e9}, {"int8_gbps", per / ti / 1e9}, {"int8_over_bf16", tb / ti}});
+    char line[256];
+    std::snprintf(line, sizeof(line), "| %lldx%lld | %.1f | %.1f | %.1f | %.1f | %.2fx |\n", static_cast<long long>(s.n_out),
+                  static_cast<long long>(s.n_in), tb * 1e6, per * 2 / tb / 1e9, ti * 1e6, per / ti / 1e9, tb / ti);
+    *md += line;
+    std::printf("%s", line);
+  }
+  return out;
+}
+
+nlohmann::json CrossoverBench(const Opts& o, ThreadPool* pool, std::string* md) {
+  // Both internal paths on the same problem, single-threaded: where the tiled path starts to win.
+  const int64_t n_out = 2048, n_in = 1024;
+  std::vector<int8_t> w(static_cast<size_t>(n_out * n_in), 3);
+  std::vector<float> ws(static_cast<size_t>(n_out), 0.01f);
+  std::vector<int16_t> x16(static_cast<size_t>(16 * n_in) + 32, 2);
+  int16_t* xa = x16.data();
+  while (reinterpret_cast<uintptr_t>(xa) % 32) ++xa;
+  std::vector<float> y(static_cast<size_t>(16 * n_out)), xs(16, 0.01f);
+  nlohmann::json out = nlohmann::json::array();
+  *md += "\n## Decode vs tiled path of GemmInt8 (2048x1024, 1 thread, weights in cache)\n\n| m | decode us | tiled us |\n|---|---|---|\n";
+  for (int64_t m = 1; m <= 16; ++m) {
+    kernels::internal::Int8Problem p;
+    p.x16 = xa;
+    p.ldx16 = n_in;
+    p.x_scales = xs.data();
+    p.m = m;
+    p.w = {w.data(), ws.data(), n_out, n_in, n_in};
+    p.y = y.data();
+    p.ldy = n_out;
+    const double ts = Best([&] { kernels::internal::GemmInt8SmallM(p, 0, m, 0, n_out); }, 21, o.rounds);
+    const double tt = Best([&] { kernels::internal::GemmInt8Tiled(p, 0, m, 0, n_out); }, 21, o.rounds);
+    out.push_back({{"m", m}, {"decode_us", ts * 1e6}, {"tiled_us", tt * 1e6}});
+    char line[96];
+    std::snprintf(line, sizeof(line), "| %lld | %.1f | %.1f |\n", static_cast<long long>(m), ts * 1e6, tt * 1e6);
+    *md += line;
+    std::printf("%s", line);
+  }
+  (void)pool;
+  return out;
+}
+
+Status EnsureModels(const Opts& o, std::string* bf16, std::string* fp8, std::string* w8, std::string* w8all) {
+  *bf16 = o.models + "/small";
+  *fp8 = o.models + "/small-fp8";
+  *w8 = o.models + "/small-w8a8";
+  *w8all = o.models + "/small-w8a8-all";
+  for (const auto& [dir, dtype] : {std::pair{*bf16, "bf16"}, std::pair{*fp8, "fp8"}}) {
+    if (std::filesystem::exists(dir + "/config.json")) continue;
+    std::printf("making the small preset (%s) in %s ...\n", dtype, dir.c_str());
+    model::MakeModelOptions mo;
+    mo.preset = "small";
+    mo.out_dir = dir;
+    mo.dtype = dtype;
+    PDSERVE_RETURN_IF_ERROR(model::MakeModel(mo));
+  }
+  for (const auto& [dir, quant] : {std::pair{*w8, "w8a8"}, std::pair{*w8all, "w8a8_all"}}) {
+    if (std::filesystem::exists(dir + "/config.json")) continue;
+    model::ConvertOptions co;
+    co.in_dir = *bf16;
+    co.out_dir = dir;
+    co.quant = quant;
+    co.pool = &ThreadPool::Default();
+    PDSERVE_RETURN_IF_ERROR(model::Convert(co).status());
+  }
+  return Status::Ok();
+}
+
+nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
+  std::string bf16, fp8, w8, w8all;
+  if (Status s = EnsureModels(o, &bf16, &fp8, &w8, &w8all); !s.ok()) return {{"error", s.ToString()}};
+  struct Run {
+    std::string name, dir;
+    std::unique_ptr<model::Model> m;
+    std::unique_ptr<model::SequenceKvCache> cache;
+    std::vector<float> logits;
+    double best = 1e30;
+  };
+  std::vector<Run> runs;
+  for (const auto& [name, dir] : {std::pair{"BF16", bf16}, std::pair{"W8A8", w8}, std::pair{"W8A8-all", w8all}}) {
+    auto m = model::Model::Load(dir, pool);
+    if (!m.ok()) return {{"error", m.status().ToString()}};
+    Run r{name, dir, std::move(*m), nullptr, {}};
+    r.cache = std::make_unique<model::SequenceKvCache>(r.m->config());
+    r.logits.resize(static_cast<size_t>(r.m->config().vocab_size));
+    std::vector<int32_t> prompt(static_cast<size_t>(o.context));
+    for (int64_t i = 0; i < o.context; ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % r.m->config().vocab_size);
+    if (Status s = r.m->Forward(prompt.data(), o.context, r.cache.get(), r.logits.data()); !s.ok()) return {{"error", s.ToString()}};
+    runs.push_back(std::move(r));
+  }
+  // Rounds alternate the models; each round times 8 steps per model (same token fed to all, so
+  // the contexts stay the same length) and keeps its median.
+  const int32_t token = 42;
+  for (int round = 0; round < 4 * o.rounds; ++round)
+    for (Run& r : runs) {
+      std::vector<double> t;
+      for (int s = 0; s < 8; ++s) {
+        const auto t0 = Clock::now();
+        if (!r.m->Forward(&token, 1, r.cache.get(), r.logits.data()).ok()) return {{"error", "forward"}};
+        t.push_back(SecondsSince(t0));
+      }
+      std::sort(t.begin(), t.end());
+      r.best = std::min(r.best, t[t.size() / 2]);
+    }
+  nlohmann::json out;
+  *md += "\n## Decode step, `small` preset, batch 1, context " + std::to_string(o.context) + ", " +
+         std::to_string(o.threads) + " threads\n\n| weights | step ms | speed-up vs BF16 |\n|---|---|---|\n";
+  for (const Run& r : runs) {
+    out[r.name] = {{"step_ms", r.best * 1e3}, {"speedup", runs[0].best / r.best}};
+    char line[128];
+    std::snprintf(line, sizeof(line), "| %s | %.2f | %.2fx |\n", r.name.c_str(), r.best * 1e3, runs[0].best / r.best);
+    *md += line;
+    std::printf("%s", line);
+  }
+  return out;
+}
+
+nlohmann::json ConvertBench(const Opts& o, std::string* md) {
+  std::string bf16, fp8, w8, w8all;
+  if (Status s = EnsureModels(o, &bf16, &fp8, &w8, &w8all); !s.ok()) return {{"error", s.ToString()}};
+  nlohmann::json out = nlohmann::json::array();
+  *md += "\n## Converter (`small` preset), one child process each, its peak RSS from getrusage\n\n"
+         "| input | output | ep-size | threads | input MB | output MB | seconds | input GB/s | peak RSS MB |\n"
+         "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& [in, quant, ep, threads] : {std::tuple{fp8, "w8a8", 1, o.threads}, std::tuple{bf16, "w8a8", 1, o.threads},
+                                               std::tuple{fp8, "w8a8", 4, o.threads}, std::tuple{fp8, "bf16", 1, o.threads},
+                                               std::tuple{fp8, "w8a8", 1, 1}}) {
+    const std::string dst = o.models + "/.bench-convert-out";
+    std::filesystem::remove_all(dst);
+    int fds[2];
+    if (pipe(fds) != 0) return {{"error", "pipe"}};
+    const pid_t pid = fork();
+    if (pid == 0) {  // child: convert, report stats through the pipe
+      close(fds[0]);
+      ThreadPool child_pool(threads);
+      model::ConvertOptions co;
+      co.in_dir = in;
+      co.out_dir = dst;
+      co.quant = quant;
+      co.ep_size = ep;
+      co.pool = &child_pool;
+      co.max_shard_bytes = int64_t{1} << 30;
+      auto st = model::Convert(co);
+      double msg[3] = {st.ok() ? st->seconds : -1, st.ok() ? double(st->bytes_in) : 0, st.ok() ? double(st->bytes_out) : 0};
+      if (write(fds[1], msg, sizeof(msg)) != sizeof(msg)) _exit(2);
+      _exit(st.ok() ? 0 : 1);
+    }
+    close(fds[1]);
+    double msg[3] = {-1, 0, 0};
+    if (read(fds[0], msg, sizeof(msg)) != sizeof(msg)) msg[0] = -1;
+    close(fds[0]);
+    int status = 0;
+    rusage ru{};
+    wait4(pid, &status, 0, &ru);  // the child's own peak RSS
+    std::filesystem::remove_all(dst);
+    if (msg[0] < 0) return {{"error", "conversion failed"}};
+    const double rss_mb = ru.ru_maxrss / 1024.0;
+    out.push_back({{"input", in}, {"quant", quant}, {"ep_size", ep}, {"threads", threads}, {"seconds", msg[0]},
+                   {"bytes_in", msg[1]}, {"bytes_out", msg[2]}, {"gbps_in", msg[1] / msg[0] / 1e9}, {"peak_rss_mb", rss_mb}});
+    char line[256];
+    std::snprintf(line, sizeof(line), "| %s | %s | %d | %d | %.0f | %.0f | %.2f | %.2f | %.0f |\n",
+                  std::filesystem::path(in).filename().c_str(), quant, ep, threads, msg[1] / 1e6, msg[2] / 1e6, msg[0],
+                  msg[1] / msg[0] / 1e9, rss_mb);
+    *md += line;
+    std::printf("%s", line);
+  }
+  return out;
+}
+
+nlohmann::json AccuracyBench(const Opts& o, ThreadPool* pool, std::string* md) {
+  std::string bf16, fp8, w8, w8all;
+  if (Status s = EnsureModels(o, &bf16, &fp8, &w8, &w8all); !s.ok()) return {{"error", s.ToString()}};
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 48; ++i) prompt.push_back((i * 7919 + 13) % 32000);
+  nlohmann::json out;
+  *md += "\n## Accuracy vs the BF16 engine (`small`, 48-token prompt, 100 greedy steps)\n\n"
+         "| weights | per-layer cos (min) | logits cos | top-1 agreement (teacher-forced) | step logits cos min / mean | free-run identical steps |\n"
+         "|---|---|---|---|---|---|\n";
+  for (const auto& [name, dir] : {std::pair{"W8A8", w8}, std::pair{"W8A8-all", w8all}}) {
+    auto r = model::CompareW8A8(bf16, dir, prompt, 100, pool);
+    if (!r.ok()) return {{"error", r.status().ToString()}};
+    out[name] = {{"layer_cos", r->layer_cos}, {"logits_cos", r->logits_cos}, {"top1_agree", r->top1_agree},
+                 {"steps", r->steps}, {"min_step_logits_cos", r->min_step_logits_cos},
+                 {"mean_step_logits_cos", r->mean_step_logits_cos}, {"free_run_prefix", r->free_run_prefix}};
+    std::string layers;
+    for (double c : r->layer_cos) layers += (layers.empty() ? "" : " ") + std::to_string(c).substr(0, 6);
+    char line[512];
+    std::snprintf(line, sizeof(line), "| %s | %s (%.4f) | %.4f | %lld/%lld | %.4f / %.4f | %lld |\n", name, layers.c_str(),
+                  r->min_layer_cos, r->logits_cos, static_cast<long long>(r->top1_agree), static_cast<long long>(r->steps),
+                  r->min_step_logits_cos, r->mean_step_logits_cos, static_cast<long long>(r->free_run_prefix));
+    *md += line;
+    std::printf("%s", line);
+  }
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  RequireCpuFeatures();
+  Opts o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--only")) o.only = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--threads")) o.threads = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds")) o.rounds = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--models")) o.models = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--context")) o.context = std::atoll(argv[i + 1]);
+  }
+  ThreadPool pool(o.threads);
+  nlohmann::json j = {{"bench", "w8a8"}, {"threads", o.threads}, {"machine", MachineName()}, {"commit", GitRevision()}};
+  std::string md = "# W8A8 INT8 vs BF16 (" + MachineName() + ", commit " + GitRevision() + ")\n\n";
+  auto want = [&](const char* s) { return o.only.empty() || o.only == s; };
+  if (want("gemm")) j["gemm"] = GemmBench(o, &pool, &md);
+  if (want("crossover")) j["crossover"] = CrossoverBench(o, &pool, &md);
+  if (want("decode")) j["decode"] = DecodeBench(o, &pool, &md);
+  if (want("convert")) j["convert"] = ConvertBench(o, &md);
+  if (want("accuracy")) j["accuracy"] = AccuracyBench(o, &pool, &md);
+  WriteResults(o.only.empty() ? "w8a8" : "w8a8_" + o.only, j, md);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve::bench
+
+int main(int argc, char** argv) { return pdserve::bench::Main(argc, argv); }
