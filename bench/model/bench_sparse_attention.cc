@@ -100,9 +100,7 @@ int Main(int argc, char** argv) {
     };
     auto indexer = [&]() {
       pool.ParallelFor(T, [&](int64_t b, int64_t e) {
-        kernels::KvTokenView v = view;
-        v.base = view.Field(b, 0, kRecord);  // keys [b, e) as a view starting at b
-        kernels::IndexerScores(v, qd.data(), w.data(), index_heads, e - b, &scores[b]);
+        kernels::IndexerScores(view, qd.data(), w.data(), index_heads, b, e, scores.data());
       }, 256);
       return kernels::TopKIndices(scores.data(), T, topk, sel.data(), scratch.data());
     };
