@@ -111,6 +111,7 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
     std::vector<int32_t> all(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) all[t] = static_cast<int32_t>(t);
     kernels::GatherLatent(kv_view, all.data(), T, c_all.data(), kpe_all.data());
+    if (plan.stats) plan.stats->kv_bytes_read += T * (kv_view.latent_stride + kv_view.latent_scale_stride + kv_view.kpe_stride);
     ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
     kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
     pool_->ParallelFor(T * H, [&](int64_t b, int64_t e) {
@@ -138,6 +139,16 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
 
   // Absorbed form over the latent cache (decode, or a chunk after a cached prefix).
   const int64_t nA = static_cast<int64_t>(absorbed.size());
+  if (plan.stats && nA > 0) {
+    const KvLayout& l = *plan.seqs[plan.row_seq[absorbed[0]]].kv.layout;
+    const int64_t rec = l.ComponentBytesPerToken(KvComponent::kLatentCodes) +
+                        l.ComponentBytesPerToken(KvComponent::kLatentScales) + l.ComponentBytesPerToken(KvComponent::kRope);
+    for (int64_t r : absorbed) {
+      int64_t n = 0;
+      while (n < K && topk[r * K + n] >= 0) ++n;
+      plan.stats->kv_bytes_read += n * rec;
+    }
+  }
   if (nA > 0) {
     // q_lat[r, h] = bf16(q_nope[r, h] W_uk[h]): rows h*(dn+dv) .. +dn of Wkv_b, each of length
     // Lkv, accumulated in d order for every row (one pass over W_uk serves the whole batch).
@@ -267,6 +278,7 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchP
       tasks.push_back({i, b, std::min(n_keys, b + kIndexerKeysPerTask)});
   }
   std::vector<float> scores(static_cast<size_t>(score_off[S]));
+  if (plan.stats) plan.stats->kv_bytes_read += score_off[S] * (ID + 4);
   const float* table = Fp8E4M3DecodeTable();
   pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
     std::vector<double> qd(static_cast<size_t>(IH * ID));

@@ -37,4 +37,11 @@ struct BatchSequence {
   const ForwardOptions* options = nullptr;  // trace / forced top-k (tools and tests)
 };
 
+// Work counters of one ForwardBatch call, for bandwidth accounting (benchmarks, metrics).
+struct BatchStats {
+  int64_t rows = 0;
+  int64_t routed_expert_runs = 0;  // (layer, routed expert) pairs that ran on >= 1 row
+  int64_t kv_bytes_read = 0;       // indexer keys scored + latent/rope records gathered
+};
+
 }  // namespace pdserve::model

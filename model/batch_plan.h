@@ -22,6 +22,7 @@ struct BatchPlan {
   std::vector<int32_t> row_group;  // [n_rows]: row group id
   std::vector<int64_t> group_size; // [n_groups]
   std::vector<uint8_t> row_tiled;  // [n_rows]: group_size > kGemmSmallMMax
+  BatchStats* stats = nullptr;     // counters to add to (may be null)
 
   static BatchPlan Build(std::span<const BatchSequence> seqs);
   int64_t n_seqs() const { return static_cast<int64_t>(seqs.size()); }

@@ -68,6 +68,7 @@ void Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, float* out
   for (int64_t e = 0; e < E; ++e) {
     const auto& rows = by_expert[static_cast<size_t>(e)];
     if (rows.empty()) continue;
+    if (plan.stats) ++plan.stats->routed_expert_runs;
     const int64_t n = static_cast<int64_t>(rows.size());
     xin.resize(static_cast<size_t>(n * D));
     yout.resize(static_cast<size_t>(n * D));

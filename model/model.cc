@@ -73,7 +73,7 @@ void Model::PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan
                   [&](const float* xs, int64_t m, float* ys) { ApplyLinear(w, xs, m, ys, pool_); });
 }
 
-Status Model::ForwardBatch(std::span<const BatchSequence> seqs) const {
+Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats) const {
   const ModelConfig& c = config();
   for (size_t s = 0; s < seqs.size(); ++s) {
     PDSERVE_RETURN_IF_ERROR(Validate(seqs[s]).WithContext("batch sequence " + std::to_string(s)));
@@ -82,8 +82,10 @@ Status Model::ForwardBatch(std::span<const BatchSequence> seqs) const {
                                      std::to_string(seqs[s].kv.capacity_tokens) + " < " +
                                      std::to_string(seqs[s].start + seqs[s].n_tokens) + " tokens");
   }
-  const BatchPlan plan = BatchPlan::Build(seqs);
+  BatchPlan plan = BatchPlan::Build(seqs);
+  plan.stats = stats;
   const int64_t R = plan.n_rows;
+  if (stats) stats->rows += R;
   if (R == 0) return Status::Ok();
   const int64_t L = c.num_hidden_layers, D = c.hidden_size, K = c.index_topk;
   for (const BatchSequence& q : seqs) {

@@ -62,7 +62,8 @@ class Model {
   // Forward for any sequence (nothing is computed then), and InvalidArgument when a
   // sequence's KV capacity is short. Each sequence's results are bitwise those of running it
   // alone with the same tokens, start and grouping (model/batch.h).
-  Status ForwardBatch(std::span<const BatchSequence> seqs) const;
+  // `stats`, when set, receives the call's work counters.
+  Status ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats = nullptr) const;
 
  private:
   Model(std::unique_ptr<ModelWeights> w, ThreadPool* pool);

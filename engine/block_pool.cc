@@ -1,0 +1,96 @@
+#include "engine/block_pool.h"
+
+#include <cstdlib>
+
+namespace pdserve::engine {
+
+Result<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout, int64_t budget_bytes) {
+  if (layout.num_layers <= 0 || layout.block_tokens <= 0 || layout.latent_dim <= 0)
+    return Status::InvalidArgument("invalid KV layout: " + layout.ToString());
+  const int64_t n = budget_bytes / layout.BlockBytes();
+  if (n <= 0)
+    return Status::InvalidArgument("KV budget of " + std::to_string(budget_bytes) + " bytes is below one block (" +
+                                   std::to_string(layout.BlockBytes()) + " bytes)");
+  if (n > INT32_MAX) return Status::InvalidArgument("KV budget gives more than 2^31 blocks");
+  const int64_t bytes = (n * layout.BlockBytes() + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, static_cast<size_t>(bytes));
+  if (!p) return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes of KV pool");
+  return std::unique_ptr<BlockPool>(new BlockPool(layout, static_cast<uint8_t*>(p), n, true));
+}
+
+Result<std::unique_ptr<BlockPool>> BlockPool::CreateOver(const KvLayout& layout, uint8_t* memory, int64_t bytes) {
+  if (layout.num_layers <= 0 || layout.block_tokens <= 0 || layout.latent_dim <= 0)
+    return Status::InvalidArgument("invalid KV layout: " + layout.ToString());
+  if (reinterpret_cast<uintptr_t>(memory) % kAlignment != 0)
+    return Status::InvalidArgument("KV pool memory must be aligned to " + std::to_string(kAlignment) + " bytes");
+  const int64_t n = bytes / layout.BlockBytes();
+  if (n <= 0 || n > INT32_MAX)
+    return Status::InvalidArgument("KV pool memory of " + std::to_string(bytes) + " bytes holds no block (" +
+                                   std::to_string(layout.BlockBytes()) + " bytes each)");
+  return std::unique_ptr<BlockPool>(new BlockPool(layout, memory, n, false));
+}
+
+BlockPool::BlockPool(const KvLayout& layout, uint8_t* base, int64_t n_blocks, bool owned)
+    : layout_(layout), base_(base), n_blocks_(n_blocks), owned_(owned), allocated_(static_cast<size_t>(n_blocks), 0) {
+  free_.reserve(static_cast<size_t>(n_blocks));
+  for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+BlockPool::~BlockPool() {
+  if (owned_) std::free(base_);
+}
+
+int64_t BlockPool::n_free() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(free_.size());
+}
+
+Status BlockPool::Allocate(int64_t count, std::vector<int32_t>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count < 0 || count > static_cast<int64_t>(free_.size()))
+    return Status::ResourceExhausted("KV pool: " + std::to_string(count) + " blocks wanted, " +
+                                     std::to_string(free_.size()) + " free");
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t id = free_.back();
+    free_.pop_back();
+    allocated_[static_cast<size_t>(id)] = 1;
+    out->push_back(id);
+  }
+  return Status::Ok();
+}
+
+void BlockPool::Free(std::span<const int32_t> ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int32_t id : ids) {
+    PDSERVE_CHECK(id >= 0 && id < n_blocks_ && allocated_[static_cast<size_t>(id)], "freeing a block that is not allocated");
+    allocated_[static_cast<size_t>(id)] = 0;
+    free_.push_back(id);
+  }
+}
+
+Status BlockTable::EnsureCapacity(BlockPool* pool, int64_t n_tokens) {
+  const int64_t need = pool->layout().BlocksForTokens(n_tokens) - n_blocks();
+  if (need <= 0) return Status::Ok();
+  return pool->Allocate(need, &ids_);
+}
+
+void BlockTable::Release(BlockPool* pool) {
+  pool->Free(ids_);
+  ids_.clear();
+}
+
+model::KvSequenceRef BlockTable::Ref(const BlockPool& pool) const {
+  model::KvSequenceRef r;
+  r.pool_base = pool.base();
+  r.layout = &pool.layout();
+  r.block_table = ids_.data();
+  r.capacity_tokens = capacity_tokens(pool.layout());
+  return r;
+}
+
+void BlockTable::Adopt(std::vector<int32_t> ids) {
+  PDSERVE_CHECK(ids_.empty(), "adopting blocks into a non-empty table");
+  ids_ = std::move(ids);
+}
+
+}  // namespace pdserve::engine

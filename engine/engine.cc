@@ -1,0 +1,230 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/logging.h"
+
+namespace pdserve::engine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+double EngineStats::OverheadShare() const {
+  const double total = forward_seconds + schedule_seconds + sample_seconds + event_seconds;
+  return total > 0 ? (schedule_seconds + sample_seconds + event_seconds) / total : 0.0;
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  auto pool = std::make_unique<ThreadPool>(options.threads > 0 ? options.threads : ThreadPool::Default().n_threads());
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, model::Model::Load(options.model_dir, pool.get()));
+  const model::Model* raw = m.get();
+  PDSERVE_RETURN_IF_ERROR(options.scheduler.Validate());
+  const KvLayout layout = KvLayout::ForConfig(raw->config(), options.block_tokens, options.latent_format, options.index_format);
+  std::unique_ptr<BlockPool> bp;
+  if (options.kv_memory) {
+    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::CreateOver(layout, options.kv_memory, options.kv_memory_bytes));
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::Create(layout, static_cast<int64_t>(options.kv_cache_gib * (1ull << 30))));
+  }
+  return std::unique_ptr<Engine>(new Engine(options, raw, std::move(m), std::move(pool), std::move(bp)));
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, const model::Model* model) {
+  PDSERVE_RETURN_IF_ERROR(options.scheduler.Validate());
+  if (options.block_tokens < 1) return Status::InvalidArgument("block_tokens must be >= 1");
+  const KvLayout layout = KvLayout::ForConfig(model->config(), options.block_tokens, options.latent_format, options.index_format);
+  std::unique_ptr<BlockPool> bp;
+  if (options.kv_memory) {
+    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::CreateOver(layout, options.kv_memory, options.kv_memory_bytes));
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::Create(layout, static_cast<int64_t>(options.kv_cache_gib * (1ull << 30))));
+  }
+  return std::unique_ptr<Engine>(new Engine(options, model, nullptr, nullptr, std::move(bp)));
+}
+
+Engine::Engine(const EngineOptions& options, const model::Model* model, std::unique_ptr<model::Model> owned,
+               std::unique_ptr<ThreadPool> owned_pool, std::unique_ptr<BlockPool> pool)
+    : options_(options),
+      owned_pool_(std::move(owned_pool)),
+      owned_model_(std::move(owned)),
+      model_(model),
+      pool_(std::move(pool)),
+      scheduler_(options.scheduler, pool_.get()),
+      seed_rng_(options.seed ? options.seed : std::random_device{}()) {
+  max_len_ = std::min(model_->config().max_position_embeddings, pool_->capacity_tokens());
+  GetLogger("engine")->info("engine: {} blocks of {} tokens ({} MiB, {}), max sequence {} tokens, chunk {}, budget {}",
+                            pool_->n_blocks(), pool_->layout().block_tokens, pool_->size_bytes() >> 20,
+                            pool_->layout().ToString(), max_len_, options.scheduler.prefill_chunk,
+                            options.scheduler.max_step_tokens);
+}
+
+Engine::~Engine() {
+  Stop();
+  // Whatever is still in flight ends with an abort event.
+  std::vector<TokenEvent> events;
+  ApplyInbox(&events);
+  for (auto& [id, r] : requests_) {
+    TokenEvent ev;
+    ev.id = id;
+    Finish(r.get(), FinishReason::kAbort, &ev);
+    events.push_back(std::move(ev));
+  }
+  requests_.clear();
+  Deliver(events);
+}
+
+Result<std::unique_ptr<Request>> Engine::NewRequest(std::vector<int32_t> prompt, RequestOptions o) {
+  const model::ModelConfig& c = model_->config();
+  if (prompt.empty()) return Status::InvalidArgument("empty prompt");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
+      return Status::InvalidArgument("prompt token " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
+                                     " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n >= c.max_position_embeddings)
+    return Status::InvalidArgument("prompt of " + std::to_string(n) + " tokens leaves no room in the model context of " +
+                                   std::to_string(c.max_position_embeddings) + " tokens");
+  if (n >= pool_->capacity_tokens())
+    return Status::InvalidArgument("prompt of " + std::to_string(n) + " tokens does not fit the KV cache (" +
+                                   std::to_string(pool_->capacity_tokens()) + " tokens)");
+  PDSERVE_RETURN_IF_ERROR(o.sampling.Validate(c.vocab_size));
+  if (!o.sampling.stop.empty() && !options_.detokenize)
+    return Status::InvalidArgument("stop strings need a tokenizer (none configured)");
+  auto r = std::make_unique<Request>();
+  r->prompt_len = n;
+  r->penalties.SetPrompt(prompt);
+  r->tokens = std::move(prompt);
+  r->tokens.reserve(static_cast<size_t>(n + o.sampling.max_tokens));
+  r->params = std::move(o.sampling);
+  r->on_event = std::move(o.on_event);
+  r->hold_kv = o.hold_kv;
+  r->max_len = max_len_;
+  r->added_at = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  r->seed = r->params.seed ? *r->params.seed : seed_rng_();
+  r->id = next_id_++;
+  return r;
+}
+
+Result<RequestId> Engine::AddRequest(std::vector<int32_t> prompt, RequestOptions options) {
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Request> r, NewRequest(std::move(prompt), std::move(options)));
+  const RequestId id = r->id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.insert(id);
+    inbox_adds_.push_back(std::move(r));
+  }
+  cv_.notify_all();
+  return id;
+}
+
+Result<KvImport> Engine::ReserveImport(std::vector<int32_t> prompt, RequestOptions options) {
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Request> r, NewRequest(std::move(prompt), std::move(options)));
+  PDSERVE_RETURN_IF_ERROR(r->blocks.EnsureCapacity(pool_.get(), r->prompt_len + 1));
+  r->state = RequestState::kAwaitingKv;
+  KvImport out{r->id, r->blocks.ids()};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.insert(r->id);
+    inbox_adds_.push_back(std::move(r));
+  }
+  cv_.notify_all();
+  return out;
+}
+
+Status Engine::CommitImport(RequestId id, int32_t first_token) {
+  if (first_token < 0 || first_token >= model_->config().vocab_size)
+    return Status::InvalidArgument("first token " + std::to_string(first_token) + " outside the vocabulary");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!live_.count(id)) return Status::NotFound("no request " + std::to_string(id));
+    inbox_commits_.push_back({id, first_token});
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status Engine::Abort(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!live_.count(id)) return Status::NotFound("no live request " + std::to_string(id));
+    inbox_aborts_.push_back(id);
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> Engine::HeldBlocks(RequestId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find(id);
+  if (it == held_.end()) return Status::NotFound("request " + std::to_string(id) + " holds no KV blocks");
+  return it->second;
+}
+
+Status Engine::ReleaseKv(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return Status::NotFound("request " + std::to_string(id) + " holds no KV blocks");
+    pool_->Free(it->second);
+    held_.erase(it);
+    kick_ = true;
+  }
+  cv_.notify_all();  // blocks came back: waiting requests may now fit
+  return Status::Ok();
+}
+
+void Engine::Start() {
+  if (loop_.joinable()) return;
+  loop_ = std::jthread([this](std::stop_token st) { Loop(st); });
+}
+
+void Engine::Stop() {
+  if (!loop_.joinable()) return;
+  loop_.request_stop();
+  cv_.notify_all();
+  loop_.join();
+}
+
+void Engine::Loop(std::stop_token st) {
+  while (!st.stop_requested()) {
+    if (Step()) continue;
+    // Nothing ran: sleep until the inbox changes (new work, an abort, a commit, freed blocks).
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, st, [&] {
+      return kick_ || !inbox_adds_.empty() || !inbox_aborts_.empty() || !inbox_commits_.empty();
+    });
+    kick_ = false;
+  }
+}
+
+bool Engine::Idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !has_work_ && inbox_adds_.empty() && inbox_commits_.empty() && inbox_aborts_.empty() && live_.empty();
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = stats_;
+  s.blocks_total = pool_->n_blocks();
+  s.blocks_free = pool_->n_free();
+  s.blocks_used = s.blocks_total - s.blocks_free;
+  s.blocks_held = 0;
+  for (const auto& [id, ids] : held_) s.blocks_held += static_cast<int64_t>(ids.size());
+  return s;
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,164 @@
+// Engine: one worker's generation engine: a Model, a paged KV BlockPool, a continuous-batching
+// Scheduler and the Sampler, behind one request API used by the colocated worker and by the
+// disaggregated prefill / decode services.
+//
+//   colocated:    AddRequest(prompt, {sampling, on_event}) -> prefill + decode here.
+//   prefill side: AddRequest(..., hold_kv = true) with max_tokens = 1: the first token is
+//                 sampled, the request finishes, its KV blocks stay allocated (HeldBlocks) for
+//                 the KV transfer until ReleaseKv.
+//   decode side:  ReserveImport(prompt, ...) allocates blocks for the prompt's KV and returns
+//                 their ids (the transfer layer writes pool().base() + id * block_bytes());
+//                 CommitImport(id, first_token) then starts decoding after the first token.
+// Every request ends with exactly one finished event (stop / length / abort / error).
+//
+// Driving: either Start() (an owned std::jthread runs Step() whenever there is work; Stop() or
+// the destructor ends it) or call Step() from one owner thread (tests, benchmarks).
+// Thread-safety: AddRequest, Abort, ReserveImport, CommitImport, HeldBlocks, ReleaseKv, Stats
+// may be called from any thread (inputs go through a locked inbox applied at the next step).
+// Event callbacks run on the stepping thread, outside every engine lock.
+// Errors: AddRequest / ReserveImport: InvalidArgument (empty prompt, token outside the
+// vocabulary, prompt not shorter than the model context or the KV pool capacity, invalid
+// sampling parameters, stop strings without a detokenizer), ResourceExhausted (ReserveImport:
+// no blocks); Abort / CommitImport / ReleaseKv / HeldBlocks: NotFound for an unknown id,
+// FailedPrecondition for a request in the wrong state.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "engine/block_pool.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace pdserve::engine {
+
+struct EngineOptions {
+  std::string model_dir;            // used by Create(options) (ignored when a model is given)
+  int threads = 0;                  // compute threads when the engine loads the model (0: default)
+  double kv_cache_gib = 1.0;        // block pool budget (ignored with kv_memory)
+  int64_t block_tokens = 64;        // B
+  model::KvLatentFormat latent_format = model::KvLatentFormat::kFp8Blockwise;
+  model::KvIndexFormat index_format = model::KvIndexFormat::kFp8;
+  SchedulerOptions scheduler;
+  uint64_t seed = 0;                // seeds requests that have none (0: random_device)
+  // Text of output tokens (the tokenizer's decode), for stop strings. Optional.
+  std::function<std::string(const std::vector<int32_t>&)> detokenize;
+  // Caller-provided pool memory (e.g. registered with the KV transfer layer), 4 KiB aligned.
+  uint8_t* kv_memory = nullptr;
+  int64_t kv_memory_bytes = 0;
+};
+
+struct RequestOptions {
+  SamplingParams sampling;
+  EventCallback on_event;           // may be empty
+  bool hold_kv = false;             // keep the KV blocks after finishing, until ReleaseKv
+};
+
+struct EngineStats {
+  int64_t steps = 0, preemptions = 0;
+  int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_held = 0;
+  int64_t running = 0, waiting = 0, awaiting_kv = 0;
+  int64_t prompt_rows = 0, output_rows = 0, generated_tokens = 0;  // rows computed, tokens sampled
+  int64_t finished = 0, aborted = 0;
+  int64_t routed_expert_runs = 0, kv_bytes_read = 0;  // model::BatchStats, summed over steps
+  double forward_seconds = 0, schedule_seconds = 0, sample_seconds = 0, event_seconds = 0;
+  // Share of step time spent outside the forward pass (scheduling, batch building,
+  // sampling, stop checks, event delivery).
+  double OverheadShare() const;
+};
+
+struct KvImport {
+  RequestId id = 0;
+  std::vector<int32_t> block_ids;   // logical order: prompt token t is in block_ids[t / B]
+};
+
+class Engine {
+ public:
+  // Loads options.model_dir with its own thread pool.
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  // Uses a loaded model (and its thread pool), which must outlive the engine.
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, const model::Model* model);
+  // Stops the loop; requests still in flight get an abort event (on the calling thread).
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  Result<RequestId> AddRequest(std::vector<int32_t> prompt, RequestOptions options);
+  Status Abort(RequestId id);
+
+  Result<KvImport> ReserveImport(std::vector<int32_t> prompt, RequestOptions options);
+  Status CommitImport(RequestId id, int32_t first_token);
+  Result<std::vector<int32_t>> HeldBlocks(RequestId id) const;
+  Status ReleaseKv(RequestId id);
+
+  void Start();
+  void Stop();
+  // One step on the calling thread: applies the inbox, schedules, runs the batch, samples and
+  // delivers events. Returns false when there was nothing to do. REQUIRES: not Start()ed.
+  bool Step();
+  // True when no request is queued, running or awaiting KV and the inbox is empty.
+  bool Idle() const;
+
+  EngineStats Stats() const;
+  const BlockPool& pool() const { return *pool_; }
+  const model::ModelConfig& config() const { return model_->config(); }
+  // Longest sequence (prompt + output) a request may reach.
+  int64_t max_sequence_length() const { return max_len_; }
+
+ private:
+  Engine(const EngineOptions& options, const model::Model* model, std::unique_ptr<model::Model> owned,
+         std::unique_ptr<ThreadPool> owned_pool, std::unique_ptr<BlockPool> pool);
+  Result<std::unique_ptr<Request>> NewRequest(std::vector<int32_t> prompt, RequestOptions options);
+  void Loop(std::stop_token st);
+  void ApplyInbox(std::vector<TokenEvent>* events);
+  // Appends `token` to r, checks stop conditions; returns the event (finished if it ends r).
+  TokenEvent Emit(Request* r, const SampleResult& s);
+  void Finish(Request* r, FinishReason reason, TokenEvent* ev);
+  void Deliver(std::vector<TokenEvent>& events);
+
+  const EngineOptions options_;
+  std::unique_ptr<ThreadPool> owned_pool_;
+  std::unique_ptr<model::Model> owned_model_;
+  const model::Model* model_;
+  std::unique_ptr<BlockPool> pool_;
+  Scheduler scheduler_;
+  Sampler sampler_;
+  int64_t max_len_ = 0;
+  size_t max_stop_bytes_ = 0;
+
+  // Step-thread state.
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::unordered_map<RequestId, EventCallback> callbacks_;  // of requests finished this step
+  std::vector<float> logits_;
+  int64_t next_arrival_ = 0;
+
+  // Shared state.
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::vector<std::unique_ptr<Request>> inbox_adds_;
+  std::vector<RequestId> inbox_aborts_;
+  std::vector<std::pair<RequestId, int32_t>> inbox_commits_;
+  std::unordered_set<RequestId> live_;                             // not yet finished
+  std::unordered_map<RequestId, std::vector<int32_t>> held_;       // hold_kv, finished
+  RequestId next_id_ = 1;
+  std::mt19937_64 seed_rng_;
+  EngineStats stats_;
+  bool has_work_ = false;           // the step thread has queued or running requests
+  bool kick_ = false;               // blocks were released: the loop should try again
+  std::jthread loop_;               // last: joined before the members it uses go away
+};
+
+}  // namespace pdserve::engine

@@ -1,0 +1,191 @@
+// Engine::Step and what it needs: applying the inbox, building the batch, sampling, stop
+// checks, finishing requests and delivering events.
+#include <algorithm>
+#include <chrono>
+
+#include "common/logging.h"
+#include "engine/engine.h"
+
+namespace pdserve::engine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace
+
+void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
+  std::vector<std::unique_ptr<Request>> adds;
+  std::vector<RequestId> aborts;
+  std::vector<std::pair<RequestId, int32_t>> commits;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    adds.swap(inbox_adds_);
+    aborts.swap(inbox_aborts_);
+    commits.swap(inbox_commits_);
+  }
+  for (auto& r : adds) {
+    const RequestId id = r->id;
+    callbacks_[id] = std::move(r->on_event);
+    r->arrival = next_arrival_++;
+    if (r->state != RequestState::kAwaitingKv) scheduler_.AddWaiting(r.get());
+    requests_[id] = std::move(r);
+  }
+  for (const auto& [id, token] : commits) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second->state != RequestState::kAwaitingKv) {
+      GetLogger("engine")->warn("commit of request {} ignored: not awaiting KV", id);
+      continue;
+    }
+    Request* r = it->second.get();
+    r->num_computed = r->prompt_len;
+    scheduler_.AddRunning(r);
+    SampleResult s;
+    s.token = token;
+    events->push_back(Emit(r, s));
+  }
+  for (RequestId id : aborts) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;  // finished meanwhile: its last event is already out
+    TokenEvent ev;
+    ev.id = id;
+    Finish(it->second.get(), FinishReason::kAbort, &ev);
+    events->push_back(std::move(ev));
+  }
+}
+
+TokenEvent Engine::Emit(Request* r, const SampleResult& s) {
+  TokenEvent ev;
+  ev.id = r->id;
+  ev.token = s.token;
+  ev.index = r->n_output();
+  ev.logprob = s.logprob;
+  ev.top_logprobs = s.top_logprobs;
+  r->tokens.push_back(s.token);
+  r->penalties.AddOutput(s.token);
+  const SamplingParams& p = r->params;
+  FinishReason reason = FinishReason::kNone;
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), s.token) != p.stop_token_ids.end()) {
+    reason = FinishReason::kStop;
+  } else if (!p.stop.empty()) {
+    // Decode a window of the last tokens (each token is at least one byte of text, so the
+    // window covers the longest stop string) and look for a match that uses the new token.
+    size_t longest = 0;
+    for (const std::string& st : p.stop) longest = std::max(longest, st.size());
+    const int64_t w = std::min<int64_t>(r->n_output(), static_cast<int64_t>(longest) + 1);
+    std::vector<int32_t> window(r->tokens.end() - w, r->tokens.end());
+    const std::string now = options_.detokenize(window);
+    window.pop_back();
+    const std::string before = window.empty() ? std::string() : options_.detokenize(window);
+    for (const std::string& st : p.stop) {
+      const size_t from = before.size() >= st.size() ? before.size() - st.size() + 1 : 0;
+      if (now.find(st, from) != std::string::npos) {
+        reason = FinishReason::kStop;
+        ev.stop_string = st;
+        break;
+      }
+    }
+  }
+  if (reason == FinishReason::kNone && (r->n_output() >= p.max_tokens || r->n_tokens() >= r->max_len))
+    reason = FinishReason::kLength;
+  if (reason != FinishReason::kNone) Finish(r, reason, &ev);
+  return ev;
+}
+
+void Engine::Finish(Request* r, FinishReason reason, TokenEvent* ev) {
+  const RequestId id = r->id;
+  ev->finished = true;
+  ev->reason = reason;
+  ev->prompt_tokens = r->prompt_len;
+  ev->output_tokens = r->n_output();
+  const bool keep = r->hold_kv && (reason == FinishReason::kStop || reason == FinishReason::kLength);
+  if (r->state == RequestState::kAwaitingKv) {
+    r->blocks.Release(pool_.get());
+  } else {
+    scheduler_.Remove(r, keep);
+  }
+  r->state = RequestState::kFinished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (keep) held_[id] = r->blocks.ids();
+    live_.erase(id);
+    ++stats_.finished;
+    if (reason == FinishReason::kAbort) ++stats_.aborted;
+  }
+  requests_.erase(id);  // destroys *r
+}
+
+void Engine::Deliver(std::vector<TokenEvent>& events) {
+  for (const TokenEvent& ev : events) {
+    auto it = callbacks_.find(ev.id);
+    if (it == callbacks_.end()) continue;
+    if (it->second) it->second(ev);
+    if (ev.finished) callbacks_.erase(it);
+  }
+}
+
+bool Engine::Step() {
+  const auto t0 = Clock::now();
+  std::vector<TokenEvent> events;
+  ApplyInbox(&events);
+  const SchedulerOutput out = scheduler_.Schedule();
+  const int64_t V = model_->config().vocab_size;
+  std::vector<model::BatchSequence> batch;
+  batch.reserve(out.chunks.size());
+  int64_t n_sample = 0;
+  for (const ScheduledChunk& c : out.chunks) n_sample += c.sample;
+  logits_.resize(static_cast<size_t>(n_sample * V));
+  int64_t prompt_rows = 0, output_rows = 0;
+  for (int64_t k = 0; const ScheduledChunk& c : out.chunks) {
+    Request* r = c.request;
+    batch.push_back({&r->tokens[static_cast<size_t>(c.start)], c.n, c.start, r->blocks.Ref(*pool_), c.grouping,
+                     c.sample ? &logits_[static_cast<size_t>(k++ * V)] : nullptr, nullptr});
+    (c.start < r->prompt_len ? prompt_rows : output_rows) += c.n;
+  }
+  const auto t1 = Clock::now();
+  model::BatchStats bstats;
+  Status st = batch.empty() ? Status::Ok() : model_->ForwardBatch(batch, &bstats);
+  const auto t2 = Clock::now();
+  if (!st.ok()) {
+    GetLogger("engine")->error("forward failed: {}", st.ToString());
+    for (const ScheduledChunk& c : out.chunks) {
+      TokenEvent ev;
+      ev.id = c.request->id;
+      ev.error = st;
+      Finish(c.request, FinishReason::kError, &ev);
+      events.push_back(std::move(ev));
+    }
+  } else {
+    scheduler_.Commit(out);
+    for (int64_t k = 0; const ScheduledChunk& c : out.chunks) {
+      if (!c.sample) continue;
+      Request* r = c.request;
+      const SampleResult s = sampler_.Sample(&logits_[static_cast<size_t>(k++ * V)], V, r->params, r->penalties,
+                                             r->seed, r->n_output());
+      events.push_back(Emit(r, s));
+    }
+  }
+  const auto t3 = Clock::now();
+  Deliver(events);
+  const auto t4 = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!batch.empty()) ++stats_.steps;
+    stats_.preemptions = scheduler_.total_preemptions();
+    stats_.running = scheduler_.n_running();
+    stats_.waiting = scheduler_.n_waiting();
+    stats_.awaiting_kv = static_cast<int64_t>(requests_.size()) - stats_.running - stats_.waiting;
+    stats_.prompt_rows += prompt_rows;
+    stats_.output_rows += output_rows;
+    stats_.generated_tokens += n_sample;
+    stats_.routed_expert_runs += bstats.routed_expert_runs;
+    stats_.kv_bytes_read += bstats.kv_bytes_read;
+    stats_.schedule_seconds += Seconds(t0, t1);
+    stats_.forward_seconds += Seconds(t1, t2);
+    stats_.sample_seconds += Seconds(t2, t3);
+    stats_.event_seconds += Seconds(t3, t4);
+    has_work_ = !requests_.empty();
+  }
+  return !batch.empty() || !events.empty();
+}
+
+}  // namespace pdserve::engine
