@@ -15,6 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "common/dtype.h"
 #include "common/mapped_file.h"
 #include "kernels/quantize.h"
@@ -73,15 +77,23 @@ int64_t ExpertOf(const std::string& name) {
   return i > begin && i < name.size() && name[i] == '.' ? e : -1;
 }
 
+// Pages of one input file's mapping that hold tensor bytes: [lo, hi), page-aligned (the
+// mapping starts at the file's first byte and ends on a page boundary, so it contains them).
+struct FileSpan {
+  uintptr_t lo = ~uintptr_t{0}, hi = 0;
+};
+
 // Drops this process's mapping of the pages around [p, p + n) (consumed bytes), widened to
 // 64 KiB-aligned windows: touching one page makes the kernel map its in-cache neighbours in
 // such a window ("fault-around"), and those would otherwise stay resident -- with the ~45K
-// small scale_inv tensors of a real FP8 checkpoint, gigabytes. Dropping too much is harmless:
-// the mapping is read-only and private, so a later touch just maps the page again.
-void DropPages(const uint8_t* p, size_t n) {
+// small scale_inv tensors of a real FP8 checkpoint, gigabytes. Dropping too much of the file
+// mapping is harmless (read-only and private: a later touch maps the page again), but the
+// range must never leave it: MADV_DONTNEED on neighbouring anonymous memory zeroes it. Hence
+// the clamp to the file's span.
+void DropPages(const uint8_t* p, size_t n, const FileSpan& span) {
   constexpr uintptr_t kWindow = 64 << 10;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(kWindow - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n + kWindow - 1) & ~(kWindow - 1);
+  const uintptr_t begin = std::max(reinterpret_cast<uintptr_t>(p) & ~(kWindow - 1), span.lo);
+  const uintptr_t end = std::min((reinterpret_cast<uintptr_t>(p) + n + kWindow - 1) & ~(kWindow - 1), span.hi);
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
@@ -147,6 +159,13 @@ class Converter {
   Status Plan() {
     const ModelConfig& c = ckpt_->config();
     const std::vector<std::string> names = ckpt_->UnusedNames();  // all of them, sorted
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    for (const std::string& name : names) {
+      const TensorInfo* t = ckpt_->Find(name);
+      FileSpan& span = spans_[t->file];
+      span.lo = std::min(span.lo, reinterpret_cast<uintptr_t>(t->data) & ~(page - 1));
+      span.hi = std::max(span.hi, (reinterpret_cast<uintptr_t>(t->data) + t->n_bytes + page - 1) & ~(page - 1));
+    }
     for (const std::string& name : names) {
       const TensorInfo* t = ckpt_->Find(name);
       ++stats_.tensors_in;
@@ -278,14 +297,26 @@ class Converter {
         for (int64_t k = 0; k < n_in; ++k) o[k] = Bf16ToF32(p[k]);
       } else if (j.src->dtype == DType::kF32) {
         std::memcpy(o, j.src->data + r * n_in * 4, static_cast<size_t>(n_in) * 4);
-      } else {  // F8_E4M3: w = fp8 * scale_inv[r/128][k/128]
+      } else {  // F8_E4M3: w = fp8 * scale_inv[r/128][k/128], one 128-column block at a time
         const float* table = Fp8E4M3DecodeTable();
         const uint8_t* p = j.src->data + r * n_in;
         const float* srow = reinterpret_cast<const float*>(j.scale_inv->data) + (r / 128) * ((n_in + 127) / 128);
-        for (int64_t k = 0; k < n_in; ++k) {
-          if ((p[k] & 0x7f) == 0x7f && bad < 0) bad = r;
-          o[k] = table[p[k]] * srow[k / 128];
+        for (int64_t k0 = 0; k0 < n_in; k0 += 128) {
+          const int64_t k1 = std::min(n_in, k0 + 128);
+          const float sc = srow[k0 / 128];
+          int64_t k = k0;
+#if defined(__AVX2__)
+          const __m256 vs = _mm256_set1_ps(sc);
+          for (; k + 8 <= k1; k += 8) {
+            const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k)));
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), vs));
+          }
+#endif
+          for (; k < k1; ++k) o[k] = table[p[k]] * sc;
         }
+        // NaN codes (0x7f, 0xff) decode to NaN: one pass over the row finds them.
+        for (int64_t k = 0; k < n_in && bad < 0; ++k)
+          if ((p[k] & 0x7f) == 0x7f) bad = r;
       }
     }
     return bad;
@@ -296,7 +327,7 @@ class Converter {
       for (size_t off = 0; off < j.src->n_bytes; off += kCopyChunk) {
         const size_t n = std::min(kCopyChunk, j.src->n_bytes - off);
         PDSERVE_RETURN_IF_ERROR(w->Append(j.src->data + off, n));
-        DropPages(j.src->data + off, n);
+        DropPages(j.src->data + off, n, spans_.at(j.src->file));
       }
       return Status::Ok();
     }
@@ -346,10 +377,11 @@ class Converter {
         PDSERVE_RETURN_IF_ERROR(w->Append(bf16_.data(), static_cast<size_t>((r1 - r0) * n_in) * 2));
       }
       const size_t esize = DTypeSize(j.src->dtype);
-      DropPages(j.src->data + r0 * n_in * static_cast<int64_t>(esize), static_cast<size_t>((r1 - r0) * n_in) * esize);
+      DropPages(j.src->data + r0 * n_in * static_cast<int64_t>(esize), static_cast<size_t>((r1 - r0) * n_in) * esize,
+                spans_.at(j.src->file));
     }
     if (j.kind == Kind::kToInt8) PDSERVE_RETURN_IF_ERROR(w->Append(scales_.data(), static_cast<size_t>(n_out) * 4));
-    if (j.scale_inv) DropPages(j.scale_inv->data, j.scale_inv->n_bytes);
+    if (j.scale_inv) DropPages(j.scale_inv->data, j.scale_inv->n_bytes, spans_.at(j.scale_inv->file));
     return Status::Ok();
   }
 
@@ -410,6 +442,7 @@ class Converter {
   ConvertOptions opt_;
   std::unique_ptr<Checkpoint> ckpt_;
   std::vector<Job> jobs_;
+  std::map<std::string, FileSpan> spans_;  // input file -> pages holding its tensors
   std::vector<int64_t> shard_count_;
   std::map<std::string, std::pair<std::string, int64_t>> weight_map_;  // name -> (shard, group)
   std::vector<float> f32_, scales_;
