@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 
+#include "common/check.h"
 #include "common/dtype.h"
 
 #if defined(__AVX2__)
@@ -12,8 +15,42 @@
 
 namespace pdserve::kernels::internal {
 
+// Prefetch hints by address (an integer: the targets may lie outside any object, which a
+// prefetch tolerates). No-ops in the scalar build.
+inline void PrefetchL1(uintptr_t a) {
+#if defined(__AVX2__)
+  _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+#endif
+}
+inline void PrefetchL2(uintptr_t a) {
+#if defined(__AVX2__)
+  _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
+#endif
+}
+
 inline float WeightToF32(const float* p) { return *p; }
 inline float WeightToF32(const uint16_t* p) { return Bf16ToF32(*p); }
+
+// Grow-only, 64-byte aligned float buffer; meant to be thread_local and reused across calls.
+class AlignedScratch {
+ public:
+  float* Get(int64_t n_floats) {
+    if (n_floats > capacity_) {
+      const size_t bytes = (static_cast<size_t>(n_floats) * sizeof(float) + 63) & ~size_t{63};
+      data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      PDSERVE_CHECK(data_ != nullptr, "Gemm: scratch allocation");
+      capacity_ = n_floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  int64_t capacity_ = 0;
+};
 
 // Pairwise sum of 8 lanes in the fixed order ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), the order
 // of the AVX2 reduction below, so the scalar build gives the same bits.

@@ -3,13 +3,14 @@
 //
 // A block computes M x-rows against R weight rows: M*R 8-lane accumulators (kept <= 12 so they
 // and a loaded weight vector stay in the 16 ymm registers; >= 8 independent chains hide the FMA
-// latency). For m > 4 the x rows go in groups of 4 over the same R weight rows, which are then
-// still in L1/L2 for the later groups.
+// latency). For m > 4 the x rows go in near-equal groups of at most 4 (5 = 3 + 2, 7 = 4 + 3)
+// over the same R weight rows, which are then still in L1 for the later groups.
 // Every output's arithmetic is the same whatever M, R or the block it falls in, so results do not
 // depend on the thread split or the slice.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "kernels/gemm_internal.h"
@@ -18,10 +19,9 @@
 namespace pdserve::kernels::internal {
 namespace {
 
-// Weight rows per block for a group of M x-rows (M = 1..4): M*R accumulators <= 12 and >= 8
-// where possible. m > 4 uses kRowsMultiGroup for every group.
+// Weight rows per block for a largest group of M x-rows (M = 1..4): M*R accumulators <= 12, and
+// >= 8 in every group given that group sizes differ by at most one.
 constexpr int kRowsForM[5] = {0, 8, 4, 4, 3};
-constexpr int kRowsMultiGroup = 3;
 constexpr int kMaxRows = 8;
 constexpr int kGroupM = 4;
 
@@ -66,7 +66,7 @@ void DotBlock(const float* x, int64_t ldx, const T* w, int64_t ldw, int64_t n_in
   for (; k + kLine <= n_vec; k += kLine) {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + (r * ldw + k) * sizeof(T)), _MM_HINT_T1);
+      PrefetchL2(next + (r * ldw + k) * sizeof(T));
     }
 #pragma GCC unroll 4
     for (int64_t kk = 0; kk < kLine; kk += 8) step(k + kk);
@@ -123,7 +123,8 @@ struct Job {
   int64_t j_begin, j_end;
   float* y;
   int64_t ldy;
-  int rows;  // weight rows per block
+  int64_t n_groups;  // groups of x rows, sizes m / n_groups rounded up for the first m % n_groups
+  int rows;          // weight rows per block
   void (*run)(const Job&, int64_t, int64_t);
 };
 
@@ -138,12 +139,13 @@ void RunBlocks(const Job& job, int64_t b0, int64_t b1) {
       std::max<int64_t>(job.rows, (kPrefetchAheadBytes + row_bytes - 1) / row_bytes);
   for (int64_t j = j_lo; j < j_hi; j += job.rows) {
     const int r = static_cast<int>(std::min<int64_t>(job.rows, j_hi - j));
-    for (int64_t i = 0; i < job.m; i += kGroupM) {
-      const int mg = static_cast<int>(std::min<int64_t>(kGroupM, job.m - i));
+    for (int64_t g = 0, i = 0; g < job.n_groups; ++g) {
+      const int mg = static_cast<int>(job.m / job.n_groups + (g < job.m % job.n_groups ? 1 : 0));
       kBlockTable<T>[mg - 1][r - 1](job.x + i * job.ldx, job.ldx, w + j * job.ldw, job.ldw,
                                     job.n_in, job.y + i * job.ldy + j, job.ldy,
                                     reinterpret_cast<uintptr_t>(w + j * job.ldw) +
                                         ahead * job.ldw * sizeof(T));
+      i += mg;
     }
   }
 }
@@ -152,8 +154,22 @@ void RunBlocks(const Job& job, int64_t b0, int64_t b1) {
 
 void GemmSmallM(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
                 int64_t j_end, float* y, int64_t ldy, ThreadPool* pool) {
-  const Job job{x, m, ldx, w.data, w.ld, w.n_in, j_begin, j_end, y, ldy,
-                m <= kGroupM ? kRowsForM[m] : kRowsMultiGroup,
+  // Every weight vector is FMA'd against vectors of x loaded from memory, so x rows that are not
+  // 32-byte aligned (a split load every other vector) cost ~20% at m >= 4 (bench/gemm, Zen 5):
+  // such x is first copied into the calling thread's aligned scratch (m * n_in floats, cheap
+  // next to the m * n_in * n_out FMAs), which the workers read while ParallelFor blocks.
+  if ((reinterpret_cast<uintptr_t>(x) | static_cast<uintptr_t>(ldx * sizeof(float))) % 32 != 0) {
+    thread_local AlignedScratch x_copy;
+    const int64_t ld = (w.n_in + 7) & ~int64_t{7};
+    float* xa = x_copy.Get(m * ld);
+    for (int64_t i = 0; i < m; ++i) std::memcpy(xa + i * ld, x + i * ldx, w.n_in * sizeof(float));
+    x = xa;
+    ldx = ld;
+  }
+  const int64_t n_groups = (m + kGroupM - 1) / kGroupM;
+  const int64_t largest_group = (m + n_groups - 1) / n_groups;
+  const Job job{x, m, ldx, w.data, w.ld, w.n_in, j_begin, j_end, y, ldy, n_groups,
+                kRowsForM[largest_group],
                 w.dtype == DType::kBF16 ? &RunBlocks<uint16_t> : &RunBlocks<float>};
   const int64_t n_blocks = (j_end - j_begin + job.rows - 1) / job.rows;
   if (pool == nullptr || pool->n_threads() == 1) {

@@ -25,30 +25,9 @@ constexpr int kMr = 6;    // rows of x per microkernel
 constexpr int kNr = 16;   // weight rows (outputs) per microkernel: two ymm
 // Blocking, chosen with bench/gemm on the 2-core AMD EPYC (Zen 5, 48 KiB L1d, 1 MiB L2) VM:
 // a panel buffer of kKc x kNcMax fp32 = 256 KiB stays in L2; kMcMax rows amortize its packing.
-constexpr int64_t kKc = 256;
-constexpr int64_t kNcMax = 256;
+constexpr int64_t kKc = 512;
+constexpr int64_t kNcMax = 128;
 constexpr int64_t kMcMax = 512;
-
-// Thread-local, grow-only, 64-byte aligned scratch for the weight panels.
-class PanelScratch {
- public:
-  float* Get(int64_t n_floats) {
-    if (n_floats > capacity_) {
-      const size_t bytes = (static_cast<size_t>(n_floats) * sizeof(float) + 63) & ~size_t{63};
-      data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-      PDSERVE_CHECK(data_ != nullptr, "Gemm: panel scratch allocation");
-      capacity_ = n_floats;
-    }
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> data_;
-  int64_t capacity_ = 0;
-};
 
 #if defined(__AVX2__)
 // In-register 8x8 transpose: r[t][c] -> r[c][t].
@@ -72,6 +51,14 @@ inline void Transpose8x8(__m256 r[8]) {
 }
 #endif
 
+// Weights usually come from DRAM (a layer's matrix is read once per forward pass), and packing
+// touches 8 rows x kKc at a time, too many short streams for the hardware prefetchers: it
+// prefetches the 8-row group it will pack two groups later. Without it the tiled path ran at
+// 0.3x its hot-cache speed on cold weights (bench/gemm, Zen 5 VM).
+constexpr int64_t kPackAheadRows = 16;
+template <typename T>
+constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line
+
 // Packs weight rows [j0, j1) x columns [k0, k0 + kc) into panels of kNr rows:
 // dst[p * kc * kNr + k * kNr + r] = W[j0 + p * kNr + r, k0 + k], zero for rows >= j1.
 template <typename T>
@@ -84,10 +71,24 @@ void PackPanels(const T* w, int64_t ldw, int64_t j0, int64_t j1, int64_t k0, int
       float* d = dst + 8 * h;
       int64_t k = 0;
 #if defined(__AVX2__)
+      // The rows kPackAheadRows further on, one prefetch per cache line (as integers: they may
+      // lie past the matrix, and prefetches never fault).
+      const uintptr_t ahead = reinterpret_cast<uintptr_t>(w + k0) +
+                              (jh + kPackAheadRows) * ldw * sizeof(T);
       for (; k + 8 <= kc; k += 8) {
+        if ((k & (kLine<T> - 1)) == 0) {
+          for (int t = 0; t < 8; ++t) {
+            PrefetchL2(ahead + (t * ldw + k) * sizeof(T));
+          }
+        }
         __m256 r[8];
-        for (int t = 0; t < 8; ++t) {
-          r[t] = t < valid ? LoadW8(w + (jh + t) * ldw + k0 + k) : _mm256_setzero_ps();
+        if (valid == 8) {
+#pragma GCC unroll 8
+          for (int t = 0; t < 8; ++t) r[t] = LoadW8(w + (jh + t) * ldw + k0 + k);
+        } else {
+          for (int t = 0; t < 8; ++t) {
+            r[t] = t < valid ? LoadW8(w + (jh + t) * ldw + k0 + k) : _mm256_setzero_ps();
+          }
         }
         Transpose8x8(r);
         for (int t = 0; t < 8; ++t) _mm256_store_ps(d + (k + t) * kNr, r[t]);
@@ -190,7 +191,7 @@ void PackAny(const void* w, int64_t ldw, int64_t j0, int64_t j1, int64_t k0, int
 }
 
 void RunTask(const Job& job, int64_t task) {
-  thread_local PanelScratch scratch;
+  thread_local AlignedScratch scratch;  // weight panels
   const int64_t i0 = (task / job.n_tasks_n) * job.mc;
   const int64_t i1 = std::min(job.m, i0 + job.mc);
   const int64_t j0 = job.j_begin + (task % job.n_tasks_n) * job.nc;

@@ -6,14 +6,17 @@
 //     x NoTrans, W Trans) on the same F32 data, all on N threads (OpenBLAS set with
 //     openblas_set_num_threads);
 //   * decode shapes (m = 1, 4) with the same weight shapes: GFLOP/s and GB/s of weight bytes,
-//     weights rotated over 256 MiB per dtype so every call reads them from DRAM (as in a real
-//     decode step, where a layer's weights are long evicted), plus OpenBLAS on the F32 ones;
+//     plus OpenBLAS on the F32 ones;
+//   Weights are rotated over 256 MiB per dtype so every call reads them from DRAM, as in a real
+//   forward pass, where a layer's weights were evicted since their last use.
 //   * the m crossover between our two paths (kGemmSmallMMax).
 // Every figure is the best (and the median) of repeated timed calls, in several rounds that
 // alternate our kernels and OpenBLAS: the 2-core VM is shared, so single runs are noisy.
 //
 // Usage: bench_gemm [--threads N] [--rounds R] [--quick] [--only prefill|decode|crossover]
-//                   [--out DIR]
+//                   [--hot] [--cpu-time] [--out DIR]
+// --hot: no weight rotation (small matrices then stay in L2/L3; for kernel tuning).
+// --cpu-time: time calls by thread CPU time (with --threads 1; for tuning on a busy machine).
 // Writes DIR/gemm.json and DIR/gemm.md (DIR defaults to <source>/bench/results).
 #include <cblas.h>
 #include <immintrin.h>
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,15 +94,26 @@ struct Stat {
 };
 
 // Times fn(rep) until min_seconds have passed (at least min_reps calls) after one warm-up call.
+// With g_cpu_time, a call's time is the calling thread's CPU time (only meaningful on 1 thread):
+// immune to being descheduled by other jobs on the shared VM, for tuning single-core kernels.
+bool g_cpu_time = false;
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
 Stat Measure(const std::function<void(int)>& fn, double min_seconds, int min_reps = 3) {
   fn(0);
   std::vector<double> t;
   const auto start = Clock::now();
   for (int rep = 1;; ++rep) {
     const auto a = Clock::now();
+    const double ca = g_cpu_time ? ThreadCpuSeconds() : 0;
     fn(rep);
     const auto b = Clock::now();
-    t.push_back(Seconds(a, b));
+    t.push_back(g_cpu_time ? ThreadCpuSeconds() - ca : Seconds(a, b));
     if (static_cast<int>(t.size()) >= min_reps && Seconds(start, b) >= min_seconds) break;
     if (t.size() >= 100000) break;
   }
@@ -237,6 +252,7 @@ int Main(int argc, char** argv) {
   int threads = 2, rounds = 3;
   bool quick = false;
   std::string only;  // "", "prefill", "decode" or "crossover": run only that section
+  bool hot = false;  // one copy of each weight matrix (cache-resident when small enough)
   std::string out_dir = std::string(PDSERVE_SOURCE_DIR) + "/bench/results";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -245,12 +261,18 @@ int Main(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--hot") hot = true;
+    else if (a == "--cpu-time") g_cpu_time = true;
     else {
-      std::fprintf(stderr, "usage: bench_gemm [--threads N] [--rounds R] [--quick] [--only prefill|decode|crossover] [--out DIR]\n");
+      std::fprintf(stderr, "usage: bench_gemm [--threads N] [--rounds R] [--quick] [--only prefill|decode|crossover] [--hot] [--cpu-time] [--out DIR]\n");
       return 2;
     }
   }
   if (quick) rounds = 1;
+  if (g_cpu_time && threads != 1) {
+    std::fprintf(stderr, "--cpu-time needs --threads 1\n");
+    return 2;
+  }
   const double min_sec = quick ? 0.1 : 0.25;
   openblas_set_num_threads(threads);
   ThreadPool pool(threads);
@@ -269,6 +291,8 @@ int Main(int argc, char** argv) {
       {"openblas_corename", openblas_get_corename()},
       {"openblas_config", openblas_get_config()},
       {"rounds", rounds},
+      {"weights_hot", hot},
+      {"cpu_time", g_cpu_time},
       {"small_m_max", kernels::kGemmSmallMMax},
   };
   std::fprintf(stderr, "cpu %s, %d threads, OpenBLAS core %s (OPENBLAS_CORETYPE=%s)\n",
@@ -286,7 +310,7 @@ int Main(int argc, char** argv) {
                peak1, peakn, threads, bw1, bwn);
 
   // Data: x big enough for m = 2048 x 4096; hot weights (one copy) and cold ones (rotated).
-  const int64_t max_m = 2048, max_in = 4096, max_out = 2048;
+  const int64_t max_m = 2048, max_in = 4096, max_out = 2048;  // crossover: 96 x 18432 fits
   Buffer<float> x(max_m * max_in), y(max_m * max_out);
   const size_t cold_bytes = size_t{256} << 20;
   Buffer<float> cold_f32(cold_bytes / 4);
@@ -309,7 +333,7 @@ int Main(int argc, char** argv) {
   auto weights_for = [&](const Row& r) {
     const bool bf16 = r.dtype == "BF16";
     const int64_t bytes = r.n_out * r.n_in * (bf16 ? 2 : 4);
-    const int64_t copies = r.kind == "decode" ? static_cast<int64_t>(cold_bytes) / bytes : 1;
+    const int64_t copies = hot ? 1 : static_cast<int64_t>(cold_bytes) / bytes;
     return Weights{bf16 ? DType::kBF16 : DType::kF32, {r.n_out, r.n_in}, copies,
                    bf16 ? static_cast<const void*>(cold_bf16.get())
                         : static_cast<const void*>(cold_f32.get())};
@@ -332,27 +356,30 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "round %d/%d done\n", round + 1, rounds);
   }
 
-  // Crossover between the two paths (hot weights 2048 x 1024).
+  // Crossover between the two paths on MoE-expert / MLP-like weights, rotated so they come from
+  // DRAM as in a real forward pass.
   nlohmann::json crossover = nlohmann::json::array();
-  for (const char* dt : {"F32", "BF16"}) {
-    if (!only.empty() && only != "crossover") break;
-    for (int64_t m : {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
-      Row r{"decode", dt, m, 2048, 7168, {}, {}};  // "decode": rotated weights
-      const Weights w = weights_for(r);
-      Stat small, tiled;
-      for (int round = 0; round < rounds; ++round) {
-        Merge(small, Measure([&](int rep) {
-                kernels::internal::GemmSmallM(x.get(), m, r.n_in, w.View(rep), 0, r.n_out,
-                                              y.get(), r.n_out, &pool);
-              }, min_sec / 2));
-        Merge(tiled, Measure([&](int rep) {
-                kernels::internal::GemmTiled(x.get(), m, r.n_in, w.View(rep), 0, r.n_out,
-                                             y.get(), r.n_out, &pool);
-              }, min_sec / 2));
+  for (const WeightShape& s : {WeightShape{2048, 1024}, WeightShape{2048, 7168}, WeightShape{1024, 18432}}) {
+    for (const char* dt : {"F32", "BF16"}) {
+      if (!only.empty() && only != "crossover") break;
+      for (int64_t m : {1, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
+        Row r{"crossover", dt, m, s.n_out, s.n_in, {}, {}};
+        const Weights w = weights_for(r);
+        Stat small, tiled;
+        for (int round = 0; round < rounds; ++round) {
+          Merge(small, Measure([&](int rep) {
+                  kernels::internal::GemmSmallM(x.get(), m, r.n_in, w.View(rep), 0, r.n_out,
+                                                y.get(), r.n_out, &pool);
+                }, min_sec / 2));
+          Merge(tiled, Measure([&](int rep) {
+                  kernels::internal::GemmTiled(x.get(), m, r.n_in, w.View(rep), 0, r.n_out,
+                                               y.get(), r.n_out, &pool);
+                }, min_sec / 2));
+        }
+        crossover.push_back({{"dtype", dt}, {"m", m}, {"n_out", r.n_out}, {"n_in", r.n_in},
+                             {"small_m_gflops", Gflops(r, small.best)},
+                             {"tiled_gflops", Gflops(r, tiled.best)}});
       }
-      crossover.push_back({{"dtype", dt}, {"m", m}, {"n_out", r.n_out}, {"n_in", r.n_in},
-                           {"small_m_gflops", Gflops(r, small.best)},
-                           {"tiled_gflops", Gflops(r, tiled.best)}});
     }
   }
   j["crossover"] = crossover;
@@ -406,7 +433,7 @@ int Main(int argc, char** argv) {
   add("- read bandwidth (512 MiB sum): %.1f GB/s on 1 thread, %.1f on %d\n", bw1, bwn, threads);
   add("- times: best of %d rounds x >= %.2f s of calls (median in parentheses); shared VM, noisy\n\n",
       rounds, min_sec);
-  add("## Prefill (hot weights), %d threads\n\n", threads);
+  add("## Prefill (weights rotated over 256 MiB: read from DRAM), %d threads\n\n", threads);
   add("| dtype | m | n_out | n_in | ours GFLOP/s | OpenBLAS GFLOP/s | ours/OpenBLAS | ours/peak |\n");
   add("|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
@@ -435,10 +462,11 @@ int Main(int argc, char** argv) {
       add(" - |\n");
     }
   }
-  add("\n## Path crossover (2048 x 7168 weights from DRAM): GFLOP/s small-m path vs tiled path\n\n");
-  add("| dtype | m | small-m | tiled |\n|---|---|---|---|\n");
+  add("\n## Path crossover (weights from DRAM): GFLOP/s of the small-m path vs the tiled path\n\n");
+  add("| dtype | n_out | n_in | m | small-m | tiled |\n|---|---|---|---|---|---|\n");
   for (const auto& c : crossover) {
-    add("| %s | %lld | %.1f | %.1f |\n", c["dtype"].get<std::string>().c_str(),
+    add("| %s | %lld | %lld | %lld | %.1f | %.1f |\n", c["dtype"].get<std::string>().c_str(),
+        (long long)c["n_out"].get<int64_t>(), (long long)c["n_in"].get<int64_t>(),
         (long long)c["m"].get<int64_t>(), c["small_m_gflops"].get<double>(),
         c["tiled_gflops"].get<double>());
   }
