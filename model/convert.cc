@@ -97,6 +97,40 @@ void DropPages(const uint8_t* p, size_t n, const FileSpan& span) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+// True if any of the n fp8 codes is a NaN (0x7f or 0xff).
+bool HasFp8Nan(const uint8_t* p, int64_t n) {
+  int64_t k = 0;
+#if defined(__AVX2__)
+  const __m256i m = _mm256_set1_epi8(0x7f);
+  __m256i any = _mm256_setzero_si256();
+  for (; k + 32 <= n; k += 32) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + k));
+    any = _mm256_or_si256(any, _mm256_cmpeq_epi8(_mm256_and_si256(v, m), m));
+  }
+  if (_mm256_movemask_epi8(any) != 0) return true;
+#endif
+  for (; k < n; ++k)
+    if ((p[k] & 0x7f) == 0x7f) return true;
+  return false;
+}
+
+// True if every value is finite: x * 0 is 0 for finite x and NaN for inf or NaN, and a NaN
+// survives the sum (a max-based test would drop it).
+bool AllFinite(const float* x, int64_t n) {
+  int64_t k = 0;
+  float s = 0.0f;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 zero = _mm256_setzero_ps();
+  for (; k + 8 <= n; k += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + k), zero));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (float l : lanes) s += l;
+#endif
+  for (; k < n; ++k) s += x[k] * 0.0f;
+  return s == 0.0f;
+}
+
 std::string ShardName(int64_t group, int64_t ep_size, int64_t index, int64_t count) {
   char buf[96];
   if (ep_size == 1) {
@@ -314,9 +348,7 @@ class Converter {
 #endif
           for (; k < k1; ++k) o[k] = table[p[k]] * sc;
         }
-        // NaN codes (0x7f, 0xff) decode to NaN: one pass over the row finds them.
-        for (int64_t k = 0; k < n_in && bad < 0; ++k)
-          if ((p[k] & 0x7f) == 0x7f) bad = r;
+        if (bad < 0 && HasFp8Nan(p, n_in)) bad = r;
       }
     }
     return bad;
@@ -351,7 +383,7 @@ class Converter {
           float* f = f32_.data() + (r - r0) * n_in;
           if (RowsToF32(j, r, r + 1, f) >= 0) AtomicMin(nan_row, r);
           if (j.kind == Kind::kToInt8) {
-            if (!std::isfinite(kernels::AbsMax(f, n_in))) AtomicMin(nonfinite_row, r);
+            if (!AllFinite(f, n_in)) AtomicMin(nonfinite_row, r);
             kernels::QuantizeRowsInt8(f, 1, n_in, n_in, i8_.data() + (r - r0) * n_in, n_in, &scales_[static_cast<size_t>(r)]);
           } else {
             uint16_t* o = bf16_.data() + (r - r0) * n_in;

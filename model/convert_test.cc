@@ -299,6 +299,9 @@ TEST(ConvertTest, MalformedInputsAreRefusedClearly) {
   std::vector<float> inf(64, 1.0f);
   inf[9] = INFINITY;
   ExpectError(ConvertTensors(d, "inf", {Bf16Tensor(qb, {8, 8}, inf)}, "bf16"), "non-finite value in row 1");
+  std::vector<float> nanv(64, 1.0f);
+  nanv[8 * 5 + 2] = NAN;  // NaN must be caught too (a max-based scan can miss it)
+  ExpectError(ConvertTensors(d, "nan", {Bf16Tensor(qb, {8, 8}, nanv)}, "bf16"), "non-finite value in row 5");
   ExpectError(ConvertTensors(d, "vec", {Bf16Tensor(qb, {8}, std::vector<float>(8, 1))}, "bf16"), "is not a matrix");
   TensorToWrite i32{"model.norm.weight", DType::kI32, {2}, std::vector<uint8_t>(8)};
   ExpectError(ConvertTensors(d, "i32", {i32}, "bf16"), "has dtype I32, expected BF16, F32 or F8_E4M3");
