@@ -1,0 +1,234 @@
+# Control plane between the router and its workers (services/common/, services/router/,
+# docs/control-plane.md).
+#
+# Transport: ZeroMQ over TCP. The router binds one ROUTER socket; every worker process connects
+# one DEALER socket to it. Each ZeroMQ message carries exactly one ControlMessage (the ROUTER
+# side adds the peer's routing-id frame). Messages between one worker and the router are
+# delivered in order; nothing is acknowledged except Register and Heartbeat.
+#
+# Flows (W = worker, R = router, P = prefill worker, D = decode worker, C = colocated worker):
+#
+#   Registration   W -> R register         (retried every registerRetryMs until answered)
+#                  R -> W registerAck      (the router's incarnation + heartbeat timing)
+#                   or registerRefuse      (wrong protocol/model, compatibility hash mismatch)
+#   Liveness       W -> R heartbeat        (every heartbeatIntervalMs, with the worker's load)
+#                  R -> W heartbeatAck     (known = false: the router does not know this peer,
+#                                           e.g. it restarted or timed the worker out: the
+#                                           worker aborts its jobs and registers again)
+#                  R removes a worker after heartbeatTimeoutMs of silence and fails its requests
+#                  at once; W treats heartbeatTimeoutMs without an ack as "router lost", aborts
+#                  its jobs (their clients were connected to that router) and re-registers.
+#   Colocated      R -> C job(phase colocated)   C -> R tokenEvent* (the last one finishes)
+#   Disaggregated  R -> D job(phase decode)      D reserves KV blocks for prompt + max tokens
+#                  D -> R kvReserved             (opaque KV descriptor + D's transfer address;
+#                                                 or a finishing tokenEvent with an error)
+#                  R -> P job(phase prefill, kvDescriptor, decodeWorkerId)
+#                  P computes the prompt, writes the KV layer by layer into D's blocks over the
+#                  KV transfer layer and completes the transfer (proto/kv_transfer.capnp), then
+#                  P -> R tokenEvent(first token, index 0) -- P's only event for the job; its
+#                                                 finishReason is `none` unless the request
+#                                                 ends at the first token (stop / length)
+#                  R streams the first token to the client (TTFT is measured here), then
+#                  R -> D firstToken             D commits the imported KV with the first token
+#                                                 (it waits for the transfer's completion too)
+#                  D -> R tokenEvent* from index 1 (the last one finishes)
+#                  If the request ended at P, R sends abort to D (which frees its blocks).
+#   Cancel         R -> W abort   (client gone, deadline, stop string matched, a peer of the
+#                                  request failed). The worker still ends the job with one
+#                                  finishing tokenEvent (finishReason abort); R ignores it.
+#   Drain          R -> W drain   W stops taking jobs (heartbeats say draining), finishes the
+#                                 running ones, then W -> R deregister and leaves.
+#   Shutdown       W -> R deregister   R removes the worker, failing whatever it still had.
+#
+# Every job ends with exactly one finishing tokenEvent from each worker it was sent to
+# (finishReason != none, or errorCode != 0); a prefill job's single event counts as finishing.
+@0x9668d0c5e49c4722;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("pdserve::proto::control");
+
+const protocolVersion :UInt32 = 1;
+
+enum WorkerRole {
+  prefill @0;    # computes prompts and writes their KV into decode workers' blocks
+  decode @1;     # owns a KV pool, imports prompts' KV, generates
+  colocated @2;  # both phases in one worker (no KV transfer)
+}
+
+# What a worker can hold. Block counts are of the worker's own KV pool (decode / colocated);
+# a prefill worker reports its pool for prompts in flight.
+struct Capacity {
+  maxBatch @0 :UInt32;          # requests it runs concurrently
+  kvBlocksTotal @1 :UInt32;
+  kvBlocksFree @2 :UInt32;
+  blockTokens @3 :UInt32;       # tokens per KV block
+  maxContextTokens @4 :UInt32;  # longest prompt + output a request may reach
+  dpRanks @5 :UInt32;           # data-parallel attention ranks behind this worker (>= 1)
+}
+
+struct Register {
+  protocolVersion @0 :UInt32;
+  role @1 :WorkerRole;
+  workerId @2 :Text;          # unique in the cluster, stable across restarts of the worker
+  incarnation @3 :UInt64;     # random per process start: tells a restart from a retry
+  controlAddress @4 :Text;    # the router address the worker dialled (for logs)
+  httpAddress @5 :Text;       # host:port of the worker's /metrics endpoint
+  transferAddress @6 :Data;   # the worker's KV-transfer-layer address (empty: none)
+  capacity @7 :Capacity;
+  modelName @8 :Text;
+  compatHash @9 :UInt64;      # hash of model weights identity + KV layout: a prefill and a
+                              # decode worker may pair only when equal
+}
+
+struct RegisterAck {
+  routerIncarnation @0 :UInt64;
+  heartbeatIntervalMs @1 :UInt32;
+  heartbeatTimeoutMs @2 :UInt32;
+}
+
+struct RegisterRefuse {
+  code @0 :UInt32;      # pdserve::StatusCode
+  message @1 :Text;
+}
+
+# Load of one data-parallel rank (optional detail of Load).
+struct RankLoad {
+  rank @0 :UInt32;
+  running @1 :UInt32;
+  waiting @2 :UInt32;
+  kvBlocksFree @3 :UInt32;
+}
+
+struct Load {
+  running @0 :UInt32;       # requests in the running batch
+  waiting @1 :UInt32;       # queued, not yet scheduled
+  queuedTokens @2 :UInt64;  # prompt tokens not yet computed + output tokens still owed
+  kvBlocksFree @3 :UInt32;
+  kvBlocksTotal @4 :UInt32;
+  ranks @5 :List(RankLoad); # empty when the worker has one rank
+}
+
+struct Heartbeat {
+  seq @0 :UInt64;
+  load @1 :Load;
+  draining @2 :Bool;        # takes no new jobs
+}
+
+struct HeartbeatAck {
+  seq @0 :UInt64;
+  known @1 :Bool;           # false: register again
+  routerIncarnation @2 :UInt64;
+}
+
+struct SamplingParams {
+  temperature @0 :Float32;        # 0: greedy
+  topP @1 :Float32;               # 1: off
+  topK @2 :Int32;                 # 0 or -1: off
+  minP @3 :Float32;               # 0: off
+  repetitionPenalty @4 :Float32;  # 1: off
+  presencePenalty @5 :Float32;
+  frequencyPenalty @6 :Float32;
+  seed @7 :UInt64;
+  hasSeed @8 :Bool;               # false: the worker seeds the request itself
+  maxTokens @9 :UInt32;           # output tokens, >= 1
+  stopTokenIds @10 :List(Int32);  # includes EOS unless the client asked to ignore it
+  stopStrings @11 :List(Text);    # the router also enforces these on the text it streams
+  logprobs @12 :Bool;             # report the sampled token's logprob
+  topLogprobs @13 :UInt32;        # and this many alternatives
+}
+
+enum JobPhase {
+  colocated @0;  # prefill + decode here
+  decode @1;     # reserve KV for the prompt, answer kvReserved, wait for firstToken, decode
+  prefill @2;    # compute the prompt, write its KV per kvDescriptor, report the first token
+}
+
+struct Job {
+  requestId @0 :UInt64;         # router-assigned, unique per router incarnation
+  requestTag @1 :Text;          # the client-visible id ("chatcmpl-..."), for logs
+  phase @2 :JobPhase;
+  promptTokenIds @3 :List(Int32);
+  sampling @4 :SamplingParams;
+  deadlineUnixMs @5 :Int64;     # wall clock; 0: none. The router cancels at this time anyway
+  # Prefill phase only:
+  kvDescriptor @6 :Data;        # the decode worker's KV descriptor, opaque here (the KV
+                                # transfer layer's proto/kv_transfer.capnp KvDescriptor bytes)
+  decodeWorkerId @7 :Text;
+  decodeTransferAddress @8 :Data;
+}
+
+# D -> R: blocks are reserved for the request (answer to a decode-phase job).
+struct KvReserved {
+  requestId @0 :UInt64;
+  descriptor @1 :Data;          # opaque to the router; forwarded verbatim in the prefill job
+  transferAddress @2 :Data;     # D's KV-transfer-layer address
+  blocks @3 :UInt32;            # blocks reserved (for metrics)
+}
+
+struct TopLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
+struct TokenLogprob {
+  logprob @0 :Float32;
+  top @1 :List(TopLogprob);
+}
+
+# R -> D: the first token, computed by the prefill worker.
+struct FirstToken {
+  requestId @0 :UInt64;
+  token @1 :Int32;
+  logprob @2 :TokenLogprob;     # when logprobs were asked for
+}
+
+enum FinishReason {
+  none @0;     # more events follow (or: the prefill part is done, decode continues)
+  stop @1;     # a stop token / stop string
+  length @2;   # maxTokens or the context limit
+  abort @3;    # aborted (router abort, drain timeout, shutdown)
+  error @4;    # errorCode / errorMessage say why
+}
+
+struct TokenEvent {
+  requestId @0 :UInt64;
+  firstIndex @1 :UInt32;        # output position of tokenIds[0]
+  tokenIds @2 :List(Int32);     # may be empty (a finish or an error without a token)
+  logprobs @3 :List(TokenLogprob);  # parallel to tokenIds when asked for, else empty
+  finishReason @4 :FinishReason;
+  errorCode @5 :UInt32;         # pdserve::StatusCode; 0 = OK
+  errorMessage @6 :Text;
+  promptTokens @7 :UInt32;      # usage, on the finishing event
+  completionTokens @8 :UInt32;
+  stopString @9 :Text;          # the stop string that matched, when the worker matched one
+}
+
+struct Abort {
+  requestId @0 :UInt64;
+  reason @1 :Text;
+}
+
+struct Drain {
+  timeoutMs @0 :UInt32;         # abort what is still running after this long (0: wait)
+}
+
+struct Deregister {
+  reason @0 :Text;
+}
+
+struct ControlMessage {
+  union {
+    register @0 :Register;              # W -> R
+    registerAck @1 :RegisterAck;        # R -> W
+    registerRefuse @2 :RegisterRefuse;  # R -> W
+    heartbeat @3 :Heartbeat;            # W -> R
+    heartbeatAck @4 :HeartbeatAck;      # R -> W
+    job @5 :Job;                        # R -> W
+    kvReserved @6 :KvReserved;          # D -> R
+    firstToken @7 :FirstToken;          # R -> D
+    tokenEvent @8 :TokenEvent;          # W -> R
+    abort @9 :Abort;                    # R -> W
+    drain @10 :Drain;                   # R -> W
+    deregister @11 :Deregister;         # W -> R
+  }
+}

@@ -1,0 +1,231 @@
+#include "services/common/control_channel.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <vector>
+
+#include <zmq.h>
+
+#include "common/logging.h"
+
+namespace pdserve::services {
+
+namespace {
+
+// Closes a zmq socket / context on scope exit (all on the owner thread).
+struct ZmqContext {
+  void* ctx = zmq_ctx_new();
+  ~ZmqContext() {
+    if (ctx) zmq_ctx_term(ctx);
+  }
+};
+struct ZmqSocket {
+  void* sock = nullptr;
+  ~ZmqSocket() {
+    if (sock) zmq_close(sock);
+  }
+};
+
+std::string ZmqError(const char* what) { return std::string(what) + ": " + zmq_strerror(zmq_errno()); }
+
+Status SetIntOption(void* sock, int option, int value, const char* name) {
+  if (zmq_setsockopt(sock, option, &value, sizeof(value)) != 0)
+    return Status::Internal(ZmqError((std::string("zmq_setsockopt ") + name).c_str()));
+  return Status::Ok();
+}
+
+// Reads one message (all its frames). Returns false when nothing is pending.
+bool ReceiveFrames(void* sock, std::vector<std::string>* frames) {
+  frames->clear();
+  while (true) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    const int flags = frames->empty() ? ZMQ_DONTWAIT : 0;  // later frames are already here
+    if (zmq_msg_recv(&msg, sock, flags) < 0) {
+      zmq_msg_close(&msg);
+      return !frames->empty();
+    }
+    frames->emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+    const bool more = zmq_msg_more(&msg);
+    zmq_msg_close(&msg);
+    if (!more) return true;
+  }
+}
+
+}  // namespace
+
+ControlChannel::ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick)
+    : options_(std::move(options)), on_message_(std::move(on_message)), on_tick_(std::move(on_tick)) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
+
+Result<std::unique_ptr<ControlChannel>> ControlChannel::Start(ControlChannelOptions options,
+                                                              MessageHandler on_message,
+                                                              TickHandler on_tick) {
+  if (options.endpoint.empty()) return Status::InvalidArgument("control channel endpoint is empty");
+  if (!on_message) return Status::InvalidArgument("control channel needs a message handler");
+  if (options.tick_interval.count() <= 0) return Status::InvalidArgument("tick_interval must be positive");
+  std::unique_ptr<ControlChannel> channel(
+      new ControlChannel(std::move(options), std::move(on_message), std::move(on_tick)));
+  if (channel->wake_fd_ < 0) return Status::Internal(std::string("eventfd: ") + std::strerror(errno));
+
+  std::promise<std::pair<Status, std::string>> ready;
+  auto ready_future = ready.get_future();
+  ControlChannel* self = channel.get();
+  channel->thread_ = std::jthread([self, &ready](std::stop_token st) {
+    self->Run(st, [&ready](Status s, std::string endpoint) { ready.set_value({std::move(s), std::move(endpoint)}); });
+  });
+  auto [status, endpoint] = ready_future.get();
+  if (!status.ok()) return status;  // the thread has ended; the destructor joins it
+  channel->endpoint_ = std::move(endpoint);
+  return channel;
+}
+
+ControlChannel::~ControlChannel() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    Wake();
+    thread_.join();
+  }
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void ControlChannel::Send(std::string peer, std::string payload) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outbox_.emplace_back(std::move(peer), std::move(payload));
+  }
+  Wake();
+}
+
+void ControlChannel::Wake() {
+  const uint64_t one = 1;
+  // EAGAIN means the counter is already non-zero: the owner will wake anyway.
+  [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
+}
+
+void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::string)> ready) {
+  auto log = GetLogger("control");
+  ZmqContext context;
+  ZmqSocket socket;
+  const bool is_router = options_.kind == ControlChannelOptions::Kind::kRouterBind;
+  {
+    Status s;
+    if (!context.ctx) s = Status::Internal(ZmqError("zmq_ctx_new"));
+    if (s.ok()) {
+      socket.sock = zmq_socket(context.ctx, is_router ? ZMQ_ROUTER : ZMQ_DEALER);
+      if (!socket.sock) s = Status::Internal(ZmqError("zmq_socket"));
+    }
+    // Unlimited queues: token events must never be dropped for a slow peer; a dead peer is
+    // removed by the heartbeat timeout, which bounds what can pile up.
+    if (s.ok()) s = SetIntOption(socket.sock, ZMQ_LINGER, 0, "ZMQ_LINGER");
+    if (s.ok()) s = SetIntOption(socket.sock, ZMQ_SNDHWM, 0, "ZMQ_SNDHWM");
+    if (s.ok()) s = SetIntOption(socket.sock, ZMQ_RCVHWM, 0, "ZMQ_RCVHWM");
+    if (s.ok() && is_router) s = SetIntOption(socket.sock, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY");
+    if (s.ok() && !is_router) {
+      s = SetIntOption(socket.sock, ZMQ_IMMEDIATE, 1, "ZMQ_IMMEDIATE");
+      if (s.ok()) s = SetIntOption(socket.sock, ZMQ_RECONNECT_IVL, 100, "ZMQ_RECONNECT_IVL");
+      if (s.ok()) s = SetIntOption(socket.sock, ZMQ_RECONNECT_IVL_MAX, 1000, "ZMQ_RECONNECT_IVL_MAX");
+    }
+    std::string endpoint = options_.endpoint;
+    if (s.ok()) {
+      const int rc = is_router ? zmq_bind(socket.sock, endpoint.c_str()) : zmq_connect(socket.sock, endpoint.c_str());
+      if (rc != 0) {
+        const int err = zmq_errno();
+        const std::string msg = ZmqError(is_router ? "zmq_bind" : "zmq_connect") + " (" + endpoint + ")";
+        s = err == EADDRINUSE ? Status::Unavailable(msg) : Status::InvalidArgument(msg);
+      }
+    }
+    if (s.ok() && is_router) {
+      char buf[256];
+      size_t len = sizeof(buf);
+      if (zmq_getsockopt(socket.sock, ZMQ_LAST_ENDPOINT, buf, &len) == 0) endpoint.assign(buf, strnlen(buf, len));
+    }
+    const bool ok = s.ok();
+    ready(std::move(s), endpoint);
+    if (!ok) return;
+  }
+
+  std::vector<std::string> frames;
+  std::deque<std::pair<std::string, std::string>> outgoing;
+  auto next_tick = std::chrono::steady_clock::now() + options_.tick_interval;
+  while (!stop.stop_requested()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outgoing.swap(outbox_);
+    }
+    for (auto& [peer, payload] : outgoing) {
+      bool sent;
+      if (is_router) {
+        sent = zmq_send(socket.sock, peer.data(), peer.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+               zmq_send(socket.sock, payload.data(), payload.size(), ZMQ_DONTWAIT) >= 0;
+      } else {
+        sent = zmq_send(socket.sock, payload.data(), payload.size(), ZMQ_DONTWAIT) >= 0;
+      }
+      if (!sent) {
+        dropped_.fetch_add(1, std::memory_order_relaxed);
+        log->debug("{}: dropped a message ({})", options_.name, zmq_strerror(zmq_errno()));
+      }
+    }
+    outgoing.clear();
+
+    const auto now = std::chrono::steady_clock::now();
+    const long timeout_ms =
+        std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count());
+    zmq_pollitem_t items[2] = {{socket.sock, 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items, 2, timeout_ms) < 0 && zmq_errno() != EINTR) {
+      log->error("{}: zmq_poll failed: {}", options_.name, zmq_strerror(zmq_errno()));
+      break;
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      uint64_t counter;
+      [[maybe_unused]] ssize_t n = read(wake_fd_, &counter, sizeof(counter));
+    }
+    // Bounded batch so timers still run under a flood of messages.
+    for (int i = 0; i < 1024 && ReceiveFrames(socket.sock, &frames); ++i) {
+      received_.fetch_add(1, std::memory_order_relaxed);
+      if (is_router) {
+        if (frames.size() != 2) {
+          log->warn("{}: dropped a message with {} frames (expected identity + payload)", options_.name, frames.size());
+          continue;
+        }
+        on_message_(frames[0], frames[1]);
+      } else {
+        if (frames.size() != 1) {
+          log->warn("{}: dropped a message with {} frames (expected 1)", options_.name, frames.size());
+          continue;
+        }
+        on_message_(std::string_view(), frames[0]);
+      }
+    }
+    if (on_tick_ && std::chrono::steady_clock::now() >= next_tick) {
+      on_tick_(std::chrono::steady_clock::now());
+      next_tick = std::chrono::steady_clock::now() + options_.tick_interval;
+    } else if (!on_tick_ && std::chrono::steady_clock::now() >= next_tick) {
+      next_tick = std::chrono::steady_clock::now() + options_.tick_interval;
+    }
+  }
+  // Last words (a worker's Deregister, a router's aborts) get a short linger to leave; then the
+  // socket and the context are closed here, on the owner thread.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outgoing.swap(outbox_);
+  }
+  for (auto& [peer, payload] : outgoing) {
+    if (is_router) {
+      if (zmq_send(socket.sock, peer.data(), peer.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+        zmq_send(socket.sock, payload.data(), payload.size(), ZMQ_DONTWAIT);
+    } else {
+      zmq_send(socket.sock, payload.data(), payload.size(), ZMQ_DONTWAIT);
+    }
+  }
+  if (!outgoing.empty()) {
+    [[maybe_unused]] Status s = SetIntOption(socket.sock, ZMQ_LINGER, 200, "ZMQ_LINGER");
+  }
+}
+
+}  // namespace pdserve::services

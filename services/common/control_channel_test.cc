@@ -1,0 +1,100 @@
+#include "services/common/control_channel.h"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "services/common/testing/child_process.h"
+
+namespace pdserve::services {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::WaitFor;
+
+struct Inbox {
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::string>> messages;
+  void Add(std::string_view peer, std::string_view payload) {
+    std::lock_guard<std::mutex> l(mu);
+    messages.emplace_back(std::string(peer), std::string(payload));
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> l(mu);
+    return messages.size();
+  }
+};
+
+TEST(ControlChannelTest, RouterAndDealerExchangeInOrder) {
+  Inbox router_inbox, dealer_inbox;
+  std::atomic<int> ticks{0};
+  auto router = ControlChannel::Start({ControlChannelOptions::Kind::kRouterBind, "tcp://127.0.0.1:*", 10ms, "r"},
+                                      [&](std::string_view p, std::string_view m) { router_inbox.Add(p, m); },
+                                      [&](auto) { ++ticks; });
+  ASSERT_TRUE(router.ok()) << router.status().ToString();
+  const std::string endpoint = (*router)->endpoint();
+  ASSERT_NE(endpoint.find("tcp://127.0.0.1:"), std::string::npos);
+  auto dealer = ControlChannel::Start({ControlChannelOptions::Kind::kDealerConnect, endpoint, 10ms, "d"},
+                                      [&](std::string_view p, std::string_view m) { dealer_inbox.Add(p, m); });
+  ASSERT_TRUE(dealer.ok());
+  // ZMQ_IMMEDIATE drops messages until the connection is up: retry the first one.
+  ASSERT_TRUE(WaitFor([&] {
+    (*dealer)->Send("", "hello");
+    return router_inbox.size() > 0;
+  }, 5s, 50ms));
+  // Several "hello"s may still be in flight: look only at the numbered messages.
+  for (int i = 0; i < 1000; ++i) (*dealer)->Send("", std::to_string(i));
+  auto numbered = [&] {
+    std::lock_guard<std::mutex> l(router_inbox.mu);
+    std::vector<std::string> out;
+    for (const auto& [p, m] : router_inbox.messages)
+      if (m != "hello") out.push_back(m);
+    return out;
+  };
+  ASSERT_TRUE(WaitFor([&] { return numbered().size() == 1000; }, 10s));
+  const auto got = numbered();
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(got[i], std::to_string(i));
+  std::string peer;
+  {
+    std::lock_guard<std::mutex> l(router_inbox.mu);
+    peer = router_inbox.messages[0].first;
+  }
+  EXPECT_FALSE(peer.empty());
+  (*router)->Send(peer, "reply");
+  ASSERT_TRUE(WaitFor([&] { return dealer_inbox.size() == 1; }, 5s));
+  EXPECT_EQ(dealer_inbox.messages[0].second, "reply");
+  EXPECT_GT(ticks.load(), 0);
+
+  // A peer the ROUTER never heard of: dropped and counted, nothing blocks.
+  const uint64_t dropped = (*router)->dropped_messages();
+  (*router)->Send("no-such-peer", "x");
+  EXPECT_TRUE(WaitFor([&] { return (*router)->dropped_messages() == dropped + 1; }, 5s));
+}
+
+TEST(ControlChannelTest, BindingABusyPortFails) {
+  auto first = ControlChannel::Start({ControlChannelOptions::Kind::kRouterBind, "tcp://127.0.0.1:*", 10ms, "a"},
+                                     [](auto, auto) {});
+  ASSERT_TRUE(first.ok());
+  auto second = ControlChannel::Start({ControlChannelOptions::Kind::kRouterBind, (*first)->endpoint(), 10ms, "b"},
+                                      [](auto, auto) {});
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  auto bad = ControlChannel::Start({ControlChannelOptions::Kind::kRouterBind, "nonsense://x", 10ms, "c"},
+                                   [](auto, auto) {});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ControlChannelTest, DestroyingWithQueuedMessagesIsPrompt) {
+  auto dealer = ControlChannel::Start({ControlChannelOptions::Kind::kDealerConnect, "tcp://127.0.0.1:1", 10ms, "d"},
+                                      [](auto, auto) {});
+  ASSERT_TRUE(dealer.ok());
+  for (int i = 0; i < 100; ++i) (*dealer)->Send("", "x");
+  const auto t0 = std::chrono::steady_clock::now();
+  dealer->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+}  // namespace
+}  // namespace pdserve::services

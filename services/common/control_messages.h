@@ -1,0 +1,196 @@
+// Control-plane messages as plain C++ values (proto/control.capnp describes the wire form and
+// the flows; docs/control-plane.md explains them). Services build and read these structs;
+// control_codec.h turns them into bytes and back, so no service touches Cap'n Proto builders.
+//
+// Thread-safety: value types.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::services {
+
+inline constexpr uint32_t kControlProtocolVersion = 1;
+
+enum class WorkerRole : uint8_t { kPrefill, kDecode, kColocated };
+const char* WorkerRoleName(WorkerRole role);  // "prefill" | "decode" | "colocated"
+// Errors: InvalidArgument for any other name.
+Result<WorkerRole> ParseWorkerRole(std::string_view name);
+
+struct WorkerCapacity {
+  uint32_t max_batch = 0;
+  uint32_t kv_blocks_total = 0;
+  uint32_t kv_blocks_free = 0;
+  uint32_t block_tokens = 0;
+  uint32_t max_context_tokens = 0;
+  uint32_t dp_ranks = 1;
+  bool operator==(const WorkerCapacity&) const = default;
+};
+
+struct RegisterMsg {
+  uint32_t protocol_version = kControlProtocolVersion;
+  WorkerRole role = WorkerRole::kColocated;
+  std::string worker_id;
+  uint64_t incarnation = 0;
+  std::string control_address;
+  std::string http_address;
+  std::string transfer_address;  // opaque bytes
+  WorkerCapacity capacity;
+  std::string model_name;
+  uint64_t compat_hash = 0;
+  bool operator==(const RegisterMsg&) const = default;
+};
+
+struct RegisterAckMsg {
+  uint64_t router_incarnation = 0;
+  uint32_t heartbeat_interval_ms = 0;
+  uint32_t heartbeat_timeout_ms = 0;
+  bool operator==(const RegisterAckMsg&) const = default;
+};
+
+struct RegisterRefuseMsg {
+  StatusCode code = StatusCode::kFailedPrecondition;
+  std::string message;
+  bool operator==(const RegisterRefuseMsg&) const = default;
+};
+
+struct RankLoad {
+  uint32_t rank = 0, running = 0, waiting = 0, kv_blocks_free = 0;
+  bool operator==(const RankLoad&) const = default;
+};
+
+struct WorkerLoad {
+  uint32_t running = 0;
+  uint32_t waiting = 0;
+  uint64_t queued_tokens = 0;
+  uint32_t kv_blocks_free = 0;
+  uint32_t kv_blocks_total = 0;
+  std::vector<RankLoad> ranks;
+  bool operator==(const WorkerLoad&) const = default;
+};
+
+struct HeartbeatMsg {
+  uint64_t seq = 0;
+  WorkerLoad load;
+  bool draining = false;
+  bool operator==(const HeartbeatMsg&) const = default;
+};
+
+struct HeartbeatAckMsg {
+  uint64_t seq = 0;
+  bool known = false;
+  uint64_t router_incarnation = 0;
+  bool operator==(const HeartbeatAckMsg&) const = default;
+};
+
+struct SamplingSpec {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<uint64_t> seed;
+  uint32_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;
+  bool logprobs = false;
+  uint32_t top_logprobs = 0;
+  bool operator==(const SamplingSpec&) const = default;
+};
+
+enum class JobPhase : uint8_t { kColocated, kDecode, kPrefill };
+const char* JobPhaseName(JobPhase phase);
+
+struct JobMsg {
+  uint64_t request_id = 0;
+  std::string request_tag;
+  JobPhase phase = JobPhase::kColocated;
+  std::vector<int32_t> prompt;
+  SamplingSpec sampling;
+  int64_t deadline_unix_ms = 0;
+  std::string kv_descriptor;            // prefill phase: opaque descriptor bytes
+  std::string decode_worker_id;         // prefill phase
+  std::string decode_transfer_address;  // prefill phase
+  bool operator==(const JobMsg&) const = default;
+};
+
+struct KvReservedMsg {
+  uint64_t request_id = 0;
+  std::string descriptor;
+  std::string transfer_address;
+  uint32_t blocks = 0;
+  bool operator==(const KvReservedMsg&) const = default;
+};
+
+struct TopLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  bool operator==(const TopLogprob&) const = default;
+};
+
+struct TokenLogprob {
+  float logprob = 0.0f;
+  std::vector<TopLogprob> top;
+  bool operator==(const TokenLogprob&) const = default;
+};
+
+struct FirstTokenMsg {
+  uint64_t request_id = 0;
+  int32_t token = -1;
+  TokenLogprob logprob;
+  bool operator==(const FirstTokenMsg&) const = default;
+};
+
+enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
+const char* FinishReasonName(FinishReason reason);  // "none" | "stop" | "length" | ...
+
+struct TokenEventMsg {
+  uint64_t request_id = 0;
+  uint32_t first_index = 0;
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;  // empty, or parallel to tokens
+  FinishReason finish = FinishReason::kNone;
+  Status error;                        // OK unless finish == kError
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+  std::string stop_string;
+
+  // A finishing event ends the sender's part of the job.
+  bool finishing() const { return finish != FinishReason::kNone || !error.ok(); }
+  bool operator==(const TokenEventMsg& o) const;
+};
+
+struct AbortMsg {
+  uint64_t request_id = 0;
+  std::string reason;
+  bool operator==(const AbortMsg&) const = default;
+};
+
+struct DrainMsg {
+  uint32_t timeout_ms = 0;
+  bool operator==(const DrainMsg&) const = default;
+};
+
+struct DeregisterMsg {
+  std::string reason;
+  bool operator==(const DeregisterMsg&) const = default;
+};
+
+using ControlMessage =
+    std::variant<RegisterMsg, RegisterAckMsg, RegisterRefuseMsg, HeartbeatMsg, HeartbeatAckMsg,
+                 JobMsg, KvReservedMsg, FirstTokenMsg, TokenEventMsg, AbortMsg, DrainMsg,
+                 DeregisterMsg>;
+
+// The message's name as in the schema ("register", "tokenEvent", ...), for logs and metrics.
+const char* ControlMessageName(const ControlMessage& message);
+
+}  // namespace pdserve::services

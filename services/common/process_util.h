@@ -1,0 +1,55 @@
+// Process-level helpers for the service binaries: termination signals, a minimal
+// "--key value" command line, and atomically written files (ready files read by tests and the
+// launcher).
+//
+// Thread-safety: BlockTerminationSignals must run in main() before any thread starts (threads
+// inherit the mask, so only the waiting thread ever receives SIGINT/SIGTERM). The rest is pure
+// or touches only its arguments.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::services {
+
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and so in threads it starts later)
+// and ignores SIGPIPE (a client that hangs up must not kill a server).
+void BlockTerminationSignals();
+// Waits up to `timeout` for SIGINT/SIGTERM/SIGHUP; returns the signal, or 0 on timeout.
+int WaitForTerminationSignal(std::chrono::milliseconds timeout);
+
+// "--key value", "--key=value" and "--flag" arguments. Unknown or repeated keys are errors.
+class CommandLine {
+ public:
+  // Errors: InvalidArgument naming the key.
+  static Result<CommandLine> Parse(int argc, char** argv, const std::vector<std::string>& options,
+                                   const std::vector<std::string>& flags);
+  bool Has(const std::string& key) const { return values_.count(key) > 0; }
+  std::optional<std::string> Get(const std::string& key) const;
+  std::string GetOr(const std::string& key, const std::string& fallback) const;
+  // Errors: InvalidArgument when the value is not an integer.
+  Result<int64_t> GetInt(const std::string& key, int64_t fallback) const;
+  Result<double> GetDouble(const std::string& key, double fallback) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Writes `content` to PATH.tmp and renames it to PATH (readers never see a partial file).
+Status WriteFileAtomically(const std::string& path, const std::string& content);
+// Reads a whole file. Errors: NotFound.
+Result<std::string> ReadFile(const std::string& path);
+
+// A random non-zero 64-bit value (incarnations, request-id prefixes).
+uint64_t RandomU64();
+
+// Wall-clock milliseconds since the Unix epoch.
+int64_t UnixMillis();
+
+}  // namespace pdserve::services

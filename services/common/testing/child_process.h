@@ -1,0 +1,61 @@
+// Test helpers for multi-process tests: real child processes with deadlines and guaranteed
+// clean-up, free loopback ports, and polling with deadlines (never fixed sleeps).
+//
+// Thread-safety: a ChildProcess is used by one test thread. FreeTcpPort / WaitFor are pure.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::services::testing {
+
+class ChildProcess {
+ public:
+  // Starts argv[0] (a path) in its own process group with stdout and stderr appended to
+  // log_path. extra_env entries are "KEY=VALUE". Errors: Internal (fork/exec failures are
+  // reported by the child's exit status 127 and its log).
+  static Result<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv,
+                                                     const std::string& log_path,
+                                                     const std::vector<std::string>& extra_env = {});
+  // SIGKILLs the whole process group and reaps the child.
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool Running();
+  // Sends `sig` to the child's process group.
+  void Signal(int sig);
+  // The exit status (WEXITSTATUS, or 128 + signal) once exited, nullopt if still running after
+  // `timeout`.
+  std::optional<int> WaitExit(std::chrono::milliseconds timeout);
+  void Kill();
+  std::string Log() const;
+  const std::string& log_path() const { return log_path_; }
+
+ private:
+  ChildProcess(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+  pid_t pid_;
+  std::string log_path_;
+  std::optional<int> exit_status_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read, close).
+int FreeTcpPort();
+
+// A fresh directory under $TMPDIR (not removed: logs stay for post-mortems).
+std::string MakeTempDir(const std::string& prefix);
+
+// Polls `pred` every `interval` until it is true (returns true) or `timeout` passes (false).
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
+             std::chrono::milliseconds interval = std::chrono::milliseconds(20));
+
+}  // namespace pdserve::services::testing
