@@ -11,6 +11,12 @@ namespace pdserve::kvtransfer {
 
 namespace {
 constexpr size_t kMaxFinishedRemembered = 4096;
+
+int64_t UnixNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 constexpr auto kMaxSleep = std::chrono::milliseconds(500);
 }  // namespace
 
@@ -295,6 +301,13 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
     w->phase = Writer::Phase::kWriting;
     w->address = peer;
     w->deadline = now + options_.transfer_timeout;
+    if (m.deadline_unix_ms > 0) {
+      // The writer's own deadline, if earlier (e.g. its begin waited in a queue), less a
+      // margin so that an accepted completion's ack reaches the writer before it gives up.
+      const int64_t margin_ms = std::min<int64_t>(50, options_.transfer_timeout.count() / 10);
+      const int64_t left_ms = m.deadline_unix_ms - UnixNowMs() - margin_ms;
+      w->deadline = std::min(w->deadline, now + std::chrono::milliseconds(left_ms));
+    }
     transport_->Connect(peer);  // so that its death is reported
     if (r.state == RequestState::kReserved) SetState(r, RequestState::kWriting, Status::Ok());
   }
@@ -305,6 +318,12 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
     case Kind::kComplete: {
       if (w->verified || r.state == RequestState::kComplete) break;  // duplicate
       w->phase = Writer::Phase::kQuiet;  // it wrote all it will write
+      if (now >= w->deadline && r.state != RequestState::kAborted) {
+        // Too late: the writer has given up by now (its deadline is never later than ours),
+        // so both sides must agree that this transfer failed.
+        AbortLocked(r, Status::DeadlineExceeded(fmt::format(
+                           "completion of rank {} arrived after its deadline", m.rank)));
+      }
       if (r.state == RequestState::kAborted) {
         Reply(peer, m.request_id, m.rank, Kind::kAck, r.status);
         ReleaseIfQuiet(r, now);
@@ -334,7 +353,10 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
     }
     case Kind::kAbort:
       w->phase = Writer::Phase::kQuiet;  // a writer flushes before it sends `abort`
-      if (r.state == RequestState::kReserved || r.state == RequestState::kWriting) {
+      // Also when kComplete: the writer reports failure (e.g. our ack reached it too late),
+      // and both sides must agree while the blocks are still ours.
+      if (r.state == RequestState::kReserved || r.state == RequestState::kWriting ||
+          r.state == RequestState::kComplete) {
         AbortLocked(r, m.status.WithContext(fmt::format("prefill rank {}", m.rank)));
       } else {
         ReleaseIfQuiet(r, now);

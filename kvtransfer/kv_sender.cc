@@ -26,6 +26,7 @@ struct KvSender::Request {
   KvSource source;
   std::vector<TokenRange> ranges;  // empty: this rank writes nothing
   Deadline deadline{};
+  int64_t deadline_unix_ms = 0;  // the same deadline on the wall clock (sent to the decode side)
   std::vector<uint8_t> layer_queued;
   std::vector<uint64_t> layer_digest;
   uint32_t inflight = 0;
@@ -107,6 +108,7 @@ Status KvSender::Start(const KvDescriptor& descriptor, uint32_t rank, KvSource s
     return valid;
   }
   r->deadline = Clock::now() + std::chrono::milliseconds(descriptor.transfer_timeout_ms);
+  r->deadline_unix_ms = UnixNowMs() + descriptor.transfer_timeout_ms;
   r->layer_queued.assign(descriptor.layout.num_layers, 0);
   r->layer_digest.assign(descriptor.layout.num_layers, 0);
   {
@@ -244,6 +246,7 @@ Status KvSender::Finish(uint64_t request_id) {
     full.rank = r->rank;
     full.sender_address = transport_->address();
     full.kind = kind;
+    full.deadline_unix_ms = r->deadline_unix_ms;
     Status sent = transport_->SendMessage(
         r->desc.decode_address, Transport::kChannelToDecode, EncodeTransferMessage(full),
         /*flush_writes_first=*/true, r->deadline, [this, r](const Status& status) {
@@ -336,6 +339,7 @@ void KvSender::Send(const Request& r, TransferMessage::Kind kind, const Status& 
   m.sender_address = transport_->address();
   m.kind = kind;
   m.status = status;
+  m.deadline_unix_ms = r.deadline_unix_ms;
   // Notices about a failure get a short deadline of their own: they are best effort.
   const Deadline deadline = kind == TransferMessage::Kind::kBegin
                                 ? r.deadline

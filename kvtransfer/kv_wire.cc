@@ -195,6 +195,7 @@ std::string EncodeTransferMessage(const TransferMessage& m) {
   auto b = builder.initRoot<proto::TransferMessage>();
   b.setRequestId(m.request_id);
   b.setRank(m.rank);
+  b.setDeadlineUnixMs(m.deadline_unix_ms);
   b.setSenderAddress(kj::ArrayPtr<const kj::byte>(
       reinterpret_cast<const kj::byte*>(m.sender_address.data()), m.sender_address.size()));
   switch (m.kind) {
@@ -226,6 +227,7 @@ Result<TransferMessage> DecodeTransferMessage(std::string_view bytes) {
       TransferMessage m;
       m.request_id = r.getRequestId();
       m.rank = r.getRank();
+      m.deadline_unix_ms = r.getDeadlineUnixMs();
       m.sender_address = ToString(r.getSenderAddress());
       switch (r.which()) {
         case proto::TransferMessage::BEGIN:

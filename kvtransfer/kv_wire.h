@@ -34,6 +34,9 @@ struct TransferMessage {
   uint64_t digest = 0;
   // kAbort: why; kAck: the verdict (OK or the failure).
   Status status;
+  // kBegin / kComplete: when the writer gives up (wall clock, ms since the epoch; 0 = unset).
+  // The decode side never waits for a writer past it, so both sides agree on late transfers.
+  int64_t deadline_unix_ms = 0;
 };
 
 std::string_view TransferMessageKindName(TransferMessage::Kind kind);

@@ -75,6 +75,7 @@ struct TransportStats {
   uint64_t bytes_read = 0;
   uint64_t messages_sent = 0;
   uint64_t messages_received = 0;
+  uint64_t rejected_writes = 0;  // incoming writes outside every registered region (dropped)
 };
 
 class Transport {

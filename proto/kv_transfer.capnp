@@ -94,6 +94,7 @@ struct TransferMessage {
     abort @5 :Failure;       # either way: give up this request
     ack @6 :Failure;         # decode -> prefill: verdict on `complete`/`abort` (code 0 = OK)
   }
+  deadlineUnixMs @7 :Int64;  # begin/complete: the writer gives up at this wall-clock time
 }
 
 struct Completion {

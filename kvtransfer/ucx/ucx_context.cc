@@ -30,6 +30,7 @@ Status FromUcsStatus(ucs_status_t status, std::string_view what) {
     case UCS_ERR_IO_ERROR:
     case UCS_ERR_NOT_CONNECTED:
     case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_SHMEM_SEGMENT:  // the peer's shared memory is gone with it
       return Status::Unavailable(message);
     default:
       return Status::Internal(message);

@@ -1,11 +1,28 @@
 #include "kvtransfer/ucx/ucx_endpoint.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
+#include <string_view>
 
 #include "common/logging.h"
 #include "kvtransfer/ucx/ucx_status.h"
 
 namespace pdserve::kvtransfer {
+
+namespace {
+bool HasNativeRma(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return true;
+  ucp_ep_print_info(ep, stream);
+  std::fclose(stream);
+  const bool native = std::string_view(text, size).find("put[") != std::string_view::npos;
+  std::free(text);
+  return native;
+}
+}  // namespace
 
 Result<std::unique_ptr<UcxEndpoint>> UcxEndpoint::Create(UcxWorker* worker,
                                                          const std::string& peer_address,
@@ -27,7 +44,9 @@ Result<std::unique_ptr<UcxEndpoint>> UcxEndpoint::Create(UcxWorker* worker,
     }
     ucp_ep_h ep = nullptr;
     ucs_status_t status = ucp_ep_create(worker->get(), &params, &ep);
-    if (status == UCS_OK) return std::unique_ptr<UcxEndpoint>(new UcxEndpoint(worker, ep, peer_mode));
+    if (status == UCS_OK) {
+      return std::unique_ptr<UcxEndpoint>(new UcxEndpoint(worker, ep, peer_mode, HasNativeRma(ep)));
+    }
     if (!(peer_mode && status == UCS_ERR_UNREACHABLE)) {
       return FromUcsStatus(status, "ucp_ep_create");
     }

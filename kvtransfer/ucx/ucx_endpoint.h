@@ -41,17 +41,23 @@ class UcxEndpoint {
 
   ucp_ep_h get() const { return ep_; }
   bool peer_error_handling() const { return peer_error_handling_; }
+  // True when UCX selected transport-level RMA (shared memory, rc/dc) for this endpoint;
+  // false when ucp_put_nbx would be emulated with active messages (tcp). Read from the
+  // endpoint's configuration (ucp_ep_print_info lists "put[...]" protocols only then).
+  bool native_rma() const { return native_rma_; }
   // Starts closing (forcefully when peer error handling is on: outstanding requests complete
   // with UCS_ERR_CANCELED). Returns the request to progress (nullptr if already done). The
   // endpoint must not be used afterwards.
   ucs_status_ptr_t StartClose();
 
  private:
-  UcxEndpoint(UcxWorker* worker, ucp_ep_h ep, bool peer_error_handling)
-      : worker_(worker), ep_(ep), peer_error_handling_(peer_error_handling) {}
+  UcxEndpoint(UcxWorker* worker, ucp_ep_h ep, bool peer_error_handling, bool native_rma)
+      : worker_(worker), ep_(ep), peer_error_handling_(peer_error_handling),
+        native_rma_(native_rma) {}
   UcxWorker* const worker_;
   ucp_ep_h ep_;
   const bool peer_error_handling_;
+  const bool native_rma_;
 };
 
 class UcxRemoteKey {

@@ -49,6 +49,7 @@ struct UcxTransport::Peer {
   uint64_t batches_issued = 0;  // leaves `queue` in order: a message waits for its turn
   bool message_flushing = false;
   uint32_t inflight = 0;  // RMA ops outstanding
+  bool am_writes = false;  // writes as active messages (see WriteProtocol)
   bool failed = false;
   Status reset_status;
   Status endpoint_error;  // set by OnEndpointError
@@ -87,6 +88,7 @@ struct UcxTransport::OpContext {
   std::shared_ptr<Batch> batch;
   std::shared_ptr<Message> message;
   uint64_t length;
+  uint64_t header = 0;  // active-message writes: the remote address
 };
 
 struct UcxTransport::Closing {
@@ -172,6 +174,15 @@ UcxTransport::UcxTransport(const UcxTransportOptions& options, std::unique_ptr<U
     ucs_status_t status = ucp_worker_set_am_recv_handler(worker_->get(), &param);
     PDSERVE_CHECK(status == UCS_OK, "ucp_worker_set_am_recv_handler failed");
   }
+  ucp_am_handler_param_t write_param{};
+  write_param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                           UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  write_param.id = kAmWriteId;
+  write_param.cb = &UcxTransport::OnAmWrite;
+  write_param.arg = this;
+  write_param.flags = UCP_AM_FLAG_WHOLE_MSG;
+  PDSERVE_CHECK(ucp_worker_set_am_recv_handler(worker_->get(), &write_param) == UCS_OK,
+                "ucp_worker_set_am_recv_handler failed");
   thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
 }
 
@@ -345,6 +356,7 @@ TransportStats UcxTransport::Stats() const {
   s.bytes_read = counters_.bytes_read.load();
   s.messages_sent = counters_.messages_sent.load();
   s.messages_received = counters_.messages_received.load();
+  s.rejected_writes = counters_.rejected_writes.load();
   return s;
 }
 
@@ -423,6 +435,8 @@ std::shared_ptr<UcxTransport::Peer> UcxTransport::GetPeer(const std::string& add
   }
   peer->ep = std::move(ep).value();
   if (try_peer_mode && !peer->ep->peer_error_handling()) peer_mode_unreachable_ = true;
+  peer->am_writes = options_.write_protocol == WriteProtocol::kActiveMessage ||
+                    (options_.write_protocol == WriteProtocol::kAuto && !peer->ep->native_rma());
   peers_[address] = peer;
   counters_.peers++;
   return peer;
@@ -448,7 +462,8 @@ bool UcxTransport::Pump(Peer& peer) {
 }
 
 bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared_ptr<Batch>& b) {
-  if (b->rkey == nullptr) {
+  const bool as_message = peer->am_writes && b->kind == RmaKind::kWrite;
+  if (b->rkey == nullptr && !as_message) {
     auto it = peer->rkeys.find(b->region.packed_key);
     if (it == peer->rkeys.end()) {
       auto key = UcxRemoteKey::Unpack(peer->ep.get(), b->region.packed_key);
@@ -462,7 +477,8 @@ bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared
     b->rkey = it->second->get();
   }
   const RmaOp& op = b->ops[b->next_op];
-  const uint64_t length = std::min(options_.max_chunk_bytes, op.length - b->next_offset);
+  const uint64_t chunk = as_message ? options_.max_am_chunk_bytes : options_.max_chunk_bytes;
+  const uint64_t length = std::min(chunk, op.length - b->next_offset);
   if (length == 0) {
     b->next_op++;
     b->next_offset = 0;
@@ -475,10 +491,19 @@ bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared
   param.user_data = ctx;
   uint8_t* local = static_cast<uint8_t*>(op.local) + b->next_offset;
   const uint64_t remote = op.remote_address + b->next_offset;
-  ucs_status_ptr_t request =
-      b->kind == RmaKind::kWrite
-          ? ucp_put_nbx(peer->ep->get(), local, length, remote, b->rkey, &param)
-          : ucp_get_nbx(peer->ep->get(), local, length, remote, b->rkey, &param);
+  ucs_status_ptr_t request;
+  if (as_message) {
+    // Header: the little-endian remote address (kept alive by the batch until completion).
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    ctx->header = remote;
+    request = ucp_am_send_nbx(peer->ep->get(), kAmWriteId, &ctx->header, sizeof(ctx->header),
+                              local, length, &param);
+  } else if (b->kind == RmaKind::kWrite) {
+    request = ucp_put_nbx(peer->ep->get(), local, length, remote, b->rkey, &param);
+  } else {
+    request = ucp_get_nbx(peer->ep->get(), local, length, remote, b->rkey, &param);
+  }
   b->next_offset += length;
   if (b->next_offset == op.length) {
     b->next_op++;
@@ -657,6 +682,31 @@ ucs_status_t UcxTransport::OnAmReceived(void* arg, const void* header, size_t he
   return UCS_OK;
 }
 
+ucs_status_t UcxTransport::OnAmWrite(void* arg, const void* header, size_t header_length,
+                                     void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxTransport*>(arg);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || header_length != sizeof(uint64_t)) {
+    self->counters_.rejected_writes++;
+    GetLogger("kvtransfer")->warn("dropping a malformed active-message write");
+    return UCS_OK;
+  }
+  uint64_t address;
+  std::memcpy(&address, header, sizeof(address));
+  // The receiver's own check: the target must lie inside memory registered here.
+  for (const auto& [id, region] : self->regions_) {
+    if (RangeWithin(address, length, reinterpret_cast<uint64_t>(region->data()),
+                    region->size())) {
+      std::memcpy(reinterpret_cast<void*>(address), data, length);
+      return UCS_OK;
+    }
+  }
+  self->counters_.rejected_writes++;
+  GetLogger("kvtransfer")->warn("dropping a {}-byte write to {:#x}: outside every registered region",
+                                length, address);
+  return UCS_OK;
+}
+
 void UcxTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* peer = static_cast<Peer*>(arg);
   std::shared_ptr<Peer> self = peer->self.lock();
@@ -691,8 +741,15 @@ void UcxTransport::ResetPeer(std::shared_ptr<Peer> peer, const Status& status, b
     counters_.remote_keys -= peer->rkeys.size();
     peer->rkeys.clear();  // before the endpoint goes, as UCX requires
   }
+  const bool can_force = peer->ep->peer_error_handling();
   ucs_status_ptr_t request = peer->ep->StartClose();
   closing_.push_back(Closing{request, peer, Clock::now() + kCloseGiveUp});
+  if (!can_force && peer->inflight > 0) {
+    // Without peer error handling (shared memory) UCX cannot cancel RMA: an op still
+    // outstanding means the peer died mid-operation and the op fell back to messages it will
+    // never answer. End those batches now; late completions are ignored (OnRmaDone).
+    AbandonInflight(*peer);
+  }
   GetLogger("kvtransfer")->debug("reset peer {}: {}", ShortAddress(peer->address),
                                  status.ToString());
   if (notify) {
@@ -719,17 +776,8 @@ bool UcxTransport::ProgressClosing(bool force_all) {
                                     ShortAddress(c.peer->address));
     }
     Peer& peer = *c.peer;
-    // A forced close completes outstanding RMA with UCS_ERR_CANCELED; without peer error
-    // handling (shared memory) RMA never stays outstanding. Anything left is ended here.
-    for (auto& b : active_batches_) {
-      if (b->peer == c.peer && !b->finished && b->inflight > 0) {
-        counters_.inflight_ops -= b->inflight;
-        peer.inflight -= b->inflight;
-        b->inflight = 0;
-        if (b->status.ok()) b->status = peer.reset_status;
-        FinishBatchIfDone(b);
-      }
-    }
+    // A forced close completes outstanding RMA with UCS_ERR_CANCELED; anything left is ended.
+    AbandonInflight(peer);
     counters_.remote_keys -= peer.rkeys.size();
     peer.rkeys.clear();
     peer.ep.reset();
@@ -737,6 +785,18 @@ bool UcxTransport::ProgressClosing(bool force_all) {
     did = true;
   }
   return did;
+}
+
+void UcxTransport::AbandonInflight(Peer& peer) {
+  for (auto& b : active_batches_) {
+    if (b->peer.get() == &peer && !b->finished && b->inflight > 0) {
+      counters_.inflight_ops -= b->inflight;
+      peer.inflight -= b->inflight;
+      b->inflight = 0;
+      if (b->status.ok()) b->status = peer.reset_status;
+      FinishBatchIfDone(b);
+    }
+  }
 }
 
 void UcxTransport::CheckDeadlines(Deadline now) {
@@ -760,6 +820,9 @@ void UcxTransport::CheckDeadlines(Deadline now) {
     if (in_ucx && m->peer && !m->peer->failed) to_reset.push_back(m->peer);
   }
   for (auto& peer : to_reset) {
+    GetLogger("kvtransfer")->debug("peer {}: {} RMA ops and {} queued messages at a deadline",
+                                   ShortAddress(peer->address), peer->inflight,
+                                   peer->messages.size());
     ResetPeer(peer, Status::Unavailable("peer reset: an operation on it missed its deadline"),
               /*notify=*/true);
   }

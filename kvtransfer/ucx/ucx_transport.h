@@ -44,8 +44,19 @@
 
 namespace pdserve::kvtransfer {
 
+// How RMA writes travel. ucp_put_nbx where UCX has transport-level RMA (shared memory,
+// rc/dc); where it would only emulate put with active messages (tcp), kAuto sends the data
+// in kvtransfer's own active messages instead, written into the region by the receiver's I/O
+// thread after a bounds check against the memory it registered. Same copies as UCX's
+// emulation, but the receiver never replies: with UCX 1.13 an emulated-put target that
+// replies to a writer that just died aborts the whole process (ucp_request.inl "unexpected
+// error"), i.e. a killed prefill could take its decode worker down.
+enum class WriteProtocol : uint8_t { kAuto, kPut, kActiveMessage };
+
 struct UcxTransportOptions {
   UcxContextOptions context;          // TLS / NET_DEVICES overrides
+  WriteProtocol write_protocol = WriteProtocol::kAuto;
+  uint64_t max_am_chunk_bytes = 1 << 20;  // per active message in kActiveMessage mode
   uint64_t max_chunk_bytes = 4 << 20;  // larger RMA ops are split
   uint32_t max_inflight_ops = 4;       // per peer
   uint32_t busy_poll_us = 200;         // spin this long after the last activity before sleeping
@@ -91,7 +102,7 @@ class UcxTransport final : public Transport {
   struct Counters {
     std::atomic<uint64_t> registered_regions{0}, peers{0}, remote_keys{0}, inflight_ops{0},
         pending_batches{0}, pending_messages{0}, bytes_written{0}, bytes_read{0},
-        messages_sent{0}, messages_received{0};
+        messages_sent{0}, messages_received{0}, rejected_writes{0};
   };
 
   UcxTransport(const UcxTransportOptions& options, std::unique_ptr<UcxContext> context,
@@ -113,6 +124,8 @@ class UcxTransport final : public Transport {
   void ResetPeer(std::shared_ptr<Peer> peer, const Status& status, bool notify);  // by value: it may erase the caller's copy
   void CheckDeadlines(Deadline now);
   bool ProgressClosing(bool force_all);
+  // Ends the batches with RMA still outstanding on `peer` (their late completions are ignored).
+  void AbandonInflight(Peer& peer);
   Deadline NextDeadline() const;
   void Shutdown();
   static void OnRmaDone(void* request, ucs_status_t status, void* user_data);
@@ -121,6 +134,10 @@ class UcxTransport final : public Transport {
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t OnAmReceived(void* arg, const void* header, size_t header_length,
                                    void* data, size_t length, const ucp_am_recv_param_t* param);
+  // Active-message writes (WriteProtocol::kActiveMessage): header = remote address.
+  static ucs_status_t OnAmWrite(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+  static constexpr uint16_t kAmWriteId = kMaxChannels;
 
   const UcxTransportOptions options_;
   std::unique_ptr<UcxContext> context_;
