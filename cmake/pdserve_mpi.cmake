@@ -1,5 +1,6 @@
-# Multi-process (mpirun) tests. Included by every module with MPI tests (comm/ first); safe to
-# include more than once.
+# Multi-process (mpirun) tests. Include it from the top-level CMakeLists.txt or from each module
+# with MPI tests (comm/ does). No include guard on purpose: the variables below are directory
+# scoped, so every directory that includes it must get them; re-including only redefines them.
 #
 #   pdserve_add_mpi_test(NAME name TARGET exe NP n [ARGS a...] [TIMEOUT s] [LABELS l...])
 #
@@ -13,8 +14,6 @@
 #   * yield when idle: oversubscribed ranks that busy-poll starve the rank they wait for;
 #   * shared memory + loopback TCP only, so no test ever touches a real network interface.
 # Use it for any other mpirun-driven CTest entry: `${CMAKE_COMMAND} -E env ${PDSERVE_MPI_TEST_ENV} ...`.
-include_guard(GLOBAL)
-
 find_program(PDSERVE_TIMEOUT_EXE timeout REQUIRED)
 
 set(PDSERVE_MPIEXEC ${MPIEXEC_EXECUTABLE})

@@ -49,7 +49,8 @@ class ProcessGroups {
   static Result<std::unique_ptr<ProcessGroups>> Create(const MpiComm& world, const ParallelPlan& plan,
                                                        const PlanModelDims& dims);
 
-  // Grid math, usable without MPI (tests, launch scripts, logging).
+  // Grid math, usable without MPI (tests, launch scripts, logging). REQUIRES: a plan that
+  // passed Validate.
   static RankCoords CoordsOf(const ParallelPlan& plan, int world_rank);
   static int WorldRankOf(const ParallelPlan& plan, int cp_index, int dp_index, int tp_index);
 

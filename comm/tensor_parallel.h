@@ -52,7 +52,8 @@ class TensorParallel {
   // Vocabulary-sharded embedding: for every id this rank's EvenShard(vocab, size(), rank())
   // owns, lookup(id - shard.begin, dst) writes the `hidden` floats of its row into dst; other
   // rows stay zero; then the group sums, so out [ids.size() x hidden] holds every row on every
-  // rank. Errors: kInvalidArgument for an id outside [0, vocab).
+  // rank. Errors: kInvalidArgument for an id outside [0, vocab), returned before the sum (the
+  // TP peers hold the same ids, so they all fail the same way).
   Status EmbedSharded(std::span<const int32_t> ids, int64_t vocab, int64_t hidden,
                       const std::function<void(int64_t local_row, float* dst)>& lookup,
                       std::span<float> out);
