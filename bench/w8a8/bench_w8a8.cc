@@ -254,23 +254,18 @@ nlohmann::json ConvertBench(const Opts& o, std::string* md) {
                                                std::tuple{fp8, "w8a8", 1, 1}}) {
     const std::string dst = o.models + "/.bench-convert-out";
     std::filesystem::remove_all(dst);
+    // A fresh process (fork + exec of this binary): a plain fork would count the parent's
+    // resident pages in the child's peak RSS.
     int fds[2];
     if (pipe(fds) != 0) return {{"error", "pipe"}};
+    const std::string ep_s = std::to_string(ep), th_s = std::to_string(threads);
     const pid_t pid = fork();
-    if (pid == 0) {  // child: convert, report stats through the pipe
+    if (pid == 0) {
       close(fds[0]);
-      ThreadPool child_pool(threads);
-      model::ConvertOptions co;
-      co.in_dir = in;
-      co.out_dir = dst;
-      co.quant = quant;
-      co.ep_size = ep;
-      co.pool = &child_pool;
-      co.max_shard_bytes = int64_t{1} << 30;
-      auto st = model::Convert(co);
-      double msg[3] = {st.ok() ? st->seconds : -1, st.ok() ? double(st->bytes_in) : 0, st.ok() ? double(st->bytes_out) : 0};
-      if (write(fds[1], msg, sizeof(msg)) != sizeof(msg)) _exit(2);
-      _exit(st.ok() ? 0 : 1);
+      dup2(fds[1], 1);
+      execl("/proc/self/exe", "bench_w8a8", "--convert-child", in.c_str(), dst.c_str(), quant, ep_s.c_str(), th_s.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
     }
     close(fds[1]);
     double msg[3] = {-1, 0, 0};
@@ -321,8 +316,26 @@ nlohmann::json AccuracyBench(const Opts& o, ThreadPool* pool, std::string* md) {
   return out;
 }
 
+// The converter child of ConvertBench: argv = --convert-child IN OUT QUANT EP THREADS; writes
+// {seconds, bytes_in, bytes_out} as 3 doubles to stdout.
+int ConvertChild(char** argv) {
+  ThreadPool pool(std::atoi(argv[6]));
+  model::ConvertOptions co;
+  co.in_dir = argv[2];
+  co.out_dir = argv[3];
+  co.quant = argv[4];
+  co.ep_size = std::atoll(argv[5]);
+  co.pool = &pool;
+  co.max_shard_bytes = int64_t{1} << 30;
+  auto st = model::Convert(co);
+  if (!st.ok()) std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
+  const double msg[3] = {st.ok() ? st->seconds : -1, st.ok() ? double(st->bytes_in) : 0, st.ok() ? double(st->bytes_out) : 0};
+  return write(1, msg, sizeof(msg)) == sizeof(msg) && st.ok() ? 0 : 1;
+}
+
 int Main(int argc, char** argv) {
   RequireCpuFeatures();
+  if (argc == 7 && !std::strcmp(argv[1], "--convert-child")) return ConvertChild(argv);
   Opts o;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--only")) o.only = argv[i + 1];
