@@ -38,6 +38,21 @@ float LoadF32(const uint8_t* p) {
   return v;
 }
 
+#if defined(__AVX2__)
+// 16 e4m3 codes -> their values / 256 as two vectors of 8 floats. Shifting a code's exponent
+// and mantissa bits into an fp16's places gives an fp16 of value v * 2^-8 (normal and
+// subnormal codes alike: both formats have no implicit-bit surprises below their normal
+// range), which F16C widens exactly. Valid for every code the quantizers write (NaN codes
+// 0x7f / 0xff are never written: they saturate at +-448).
+inline void Fp8x16ToF32Div256(const uint8_t* codes, __m256* lo, __m256* hi) {
+  const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f)), 7));
+  *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+#endif
+
 }  // namespace
 
 int64_t LatentCodeBytes(KvLatentFormat f, int64_t dim) { return f == KvLatentFormat::kBf16 ? 2 * dim : dim; }
@@ -89,7 +104,7 @@ void EncodeIndexKey(KvIndexFormat f, const float* x, int64_t dim, uint8_t* codes
 }
 
 void GatherLatent(const KvTokenView& kv, const int32_t* sel, int64_t n, float* c_out, float* kpe_out) {
-  const float* table = Fp8E4M3DecodeTable();
+  [[maybe_unused]] const float* table = Fp8E4M3DecodeTable();
   const int64_t dim = kv.latent_dim;
   for (int64_t j = 0; j < n; ++j) {
     const int64_t t = sel[j];
@@ -100,7 +115,20 @@ void GatherLatent(const KvTokenView& kv, const int32_t* sel, int64_t n, float* c
         const uint8_t* scales = kv.Field(t, kv.latent_scale_offset, kv.latent_scale_stride);
         for (int64_t b = 0; b < dim / kFp8BlockSize; ++b) {
           const float s = LoadF32(scales + 4 * b);
-          for (int64_t i = 0; i < kFp8BlockSize; ++i) c[b * kFp8BlockSize + i] = table[codes[b * kFp8BlockSize + i]] * s;
+          const uint8_t* cb = codes + b * kFp8BlockSize;
+          float* ob = c + b * kFp8BlockSize;
+#if defined(__AVX2__)
+          // (code / 256) * (s * 256): one rounding of the same exact product as table[code] * s.
+          const __m256 vs = _mm256_set1_ps(s * 256.0f);
+          for (int64_t i = 0; i < kFp8BlockSize; i += 16) {
+            __m256 lo, hi;
+            Fp8x16ToF32Div256(cb + i, &lo, &hi);
+            _mm256_storeu_ps(ob + i, _mm256_mul_ps(lo, vs));
+            _mm256_storeu_ps(ob + i + 8, _mm256_mul_ps(hi, vs));
+          }
+#else
+          for (int64_t i = 0; i < kFp8BlockSize; ++i) ob[i] = table[cb[i]] * s;
+#endif
         }
         break;
       }
@@ -126,6 +154,78 @@ void GatherLatent(const KvTokenView& kv, const int32_t* sel, int64_t n, float* c
   }
 }
 
+namespace {
+
+#if defined(__AVX2__)
+__m256 LoadW8(const void* w, bool bf16, int64_t i) {
+  if (!bf16) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+  const __m256i w16 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w16, 16));
+}
+#endif
+
+float WAt(const void* w, bool bf16, int64_t i) {
+  return bf16 ? Bf16ToF32(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i];
+}
+
+template <int RB>
+void AbsorbRows(const float* const* q, const uint8_t* w, bool bf16, int64_t w_row_bytes, int64_t n_d, int64_t dim,
+                float* const* out) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 16 <= dim; i += 16) {
+    __m256 acc0[RB], acc1[RB];
+    for (int r = 0; r < RB; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < n_d; ++d) {
+      const uint8_t* row = w + d * w_row_bytes;
+      const __m256 w0 = LoadW8(row, bf16, i), w1 = LoadW8(row, bf16, i + 8);
+      for (int r = 0; r < RB; ++r) {
+        const __m256 a = _mm256_set1_ps(q[r][d]);
+        acc0[r] = _mm256_fmadd_ps(a, w0, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(a, w1, acc1[r]);
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      _mm256_storeu_ps(out[r] + i, acc0[r]);
+      _mm256_storeu_ps(out[r] + i + 8, acc1[r]);
+    }
+  }
+  for (; i + 8 <= dim; i += 8) {
+    __m256 acc[RB];
+    for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < n_d; ++d) {
+      const __m256 w0 = LoadW8(w + d * w_row_bytes, bf16, i);
+      for (int r = 0; r < RB; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q[r][d]), w0, acc[r]);
+    }
+    for (int r = 0; r < RB; ++r) _mm256_storeu_ps(out[r] + i, acc[r]);
+  }
+#endif
+  for (; i < dim; ++i)
+    for (int r = 0; r < RB; ++r) {
+      float y = 0.0f;
+      for (int64_t d = 0; d < n_d; ++d) y += q[r][d] * WAt(w + d * w_row_bytes, bf16, i);
+      out[r][i] = y;
+    }
+}
+
+}  // namespace
+
+void AbsorbQueries(const float* const* q_rows, int64_t n_rows, const void* w, bool w_bf16, int64_t w_ld, int64_t n_d,
+                   int64_t dim, float* const* out_rows) {
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  const int64_t row_bytes = w_ld * (w_bf16 ? 2 : 4);
+  if (dim % 8 != 0) {  // scalar tails: the AxpyRow loop itself
+    for (int64_t r = 0; r < n_rows; ++r) {
+      std::fill(out_rows[r], out_rows[r] + dim, 0.0f);
+      for (int64_t d = 0; d < n_d; ++d) AxpyRow(q_rows[r][d], wb + d * row_bytes, w_bf16, dim, out_rows[r]);
+    }
+    return;
+  }
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) AbsorbRows<4>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);
+  for (; r < n_rows; ++r) AbsorbRows<1>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);
+}
+
 void AbsorbedAttentionHead(const float* q_lat, const float* q_pe, const float* c, const float* kpe,
                            int64_t n, int64_t latent_dim, int64_t rope_dim, float scale,
                            float* o_lat, float* scratch) {
@@ -143,49 +243,209 @@ void AbsorbedAttentionHead(const float* q_lat, const float* q_pe, const float* c
 
 namespace {
 
-// Exact dot of two double vectors whose every product and partial sum is exactly representable
-// (fp8 x fp8 or fp8 x int8 values): any summation order gives the same double.
-double ExactDot(const double* a, const double* b, int64_t n) {
 #if defined(__AVX2__)
-  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
-  for (int64_t i = 0; i < n; i += 8) {
-    acc0 = _mm256_fmadd_pd(_mm256_loadu_pd(a + i), _mm256_loadu_pd(b + i), acc0);
-    acc1 = _mm256_fmadd_pd(_mm256_loadu_pd(a + i + 4), _mm256_loadu_pd(b + i + 4), acc1);
-  }
-  acc0 = _mm256_add_pd(acc0, acc1);
-  alignas(32) double lanes[4];
-  _mm256_store_pd(lanes, acc0);
-  return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-#else
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+// The horizontal reduction DotF32 (kernels/elementwise.cc) ends with, in the same order.
+float ReduceLikeDotF32(__m256 acc0, __m256 acc1) {
+  acc0 = _mm256_add_ps(acc0, acc1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
 #endif
+
+// out[h] = DotF32(a + h * lda, b, n) for h < HB, bitwise: same chains, reduction and tail.
+template <int HB>
+void DotF32Heads(const float* a, int64_t lda, const float* b, int64_t n, float* out) {
+#if defined(__AVX2__)
+  __m256 acc0[HB], acc1[HB];
+  for (int h = 0; h < HB; ++h) acc0[h] = acc1[h] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 b0 = _mm256_loadu_ps(b + i), b1 = _mm256_loadu_ps(b + i + 8);
+    for (int h = 0; h < HB; ++h) {
+      acc0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(a + h * lda + i), b0, acc0[h]);
+      acc1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(a + h * lda + i + 8), b1, acc1[h]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 b0 = _mm256_loadu_ps(b + i);
+    for (int h = 0; h < HB; ++h) acc0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(a + h * lda + i), b0, acc0[h]);
+  }
+  for (int h = 0; h < HB; ++h) {
+    float sum = ReduceLikeDotF32(acc0[h], acc1[h]);
+    for (int64_t k = i; k < n; ++k) sum += a[h * lda + k] * b[k];
+    out[h] = sum;
+  }
+#else
+  for (int h = 0; h < HB; ++h) out[h] = DotF32(a + h * lda, b, n);
+#endif
+}
+
+// o[h][i, i + W) = sum_j p[h * ldp + j] * c_j[i, i + W) over j ascending, as repeated Axpy
+// calls accumulate it (one fma per element per j, from zero), for HB heads; W = 8 * V.
+template <int HB, int V>
+void AccumulateBlock(const float* p, int64_t ldp, const float* c, int64_t n, int64_t dim, int64_t i, float* o,
+                     int64_t ldo) {
+#if defined(__AVX2__)
+  __m256 acc[HB][V];
+  for (int h = 0; h < HB; ++h)
+    for (int v = 0; v < V; ++v) acc[h][v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 cv[V];
+    for (int v = 0; v < V; ++v) cv[v] = _mm256_loadu_ps(c + j * dim + i + 8 * v);
+    for (int h = 0; h < HB; ++h) {
+      const __m256 w = _mm256_broadcast_ss(p + h * ldp + j);
+      for (int v = 0; v < V; ++v) acc[h][v] = _mm256_fmadd_ps(w, cv[v], acc[h][v]);
+    }
+  }
+  for (int h = 0; h < HB; ++h)
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(o + h * ldo + i + 8 * v, acc[h][v]);
+#endif
+}
+
+template <int V>
+void AccumulateAllHeads(const float* p, int64_t n_heads, const float* c, int64_t n, int64_t dim, int64_t i, float* o,
+                        int64_t ldo) {
+  int64_t h = 0;
+  for (; h + 4 <= n_heads; h += 4) AccumulateBlock<4, V>(p + h * n, n, c, n, dim, i, o + h * ldo, ldo);
+  for (; h < n_heads; ++h) AccumulateBlock<1, V>(p + h * n, n, c, n, dim, i, o + h * ldo, ldo);
+}
+
+template <int HB>
+void ScoreHeads(const float* q_lat, int64_t q_lat_stride, const float* q_pe, int64_t q_pe_stride, const float* c_j,
+                const float* kpe_j, int64_t latent_dim, int64_t rope_dim, float scale, float* p, int64_t ldp) {
+  float s_lat[HB], s_pe[HB];
+  DotF32Heads<HB>(q_lat, q_lat_stride, c_j, latent_dim, s_lat);
+  DotF32Heads<HB>(q_pe, q_pe_stride, kpe_j, rope_dim, s_pe);
+  for (int h = 0; h < HB; ++h) p[h * ldp] = RoundToBf16(RoundToBf16(RoundToBf16(s_lat[h]) + RoundToBf16(s_pe[h])) * scale);
+}
+
+}  // namespace
+
+void AbsorbedAttentionHeads(const float* q_lat, int64_t q_lat_stride, const float* q_pe, int64_t q_pe_stride,
+                            int64_t n_heads, const float* c, const float* kpe, int64_t n, int64_t latent_dim,
+                            int64_t rope_dim, float scale, float* o_lat, int64_t o_stride, float* scratch) {
+#if defined(__AVX2__)
+  constexpr bool kVector = true;
+#else
+  constexpr bool kVector = false;
+#endif
+  if (!kVector || latent_dim % 8 != 0 || rope_dim % 8 != 0) {
+    // Scalar tails: use the per-head kernel itself, so the arithmetic is the same by construction.
+    for (int64_t h = 0; h < n_heads; ++h)
+      AbsorbedAttentionHead(q_lat + h * q_lat_stride, q_pe + h * q_pe_stride, c, kpe, n, latent_dim, rope_dim, scale,
+                            o_lat + h * o_stride, scratch);
+    return;
+  }
+  // Scores key by key (each gathered token is read once, all head groups use it from L1).
+  for (int64_t j = 0; j < n; ++j) {
+    int64_t h = 0;
+    for (; h + 4 <= n_heads; h += 4)
+      ScoreHeads<4>(q_lat + h * q_lat_stride, q_lat_stride, q_pe + h * q_pe_stride, q_pe_stride, c + j * latent_dim,
+                    kpe + j * rope_dim, latent_dim, rope_dim, scale, scratch + h * n + j, n);
+    for (; h < n_heads; ++h)
+      ScoreHeads<1>(q_lat + h * q_lat_stride, q_lat_stride, q_pe + h * q_pe_stride, q_pe_stride, c + j * latent_dim,
+                    kpe + j * rope_dim, latent_dim, rope_dim, scale, scratch + h * n + j, n);
+  }
+  for (int64_t h = 0; h < n_heads; ++h) {
+    Softmax(scratch + h * n, n);
+    RoundToBf16InPlace(scratch + h * n, n);
+  }
+  // Outputs block by block of the latent (a block's column of c stays in L1 for every head).
+  int64_t i = 0;
+  for (; i + 16 <= latent_dim; i += 16) AccumulateAllHeads<2>(scratch, n_heads, c, n, latent_dim, i, o_lat, o_stride);
+  for (; i < latent_dim; i += 8) AccumulateAllHeads<1>(scratch, n_heads, c, n, latent_dim, i, o_lat, o_stride);
+  for (int64_t h = 0; h < n_heads; ++h) RoundToBf16InPlace(o_lat + h * o_stride, latent_dim);
+}
+
+namespace {
+
+// dots[k * n_heads_total + h] = exact (q[h] . key[k]) for HB heads and KB keys at once: one
+// accumulator per pair (the sums are exact, so chain order does not matter), which keeps
+// 12 FMA chains in flight and loads each operand vector once per block.
+template <int KB, int HB>
+void ExactDots(const double* q, int64_t dim, const double* keys, int64_t h0, int64_t n_heads_total, float* dots) {
+#if defined(__AVX2__)
+  __m256d acc[KB][HB];
+  for (int k = 0; k < KB; ++k)
+    for (int h = 0; h < HB; ++h) acc[k][h] = _mm256_setzero_pd();
+  for (int64_t i = 0; i < dim; i += 4) {
+    __m256d kv[KB];
+    for (int k = 0; k < KB; ++k) kv[k] = _mm256_loadu_pd(keys + k * dim + i);
+    for (int h = 0; h < HB; ++h) {
+      const __m256d qv = _mm256_loadu_pd(q + h * dim + i);
+      for (int k = 0; k < KB; ++k) acc[k][h] = _mm256_fmadd_pd(qv, kv[k], acc[k][h]);
+    }
+  }
+  for (int k = 0; k < KB; ++k)
+    for (int h = 0; h < HB; ++h) {
+      alignas(32) double l[4];
+      _mm256_store_pd(l, acc[k][h]);
+      dots[k * n_heads_total + h0 + h] = static_cast<float>((l[0] + l[1]) + (l[2] + l[3]));
+    }
+#else
+  for (int k = 0; k < KB; ++k)
+    for (int h = 0; h < HB; ++h) {
+      double s = 0.0;
+      for (int64_t i = 0; i < dim; ++i) s += q[h * dim + i] * keys[k * dim + i];
+      dots[k * n_heads_total + h0 + h] = static_cast<float>(s);
+    }
+#endif
+}
+
+template <int KB>
+void ExactDotsAllHeads(const double* q, int64_t dim, const double* keys, int64_t n_heads, float* dots) {
+  int64_t h = 0;
+  for (; h + 4 <= n_heads; h += 4) ExactDots<KB, 4>(q + h * dim, dim, keys, h, n_heads, dots);
+  for (; h < n_heads; ++h) ExactDots<KB, 1>(q + h * dim, dim, keys, h, n_heads, dots);
 }
 
 }  // namespace
 
 void IndexerScores(const KvTokenView& kv, const double* q_decoded, const float* w, int64_t n_heads,
                    int64_t key_begin, int64_t key_end, float* scores) {
+  constexpr int kKeys = 3;  // keys per block: 3 keys x 4 heads = 12 accumulators
   const int64_t dim = kv.index_dim;
   const float* table = Fp8E4M3DecodeTable();
-  const bool int8_keys = kv.index_format == KvIndexFormat::kInt8;
-  // Each key is decoded to double once and reused by every head; products and sums stay exact.
-  alignas(32) double key[256];
-  PDSERVE_DCHECK(dim <= 256);
-  for (int64_t t = key_begin; t < key_end; ++t) {
-    const uint8_t* k = kv.Field(t, kv.idx_k_offset, kv.idx_k_stride);
-    if (int8_keys) {
-      for (int64_t i = 0; i < dim; ++i) key[i] = static_cast<int8_t>(k[i]);
-    } else {
-      for (int64_t i = 0; i < dim; ++i) key[i] = table[k[i]];
+  alignas(32) double kd[kKeys * 1024];  // decoded keys (index_dim <= 1024)
+  float dots[kKeys * 64];
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += kKeys) {
+    const int nk = static_cast<int>(std::min<int64_t>(kKeys, key_end - t0));
+    for (int k = 0; k < nk; ++k) {
+      const uint8_t* code = kv.Field(t0 + k, kv.idx_k_offset, kv.idx_k_stride);
+      double* d = kd + k * dim;
+      if (kv.index_format == KvIndexFormat::kFp8) {
+#if defined(__AVX2__)
+        if (dim % 16 == 0) {
+          const __m256d k256 = _mm256_set1_pd(256.0);
+          for (int64_t i = 0; i < dim; i += 16) {
+            __m256 lo, hi;
+            Fp8x16ToF32Div256(code + i, &lo, &hi);
+            _mm256_storeu_pd(d + i, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo)), k256));
+            _mm256_storeu_pd(d + i + 4, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)), k256));
+            _mm256_storeu_pd(d + i + 8, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(hi)), k256));
+            _mm256_storeu_pd(d + i + 12, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)), k256));
+          }
+          continue;
+        }
+#endif
+        for (int64_t i = 0; i < dim; ++i) d[i] = table[code[i]];
+      } else {
+        for (int64_t i = 0; i < dim; ++i) d[i] = static_cast<int8_t>(code[i]);
+      }
     }
-    float acc = 0.0f;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      const float dot = static_cast<float>(ExactDot(q_decoded + h * dim, key, dim));
-      acc += std::max(dot, 0.0f) * w[h];
+    if (nk == kKeys) ExactDotsAllHeads<kKeys>(q_decoded, dim, kd, n_heads, dots);
+    else if (nk == 2) ExactDotsAllHeads<2>(q_decoded, dim, kd, n_heads, dots);
+    else ExactDotsAllHeads<1>(q_decoded, dim, kd, n_heads, dots);
+    for (int k = 0; k < nk; ++k) {
+      const int64_t t = t0 + k;
+      float acc = 0.0f;
+      // One fused multiply-add per head, in head order (spelled out: contraction is up to the
+      // compiler otherwise).
+      for (int64_t h = 0; h < n_heads; ++h) acc = std::fma(std::max(dots[k * n_heads + h], 0.0f), w[h], acc);
+      scores[t] = acc * LoadF32(kv.Field(t, kv.idx_scale_offset, kv.idx_scale_stride));
     }
-    scores[t] = acc * LoadF32(kv.Field(t, kv.idx_scale_offset, kv.idx_scale_stride));
   }
 }
 

@@ -72,12 +72,27 @@ void AbsorbedAttentionHead(const float* q_lat, const float* q_pe, const float* c
                            int64_t n, int64_t latent_dim, int64_t rope_dim, float scale,
                            float* o_lat, float* scratch);
 
+// Query absorption for several queries: out[r][:] = sum_d q_rows[r][d] * W[d][:] over
+// d < n_d, for r < n_rows, with W rows of `dim` bf16 (w_bf16) or f32 values, w_ld elements
+// apart. Bitwise what zero-filling out[r] and calling AxpyRow(q_rows[r][d], W[d], ...) for
+// d = 0, 1, ... computes, but each W row is read once for all queries.
+void AbsorbQueries(const float* const* q_rows, int64_t n_rows, const void* w, bool w_bf16, int64_t w_ld, int64_t n_d,
+                   int64_t dim, float* const* out_rows);
+
+// All heads of absorbed MLA attention for one query: for h < n_heads, exactly what
+// AbsorbedAttentionHead(q_lat + h * q_lat_stride, q_pe + h * q_pe_stride, c, kpe, ...,
+// o_lat + h * o_stride) computes, bit for bit, but reading each gathered token once per group
+// of heads instead of once per head. scratch holds n_heads * n floats.
+void AbsorbedAttentionHeads(const float* q_lat, int64_t q_lat_stride, const float* q_pe, int64_t q_pe_stride,
+                            int64_t n_heads, const float* c, const float* kpe, int64_t n, int64_t latent_dim,
+                            int64_t rope_dim, float scale, float* o_lat, int64_t o_stride, float* scratch);
+
 // Lightning Indexer scores of one query over keys [key_begin, key_end), written to scores[t]:
-//   score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t])   (sum over h in order, fp32)
+//   score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t])   (sum over h in order, one fp32 fma each)
 // q_decoded [n_heads, index_dim]: the query's fp8 values as doubles; every dot q8[h] . k8[t] is
 // computed exactly (products and sums fit a double) and rounded once to fp32, so its value does
 // not depend on the summation order. w [n_heads]: head weights already multiplied by the query
-// scales and softmax scale. REQUIRES: index_dim % 8 == 0, n_heads <= 64.
+// scales and softmax scale. REQUIRES: index_dim % 4 == 0, index_dim <= 1024, n_heads <= 64.
 void IndexerScores(const KvTokenView& kv, const double* q_decoded, const float* w, int64_t n_heads,
                    int64_t key_begin, int64_t key_end, float* scores);
 

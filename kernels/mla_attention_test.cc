@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <random>
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
 
 namespace pdserve::kernels {
@@ -125,18 +127,20 @@ TEST(MlaAttentionTest, PagedEqualsContiguousForEveryFormatAndBlockSize) {
         EXPECT_EQ(c1, c2);
         EXPECT_EQ(k1, k2);
 
-        std::vector<double> qd(3 * kIndex);
+        const int n_heads = trial % 2 ? 9 : 3;  // 9: blocks of 4 heads plus a tail
+        std::vector<double> qd(n_heads * kIndex);
         for (auto& q : qd) {
           uint8_t code = static_cast<uint8_t>(rng() & 0xff);
           if ((code & 0x7f) == 0x7f) code = 0;
           q = Fp8E4M3ToF32(code);
         }
-        const float w[3] = {0.3f, -0.2f, 0.05f};
+        std::vector<float> w(n_heads);
+        for (int h = 0; h < n_heads; ++h) w[h] = 0.3f - 0.11f * h;
         std::vector<float> s1(n_tokens), s2(n_tokens, -1.0f);
-        IndexerScores(cv, qd.data(), w, 3, 0, n_tokens, s1.data());
+        IndexerScores(cv, qd.data(), w.data(), n_heads, 0, n_tokens, s1.data());
         const int64_t mid = n_tokens / 2;  // two ranges cover all keys
-        IndexerScores(pv, qd.data(), w, 3, 0, mid, s2.data());
-        IndexerScores(pv, qd.data(), w, 3, mid, n_tokens, s2.data());
+        IndexerScores(pv, qd.data(), w.data(), n_heads, 0, mid, s2.data());
+        IndexerScores(pv, qd.data(), w.data(), n_heads, mid, n_tokens, s2.data());
         EXPECT_EQ(s1, s2);
         // Against a plain loop: exact double dots, fp32 head sum in order.
         for (int64_t t = 0; t < n_tokens; ++t) {
@@ -145,11 +149,11 @@ TEST(MlaAttentionTest, PagedEqualsContiguousForEveryFormatAndBlockSize) {
           float ks;
           std::memcpy(&ks, k + kIndex, 4);
           float acc = 0;
-          for (int h = 0; h < 3; ++h) {
+          for (int h = 0; h < n_heads; ++h) {
             double dot = 0;
             for (int64_t i = 0; i < kIndex; ++i)
               dot += qd[h * kIndex + i] * (xf == KvIndexFormat::kFp8 ? double(Fp8E4M3ToF32(k[i])) : double(int8_t(k[i])));
-            acc += std::max(static_cast<float>(dot), 0.0f) * w[h];
+            acc = std::fma(std::max(static_cast<float>(dot), 0.0f), w[h], acc);
           }
           EXPECT_EQ(s1[t], acc * ks) << t;
         }
@@ -210,6 +214,87 @@ TEST(MlaAttentionTest, AbsorbedHeadMatchesScalarLoop) {
     double want = 0;
     for (int64_t j = 0; j < n; ++j) want += RoundToBf16(float(p[j] / z)) * c[j * kLatent + i];
     EXPECT_NEAR(o[i], want, 1e-2 * (std::fabs(want) + 0.05)) << i;
+  }
+}
+
+// The vector fp8 decode agrees with the decode table on every code the quantizers write.
+TEST(MlaAttentionTest, Fp8DecodeMatchesTableForEveryCode) {
+  const Fields f = FieldsFor(KvLatentFormat::kFp8Blockwise);
+  std::vector<uint8_t> rec(static_cast<size_t>(f.Record()), 0);
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7f) != 0x7f) codes.push_back(static_cast<uint8_t>(c));
+  for (int64_t i = 0; i < kLatent; ++i) rec[i] = codes[i % codes.size()];
+  for (int64_t i = 0; i < kIndex; ++i) rec[f.code + f.scale + f.kpe + i] = codes[(i + 128) % codes.size()];
+  const float scales[2] = {0.015625f, 1024.0f};
+  std::memcpy(&rec[f.code], scales, 8);
+  const float ks = 0.25f;
+  std::memcpy(&rec[f.code + f.scale + f.kpe + f.idx], &ks, 4);
+  const KvTokenView v = RecordView(rec.data(), KvLatentFormat::kFp8Blockwise, KvIndexFormat::kFp8, 1);
+  std::vector<float> c(kLatent), kpe(kRope);
+  const int32_t zero = 0;
+  GatherLatent(v, &zero, 1, c.data(), kpe.data());
+  for (int64_t i = 0; i < kLatent; ++i) EXPECT_EQ(c[i], Fp8E4M3ToF32(rec[i]) * scales[i / 128]) << i;
+  std::vector<double> qd(kIndex);
+  for (int64_t i = 0; i < kIndex; ++i) qd[i] = (i % 5 == 0) ? 0.0 : Fp8E4M3ToF32(codes[(i * 7) % codes.size()]);
+  const float w = 1.0f;
+  float got = 0;
+  IndexerScores(v, qd.data(), &w, 1, 0, 1, &got);
+  double dot = 0;
+  for (int64_t i = 0; i < kIndex; ++i) dot += qd[i] * Fp8E4M3ToF32(rec[f.code + f.scale + f.kpe + i]);
+  EXPECT_EQ(got, std::fma(std::max(static_cast<float>(dot), 0.0f), 1.0f, 0.0f) * ks);
+}
+
+// Batched query absorption is bitwise the AxpyRow loop it replaces (bf16 and f32 weights).
+TEST(MlaAttentionTest, AbsorbQueriesEqualsAxpyRowLoop) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd;
+  for (auto [rows, n_d, dim, bf16] : {std::tuple{7, 128, 512, true}, std::tuple{3, 48, 260, false},
+                                      std::tuple{1, 5, 13, true}}) {
+    const int64_t ld = dim + 6;
+    std::vector<uint16_t> wb(n_d * ld);
+    std::vector<float> wf(n_d * ld);
+    for (size_t i = 0; i < wb.size(); ++i) {
+      wb[i] = F32ToBf16Bits(nd(rng) * 0.1f);
+      wf[i] = nd(rng) * 0.1f;
+    }
+    const void* w = bf16 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
+    std::vector<float> q(rows * (n_d + 3));
+    for (auto& v : q) v = RoundToBf16(nd(rng));
+    std::vector<float> want(rows * dim, 0.0f), got(rows * dim, -1.0f);
+    std::vector<const float*> q_rows;
+    std::vector<float*> out_rows;
+    for (int r = 0; r < rows; ++r) {
+      for (int d = 0; d < n_d; ++d)
+        AxpyRow(q[r * (n_d + 3) + d], bf16 ? static_cast<const void*>(&wb[d * ld]) : static_cast<const void*>(&wf[d * ld]),
+                bf16, dim, &want[r * dim]);
+      q_rows.push_back(&q[r * (n_d + 3)]);
+      out_rows.push_back(&got[r * dim]);
+    }
+    AbsorbQueries(q_rows.data(), rows, w, bf16, ld, n_d, dim, out_rows.data());
+    EXPECT_EQ(got, want) << rows << " " << n_d << " " << dim;
+  }
+}
+
+// The multi-head kernel is bitwise the per-head one, with odd sizes hitting every tail.
+TEST(MlaAttentionTest, AllHeadsKernelEqualsPerHeadBitwise) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  for (auto [H, latent, rope, n] : {std::tuple{16, 512, 64, 37}, std::tuple{3, 136, 40, 5}, std::tuple{7, 256, 32, 1},
+                                    std::tuple{5, 13, 3, 9}}) {
+    const int64_t q_stride = latent + 11, pe_stride = rope + 5, o_stride = latent + 3;
+    std::vector<float> q_lat(H * q_stride), q_pe(H * pe_stride), c(n * latent), kpe(n * rope);
+    for (auto& v : q_lat) v = RoundToBf16(nd(rng) * 0.2f);
+    for (auto& v : q_pe) v = RoundToBf16(nd(rng) * 0.2f);
+    for (auto& v : c) v = RoundToBf16(nd(rng));
+    for (auto& v : kpe) v = RoundToBf16(nd(rng));
+    std::vector<float> want(H * o_stride, 0.0f), got(H * o_stride, 0.0f), scratch(H * n);
+    for (int h = 0; h < H; ++h)
+      AbsorbedAttentionHead(&q_lat[h * q_stride], &q_pe[h * pe_stride], c.data(), kpe.data(), n, latent, rope, 0.09f,
+                            &want[h * o_stride], scratch.data());
+    AbsorbedAttentionHeads(q_lat.data(), q_stride, q_pe.data(), pe_stride, H, c.data(), kpe.data(), n, latent, rope,
+                           0.09f, got.data(), o_stride, scratch.data());
+    EXPECT_EQ(got, want) << "H " << H << " latent " << latent;
   }
 }
 

@@ -152,14 +152,17 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
   if (nA > 0) {
     // q_lat[r, h] = bf16(q_nope[r, h] W_uk[h]): rows h*(dn+dv) .. +dn of Wkv_b, each of length
     // Lkv, accumulated in d order for every row (one pass over W_uk serves the whole batch).
-    std::vector<float> qlat(static_cast<size_t>(nA * H * Lkv), 0.0f), olat(static_cast<size_t>(nA * H * Lkv));
+    std::vector<float> qlat(static_cast<size_t>(nA * H * Lkv)), olat(static_cast<size_t>(nA * H * Lkv));
     pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
+      std::vector<const float*> q_rows(static_cast<size_t>(nA));
+      std::vector<float*> out_rows(static_cast<size_t>(nA));
       for (int64_t h = hb; h < he; ++h) {
-        for (int64_t d = 0; d < dn; ++d) {
-          const uint8_t* w_row = RowPtr(lw.kv_b.view, h * (dn + dv) + d);
-          for (int64_t a = 0; a < nA; ++a)
-            kernels::AxpyRow(q[(absorbed[a] * H + h) * dqk + d], w_row, kv_b_bf16, Lkv, &qlat[(a * H + h) * Lkv]);
+        for (int64_t a = 0; a < nA; ++a) {
+          q_rows[a] = &q[(absorbed[a] * H + h) * dqk];
+          out_rows[a] = &qlat[(a * H + h) * Lkv];
         }
+        kernels::AbsorbQueries(q_rows.data(), nA, RowPtr(lw.kv_b.view, h * (dn + dv)), kv_b_bf16, lw.kv_b.view.ld, dn,
+                               Lkv, out_rows.data());
         for (int64_t a = 0; a < nA; ++a) kernels::RoundToBf16InPlace(&qlat[(a * H + h) * Lkv], Lkv);
       }
     });
@@ -172,16 +175,16 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
       kpesel->resize(static_cast<size_t>(n * dr));
       const kernels::KvTokenView kv_view = plan.seqs[plan.row_seq[r]].kv.View(layer);
       auto heads = [&](int64_t hb, int64_t he) {
-        std::vector<float> p(static_cast<size_t>(n));
-        for (int64_t h = hb; h < he; ++h)
-          kernels::AbsorbedAttentionHead(&qlat[(a * H + h) * Lkv], &q[(r * H + h) * dqk + dn], csel->data(), kpesel->data(),
-                                         n, Lkv, dr, scale, &olat[(a * H + h) * Lkv], p.data());
+        std::vector<float> p(static_cast<size_t>((he - hb) * n));
+        kernels::AbsorbedAttentionHeads(&qlat[(a * H + hb) * Lkv], Lkv, &q[(r * H + hb) * dqk + dn], dqk, he - hb,
+                                        csel->data(), kpesel->data(), n, Lkv, dr, scale, &olat[(a * H + hb) * Lkv], Lkv,
+                                        p.data());
       };
       if (parallel) {
         pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
           kernels::GatherLatent(kv_view, sel + b, e - b, &(*csel)[b * Lkv], &(*kpesel)[b * dr]);
         }, 16);
-        pool_->ParallelFor(H, heads);
+        pool_->ParallelFor(H, heads, 4);
       } else {
         kernels::GatherLatent(kv_view, sel, n, csel->data(), kpesel->data());
         heads(0, H);
