@@ -135,7 +135,6 @@ class Engine {
   const model::Model* model_;
   std::unique_ptr<BlockPool> pool_;
   Scheduler scheduler_;
-  Sampler sampler_;
   int64_t max_len_ = 0;
   size_t max_stop_bytes_ = 0;
 

@@ -156,13 +156,21 @@ bool Engine::Step() {
     }
   } else {
     scheduler_.Commit(out);
-    for (int64_t k = 0; const ScheduledChunk& c : out.chunks) {
-      if (!c.sample) continue;
-      Request* r = c.request;
-      const SampleResult s = sampler_.Sample(&logits_[static_cast<size_t>(k++ * V)], V, r->params, r->penalties,
-                                             r->seed, r->n_output());
-      events.push_back(Emit(r, s));
-    }
+    // Sampling reads only its own logits row and request: rows run in parallel; appending
+    // tokens, stop checks and finishing stay sequential.
+    std::vector<Request*> to_sample;
+    for (const ScheduledChunk& c : out.chunks)
+      if (c.sample) to_sample.push_back(c.request);
+    std::vector<SampleResult> sampled(to_sample.size());
+    model_->pool()->ParallelFor(static_cast<int64_t>(to_sample.size()), [&](int64_t b, int64_t e) {
+      Sampler sampler;
+      for (int64_t k = b; k < e; ++k) {
+        const Request* r = to_sample[static_cast<size_t>(k)];
+        sampled[static_cast<size_t>(k)] = sampler.Sample(&logits_[static_cast<size_t>(k * V)], V, r->params,
+                                                         r->penalties, r->seed, r->n_output());
+      }
+    }, 4);
+    for (size_t k = 0; k < to_sample.size(); ++k) events.push_back(Emit(to_sample[k], sampled[k]));
   }
   const auto t3 = Clock::now();
   Deliver(events);

@@ -1,5 +1,7 @@
 #include "engine/sampler.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -96,11 +98,23 @@ SampleResult Sampler::Sample(float* logits, int64_t V, const SamplingParams& p, 
     return r;
   };
 
-  // 3. Greedy.
+  // 3. Greedy: the first index holding the maximum (a max is exact in any order).
   if (p.greedy()) {
+    float mx = logits[0];
+    int64_t i = 0;
+#if defined(__AVX2__)
+    if (V >= 8) {
+      __m256 m = _mm256_loadu_ps(logits);
+      for (i = 8; i + 8 <= V; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(logits + i));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, m);
+      for (float v : lanes) mx = std::max(mx, v);
+    }
+#endif
+    for (; i < V; ++i) mx = std::max(mx, logits[i]);
     int32_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+    while (best < V - 1 && !(logits[best] == mx)) ++best;
+    if (std::isnan(mx)) best = 0;  // NaN logits: a defined (if useless) answer
     return finish(best);
   }
 
