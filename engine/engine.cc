@@ -133,7 +133,7 @@ Result<RequestId> Engine::AddRequest(std::vector<int32_t> prompt, RequestOptions
 
 Result<KvImport> Engine::ReserveImport(std::vector<int32_t> prompt, RequestOptions options) {
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Request> r, NewRequest(std::move(prompt), std::move(options)));
-  PDSERVE_RETURN_IF_ERROR(r->blocks.EnsureCapacity(pool_.get(), r->prompt_len + 1));
+  PDSERVE_RETURN_IF_ERROR(r->blocks.EnsureCapacity(pool_.get(), r->prompt_len));
   r->state = RequestState::kAwaitingKv;
   KvImport out{r->id, r->blocks.ids()};
   {

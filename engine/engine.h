@@ -82,7 +82,7 @@ struct EngineStats {
 
 struct KvImport {
   RequestId id = 0;
-  std::vector<int32_t> block_ids;   // logical order: prompt token t is in block_ids[t / B]
+  std::vector<int32_t> block_ids;   // BlocksForTokens(prompt) blocks; token t is in block_ids[t / B]
 };
 
 class Engine {

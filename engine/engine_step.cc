@@ -128,6 +128,9 @@ bool Engine::Step() {
   std::vector<TokenEvent> events;
   ApplyInbox(&events);
   const SchedulerOutput out = scheduler_.Schedule();
+  for (const Request* r : out.preempted)
+    GetLogger("engine")->debug("preempted request {} ({} tokens, {} preemptions so far): KV freed, will recompute", r->id,
+                               r->n_tokens(), r->preemptions);
   const int64_t V = model_->config().vocab_size;
   std::vector<model::BatchSequence> batch;
   batch.reserve(out.chunks.size());
