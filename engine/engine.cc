@@ -107,7 +107,7 @@ Result<std::unique_ptr<Request>> Engine::NewRequest(std::vector<int32_t> prompt,
   r->prompt_len = n;
   r->penalties.SetPrompt(prompt);
   r->tokens = std::move(prompt);
-  r->tokens.reserve(static_cast<size_t>(n + o.sampling.max_tokens));
+  r->tokens.reserve(static_cast<size_t>(std::min<int64_t>(n + o.sampling.max_tokens, max_len_)));
   r->params = std::move(o.sampling);
   r->on_event = std::move(o.on_event);
   r->hold_kv = o.hold_kv;

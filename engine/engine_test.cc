@@ -181,12 +181,12 @@ TEST(EngineTest, LengthCapAtCacheCapacity) {
   EventCollector events;
   RequestOptions ro;
   ro.sampling.temperature = 0.0f;
-  ro.sampling.max_tokens = 1000;
+  ro.sampling.max_tokens = 1 << 30;  // the cache capacity ends it first
   ro.on_event = events.Callback();
   std::vector<int32_t> prompt(60, 11);
   const RequestId id = (*engine)->AddRequest(prompt, ro).value();
   ASSERT_TRUE(RunUntilIdle(engine->get()));
-  EXPECT_EQ(events.Tokens(id), ReferenceGreedy(TinyModel(), prompt, 1000, kChunk, 64));
+  EXPECT_EQ(events.Tokens(id), ReferenceGreedy(TinyModel(), prompt, 1 << 30, kChunk, 64));
   EXPECT_EQ(events.Tokens(id).size(), 4u);
   EXPECT_EQ(events.Last(id)->reason, FinishReason::kLength);
 }

@@ -13,6 +13,8 @@
 //   RowGrouping::kPerRow  every row is its own group (a decode token; also generated tokens
 //                         recomputed after a preemption, so their KV is bitwise the KV the
 //                         decode steps wrote).
+// (W8A8 weights, kernels/gemm_int8.h, give the same bits on either path, so the grouping is
+// harmless there.)
 // Attention form: a kChunk at start 0 with n_tokens > 1 uses the reference's non-absorbed
 // prefill attention; everything else the absorbed form over the latent cache.
 #pragma once
