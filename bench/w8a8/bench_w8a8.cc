@@ -5,7 +5,7 @@
 //              decode shapes (m = 1): weights rotated over 256 MiB so they come from DRAM, GB/s.
 //   crossover: GemmInt8's two paths for m = 1..16 (sets kGemmInt8SmallMMax).
 //   decode:    the `small` preset, batch 1: one decode step, BF16 vs W8A8 (and W8A8 "all").
-//   convert:   FP8 `small` -> W8A8 in a child process: GB/s of input and the child's peak RSS.
+//   convert:   FP8/BF16 `small` -> W8A8/BF16 in a fresh process: input GB/s and its peak RSS.
 //   accuracy:  `small` W8A8 vs BF16: per-layer cos, logits cos, top-1 over 100 greedy steps.
 // Every timing alternates the contenders over several rounds and keeps the best median: the
 // 2-core VM is shared, single runs are noisy.
@@ -246,7 +246,7 @@ nlohmann::json ConvertBench(const Opts& o, std::string* md) {
   std::string bf16, fp8, w8, w8all;
   if (Status s = EnsureModels(o, &bf16, &fp8, &w8, &w8all); !s.ok()) return {{"error", s.ToString()}};
   nlohmann::json out = nlohmann::json::array();
-  *md += "\n## Converter (`small` preset), one child process each, its peak RSS from getrusage\n\n"
+  *md += "\n## Converter (`small` preset), one fresh process each, its peak RSS (VmHWM)\n\n"
          "| input | output | ep-size | threads | input MB | output MB | seconds | input GB/s | peak RSS MB |\n"
          "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& [in, quant, ep, threads] : {std::tuple{fp8, "w8a8", 1, o.threads}, std::tuple{bf16, "w8a8", 1, o.threads},
@@ -268,15 +268,14 @@ nlohmann::json ConvertBench(const Opts& o, std::string* md) {
       _exit(127);
     }
     close(fds[1]);
-    double msg[3] = {-1, 0, 0};
+    double msg[4] = {-1, 0, 0, 0};
     if (read(fds[0], msg, sizeof(msg)) != sizeof(msg)) msg[0] = -1;
     close(fds[0]);
     int status = 0;
-    rusage ru{};
-    wait4(pid, &status, 0, &ru);  // the child's own peak RSS
+    waitpid(pid, &status, 0);
     std::filesystem::remove_all(dst);
     if (msg[0] < 0) return {{"error", "conversion failed"}};
-    const double rss_mb = ru.ru_maxrss / 1024.0;
+    const double rss_mb = msg[3] / 1024.0;
     out.push_back({{"input", in}, {"quant", quant}, {"ep_size", ep}, {"threads", threads}, {"seconds", msg[0]},
                    {"bytes_in", msg[1]}, {"bytes_out", msg[2]}, {"gbps_in", msg[1] / msg[0] / 1e9}, {"peak_rss_mb", rss_mb}});
     char line[256];
@@ -317,7 +316,7 @@ nlohmann::json AccuracyBench(const Opts& o, ThreadPool* pool, std::string* md) {
 }
 
 // The converter child of ConvertBench: argv = --convert-child IN OUT QUANT EP THREADS; writes
-// {seconds, bytes_in, bytes_out} as 3 doubles to stdout.
+// {seconds, bytes_in, bytes_out, peak RSS KB} as 4 doubles to stdout.
 int ConvertChild(char** argv) {
   ThreadPool pool(std::atoi(argv[6]));
   model::ConvertOptions co;
@@ -329,7 +328,17 @@ int ConvertChild(char** argv) {
   co.max_shard_bytes = int64_t{1} << 30;
   auto st = model::Convert(co);
   if (!st.ok()) std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
-  const double msg[3] = {st.ok() ? st->seconds : -1, st.ok() ? double(st->bytes_in) : 0, st.ok() ? double(st->bytes_out) : 0};
+  // VmHWM: the peak RSS of this process image. getrusage/wait4 would not do: Linux carries the
+  // RSS the child had before exec (the parent's pages, shared after fork) into ru_maxrss.
+  double hwm_kb = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), f))
+      if (!std::strncmp(line, "VmHWM:", 6)) hwm_kb = std::atof(line + 6);
+    std::fclose(f);
+  }
+  const double msg[4] = {st.ok() ? st->seconds : -1, st.ok() ? double(st->bytes_in) : 0,
+                         st.ok() ? double(st->bytes_out) : 0, hwm_kb};
   return write(1, msg, sizeof(msg)) == sizeof(msg) && st.ok() ? 0 : 1;
 }
 
