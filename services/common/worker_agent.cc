@@ -141,12 +141,13 @@ void WorkerAgent::BeginDrain(std::chrono::milliseconds timeout) {
 }
 
 void WorkerAgent::SendTokenEvent(TokenEventMsg event) {
-  const bool finishing = event.finishing();
+  bool finishing = event.finishing();
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(event.request_id);
     if (it == live_.end()) return;  // aborted with a lost router, or already finished
-    if (finishing || it->second == JobPhase::kPrefill) live_.erase(it);
+    finishing = finishing || it->second == JobPhase::kPrefill;  // a prefill job's only event
+    if (finishing) live_.erase(it);
   }
   cv_.notify_all();
   if (metrics_) {

@@ -1,0 +1,131 @@
+// pdserve-echo-worker: a PROTOCOL TEST WORKER for the control plane (echo_engine.h). It speaks
+// the real worker protocol (WorkerAgent over ZeroMQ) with a deterministic echo "engine" instead
+// of a model. Used by the router / launcher tests and bench/router; never part of a production
+// topology.
+//
+//   pdserve-echo-worker --router tcp://HOST:PORT --worker-id ID [--role colocated|prefill|decode]
+//       [--model-name NAME] [--token-delay-us N] [--prefill-us-per-token N] [--max-context N]
+//       [--kv-blocks N] [--block-tokens N] [--max-batch N] [--compat-hash N]
+//       [--metrics-host H] [--metrics-port P] [--ready-file PATH] [--drain-timeout-ms N]
+//       [--register-retry-ms N] [--log-level L]
+// Exit: 0 after SIGINT/SIGTERM (drains first) or a router-requested drain; 3 when the router
+// refuses the registration; 2 for bad arguments.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "common/cpu_features.h"
+#include "common/logging.h"
+#include "services/common/metrics.h"
+#include "services/common/process_util.h"
+#include "services/common/worker_agent.h"
+#include "services/echo_worker/echo_engine.h"
+
+namespace {
+using namespace pdserve;
+using namespace pdserve::services;
+
+int Run(int argc, char** argv) {
+  auto cl = CommandLine::Parse(argc, argv,
+                               {"router", "worker-id", "role", "model-name", "token-delay-us", "prefill-us-per-token",
+                                "max-context", "kv-blocks", "block-tokens", "max-batch", "compat-hash", "metrics-host",
+                                "metrics-port", "ready-file", "drain-timeout-ms", "register-retry-ms", "log-level"},
+                               {});
+  if (!cl.ok()) {
+    std::fprintf(stderr, "pdserve-echo-worker: %s\n", cl.status().ToString().c_str());
+    return 2;
+  }
+  if (auto v = cl->Get("log-level")) SetLogLevel(*v);
+  auto log = GetLogger("echo");
+  EchoOptions eo;
+  WorkerAgentOptions ao;
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "pdserve-echo-worker: %s\n", s.ToString().c_str());
+    return 2;
+  };
+  auto role = ParseWorkerRole(cl->GetOr("role", "colocated"));
+  if (!role.ok()) return fail(role.status());
+  eo.role = ao.role = role.value();
+  eo.worker_id = ao.worker_id = cl->GetOr("worker-id", "echo-0");
+  ao.router_address = cl->GetOr("router", "tcp://127.0.0.1:7000");
+  ao.model_name = cl->GetOr("model-name", "pdserve");
+  struct IntOpt {
+    const char* key;
+    int64_t def;
+    int64_t* out;
+  };
+  int64_t token_delay = 0, prefill_us = 0, max_context = eo.max_context, kv_blocks = eo.kv_blocks,
+          block_tokens = eo.block_tokens, max_batch = eo.max_batch, compat = 0x6563686f, metrics_port = 0,
+          drain_ms = 10000, retry_ms = 250;
+  for (IntOpt o : {IntOpt{"token-delay-us", 0, &token_delay}, {"prefill-us-per-token", 0, &prefill_us},
+                   {"max-context", max_context, &max_context}, {"kv-blocks", kv_blocks, &kv_blocks},
+                   {"block-tokens", block_tokens, &block_tokens}, {"max-batch", max_batch, &max_batch},
+                   {"compat-hash", compat, &compat}, {"metrics-port", 0, &metrics_port},
+                   {"drain-timeout-ms", drain_ms, &drain_ms}, {"register-retry-ms", retry_ms, &retry_ms}}) {
+    auto v = cl->GetInt(o.key, o.def);
+    if (!v.ok()) return fail(v.status());
+    if (v.value() < 0) return fail(Status::InvalidArgument(std::string("--") + o.key + " must be >= 0"));
+    *o.out = v.value();
+  }
+  if (block_tokens == 0 || max_context < 2 || max_batch == 0)
+    return fail(Status::InvalidArgument("--block-tokens, --max-batch must be > 0 and --max-context >= 2"));
+  eo.token_delay = std::chrono::microseconds(token_delay);
+  eo.prefill_per_token = std::chrono::microseconds(prefill_us);
+  eo.max_context = static_cast<uint32_t>(max_context);
+  eo.kv_blocks = static_cast<uint32_t>(kv_blocks);
+  eo.block_tokens = static_cast<uint32_t>(block_tokens);
+  eo.max_batch = static_cast<uint32_t>(max_batch);
+  ao.compat_hash = static_cast<uint64_t>(compat);
+  ao.register_retry = std::chrono::milliseconds(std::max<int64_t>(1, retry_ms));
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  const std::string metrics_host = cl->GetOr("metrics-host", "127.0.0.1");
+  auto exposer = MetricsExposer::Start(metrics_host + ":" + std::to_string(metrics_port), registry);
+  if (!exposer.ok()) return fail(exposer.status());
+  ao.http_address = exposer.value()->address();
+  ao.metrics_registry = registry;
+
+  EchoEngine engine(eo);
+  ao.capacity = engine.Capacity();
+  auto agent = WorkerAgent::Start(ao, &engine);
+  if (!agent.ok()) return fail(agent.status());
+  WorkerAgent* a = agent.value().get();
+  engine.SetSinks([a](TokenEventMsg ev) { a->SendTokenEvent(std::move(ev)); },
+                  [a](KvReservedMsg kv) { a->SendKvReserved(std::move(kv)); });
+  if (auto path = cl->Get("ready-file")) {
+    nlohmann::json ready = {{"metrics_port", exposer.value()->port()}, {"pid", getpid()}};
+    Status s = WriteFileAtomically(*path, ready.dump());
+    if (!s.ok()) return fail(s);
+  }
+  log->info("echo worker {} ({}) up: PROTOCOL TEST WORKER, not a model; metrics on {}", eo.worker_id,
+            WorkerRoleName(eo.role), exposer.value()->address());
+
+  int exit_code = 0;
+  while (true) {
+    const int sig = WaitForTerminationSignal(std::chrono::milliseconds(100));
+    const auto state = a->state();
+    if (state == WorkerAgent::State::kRefused) {
+      log->error("registration refused: {}", a->refusal().ToString());
+      exit_code = 3;
+      break;
+    }
+    if (state == WorkerAgent::State::kDeregistered) break;  // drained on the router's request
+    if (sig != 0) {
+      log->info("signal {}: draining (up to {} ms)", sig, drain_ms);
+      a->BeginDrain(std::chrono::milliseconds(drain_ms));
+      a->WaitForExit(std::chrono::milliseconds(drain_ms + 6000));
+      break;
+    }
+  }
+  agent.value().reset();  // deregisters if still registered; no handler call after this
+  log->info("echo worker {} stopped", eo.worker_id);
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  pdserve::RequireCpuFeatures();
+  pdserve::services::BlockTerminationSignals();
+  return Run(argc, argv);
+}

@@ -1,0 +1,92 @@
+// GenerationSession: turns one request's token events into client-visible output: incremental
+// text (StreamDetokenizer: never a broken UTF-8 character), stop strings (StopMatcher: never a
+// byte of a stop string), stop tokens hidden from the text, a router-side max_tokens cap,
+// finish reasons, usage counts, and the router's latency metrics (TTFT, inter-token latency,
+// end-to-end, running/waiting gauges). The streaming and the non-streaming handlers both drive
+// one; they differ only in how they write the steps.
+//
+// When the router ends a request itself (stop string matched, max_tokens reached, client gone,
+// deadline) it cancels the workers' jobs through RouterCore::Cancel. Usage counts come from the
+// tokens the router received (prompt tokens from its own tokenization), not from the workers.
+//
+// Thread-safety: one session per request, driven by the one HTTP thread serving it.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "common/status.h"
+#include "services/common/control_messages.h"
+#include "services/router/active_request.h"
+#include "services/router/router_core.h"
+#include "services/router/router_metrics.h"
+#include "services/router/stop_matcher.h"
+#include "tokenizer/stream_detokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pdserve::router {
+
+struct OutputToken {
+  int32_t id = 0;
+  std::optional<services::TokenLogprob> logprob;
+};
+
+struct SessionStep {
+  std::string text;                 // final text produced by this step (may be empty)
+  std::vector<OutputToken> tokens;  // tokens rendered in this step (for logprobs)
+  bool finished = false;
+  std::string finish_reason;        // "stop" | "length" when finished without error
+  Status error;                     // finished with an error
+};
+
+class GenerationSession {
+ public:
+  struct Options {
+    std::vector<std::string> stop_strings;
+    std::vector<int32_t> stop_token_ids;  // a stop token ending the request is not rendered
+    bool skip_special_tokens = true;
+  };
+
+  GenerationSession(RouterCore* core, std::shared_ptr<ActiveRequest> request, const tokenizer::Tokenizer& tokenizer,
+                    Options options, RouterMetrics* metrics);
+  // An unfinished session cancels its request (e.g. the client went away).
+  ~GenerationSession();
+  GenerationSession(const GenerationSession&) = delete;
+  GenerationSession& operator=(const GenerationSession&) = delete;
+
+  // Waits until `until` for output; nullopt when nothing arrived (check the client and the
+  // deadline, then call again). Never call again after a finished step.
+  std::optional<SessionStep> Next(std::chrono::steady_clock::time_point until);
+  // Ends the request now (aborting its workers); later Next() calls are not allowed.
+  void Cancel(std::string_view reason);
+
+  bool finished() const { return finished_; }
+  bool has_first_token() const { return first_token_seen_; }
+  uint32_t prompt_tokens() const { return request_->prompt_tokens(); }
+  uint32_t completion_tokens() const { return completion_tokens_; }
+  const std::string& tag() const { return request_->tag(); }
+  const ActiveRequest& request() const { return *request_; }
+
+ private:
+  void Consume(RequestEvent& ev, SessionStep* step);
+  void Finish(SessionStep* step, std::string reason, Status error);
+
+  RouterCore* const core_;
+  const std::shared_ptr<ActiveRequest> request_;
+  const tokenizer::Tokenizer& tokenizer_;
+  RouterMetrics* const metrics_;
+  tokenizer::StreamDetokenizer detokenizer_;
+  StopMatcher matcher_;
+  std::unordered_set<int32_t> stop_ids_;
+  std::vector<RequestEvent> events_;  // scratch
+  uint32_t completion_tokens_ = 0;
+  bool first_token_seen_ = false;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point last_token_time_{};
+};
+
+}  // namespace pdserve::router

@@ -1,0 +1,74 @@
+#include "services/router/router_config.h"
+
+namespace pdserve::router {
+
+Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
+  RouterConfig c;
+  PDSERVE_RETURN_IF_ERROR(s.CheckKeys({"host", "port", "control_endpoint", "model_name", "tokenizer_dir", "routing",
+                                       "heartbeat_interval_ms", "heartbeat_timeout_ms", "request_timeout_ms",
+                                       "first_token_timeout_ms", "default_max_tokens", "max_body_bytes",
+                                       "max_outstanding_requests", "http_threads", "compat_hash",
+                                       "disconnect_poll_ms", "admin_api", "ready_file"}));
+  PDSERVE_RETURN_IF_ERROR(s.Get("host", &c.host));
+  int64_t port = c.port;
+  PDSERVE_RETURN_IF_ERROR(s.Get("port", &port));
+  c.port = static_cast<int>(port);
+  PDSERVE_RETURN_IF_ERROR(s.Get("control_endpoint", &c.control_endpoint));
+  PDSERVE_RETURN_IF_ERROR(s.Get("model_name", &c.model_name));
+  PDSERVE_RETURN_IF_ERROR(s.Get("tokenizer_dir", &c.tokenizer_dir));
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection r, s.Section("routing"));
+  PDSERVE_RETURN_IF_ERROR(r.CheckKeys({"mode", "prefill_policy", "decode_policy", "colocated_policy"}));
+  PDSERVE_RETURN_IF_ERROR(r.GetEnum("mode", {"auto", "disaggregated", "colocated"}, &c.routing.mode));
+  PDSERVE_RETURN_IF_ERROR(
+      r.GetEnum("prefill_policy", {"round_robin", "least_outstanding_tokens"}, &c.routing.prefill_policy));
+  PDSERVE_RETURN_IF_ERROR(r.GetEnum("decode_policy", {"round_robin", "least_outstanding_tokens", "kv_capacity_aware"},
+                                    &c.routing.decode_policy));
+  PDSERVE_RETURN_IF_ERROR(r.GetEnum("colocated_policy",
+                                    {"round_robin", "least_outstanding_tokens", "kv_capacity_aware"},
+                                    &c.routing.colocated_policy));
+  PDSERVE_RETURN_IF_ERROR(s.Get("heartbeat_interval_ms", &c.heartbeat_interval));
+  PDSERVE_RETURN_IF_ERROR(s.Get("heartbeat_timeout_ms", &c.heartbeat_timeout));
+  PDSERVE_RETURN_IF_ERROR(s.Get("request_timeout_ms", &c.request_timeout));
+  PDSERVE_RETURN_IF_ERROR(s.Get("first_token_timeout_ms", &c.first_token_timeout));
+  PDSERVE_RETURN_IF_ERROR(s.Get("default_max_tokens", &c.default_max_tokens));
+  PDSERVE_RETURN_IF_ERROR(s.Get("max_body_bytes", &c.max_body_bytes));
+  PDSERVE_RETURN_IF_ERROR(s.Get("max_outstanding_requests", &c.max_outstanding_requests));
+  int32_t threads = c.http_threads;
+  PDSERVE_RETURN_IF_ERROR(s.Get("http_threads", &threads));
+  c.http_threads = threads;
+  int64_t hash = 0;
+  PDSERVE_RETURN_IF_ERROR(s.Get("compat_hash", &hash));
+  c.compat_hash = static_cast<uint64_t>(hash);
+  PDSERVE_RETURN_IF_ERROR(s.Get("disconnect_poll_ms", &c.disconnect_poll));
+  PDSERVE_RETURN_IF_ERROR(s.Get("admin_api", &c.admin_api));
+  PDSERVE_RETURN_IF_ERROR(s.Get("ready_file", &c.ready_file));
+  PDSERVE_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+Result<RouterConfig> RouterConfig::LoadFile(const std::string& path) {
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection root, services::YamlSection::LoadFile(path));
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection section, root.Section("router"));
+  auto c = FromYaml(section);
+  if (!c.ok()) return c.status().WithContext(path);
+  return c;
+}
+
+Status RouterConfig::Validate() const {
+  if (port < 0 || port > 65535) return Status::InvalidArgument("router.port must be in [0, 65535]");
+  if (control_endpoint.rfind("tcp://", 0) != 0 && control_endpoint.rfind("ipc://", 0) != 0)
+    return Status::InvalidArgument("router.control_endpoint must be tcp://HOST:PORT or ipc://PATH");
+  if (model_name.empty()) return Status::InvalidArgument("router.model_name is empty");
+  if (heartbeat_interval.count() <= 0) return Status::InvalidArgument("router.heartbeat_interval_ms must be > 0");
+  if (heartbeat_timeout <= heartbeat_interval)
+    return Status::InvalidArgument("router.heartbeat_timeout_ms must exceed heartbeat_interval_ms");
+  if (request_timeout.count() <= 0 || first_token_timeout.count() <= 0)
+    return Status::InvalidArgument("router timeouts must be > 0");
+  if (max_body_bytes < 1024) return Status::InvalidArgument("router.max_body_bytes must be >= 1024");
+  if (max_outstanding_requests == 0) return Status::InvalidArgument("router.max_outstanding_requests must be > 0");
+  if (http_threads < 2 || http_threads > 4096) return Status::InvalidArgument("router.http_threads must be in [2, 4096]");
+  if (disconnect_poll.count() <= 0) return Status::InvalidArgument("router.disconnect_poll_ms must be > 0");
+  return Status::Ok();
+}
+
+}  // namespace pdserve::router

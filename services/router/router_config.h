@@ -1,0 +1,53 @@
+// RouterConfig: every option of pdserve-router, with its default (docs/configuration.md lists
+// them all). Read from the `router:` section of a YAML file (the cluster file of
+// pdserve-launch works as is), then optionally overridden on the command line.
+//
+// Thread-safety: a value type.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "services/common/yaml_config.h"
+
+namespace pdserve::router {
+
+struct RoutingConfig {
+  // auto: disaggregated when >= 1 prefill and >= 1 decode worker are ready, else colocated.
+  std::string mode = "auto";  // auto | disaggregated | colocated
+  std::string prefill_policy = "least_outstanding_tokens";    // round_robin | least_outstanding_tokens
+  std::string decode_policy = "kv_capacity_aware";            // + kv_capacity_aware
+  std::string colocated_policy = "least_outstanding_tokens";  // + kv_capacity_aware
+};
+
+struct RouterConfig {
+  std::string host = "127.0.0.1";  // HTTP listen address
+  int port = 8000;                 // HTTP port; 0 picks a free one (see the ready file)
+  // ZeroMQ ROUTER endpoint the workers connect to ("tcp://HOST:*" picks a free port).
+  std::string control_endpoint = "tcp://127.0.0.1:7000";
+  std::string model_name = "pdserve";  // the one model served; workers must register with it
+  std::string tokenizer_dir;           // empty: tokenizer::DefaultTokenizerDir()
+  RoutingConfig routing;
+  std::chrono::milliseconds heartbeat_interval{500};  // told to workers in RegisterAck
+  std::chrono::milliseconds heartbeat_timeout{2500};  // silence after which a worker is removed
+  std::chrono::milliseconds request_timeout{600000};  // whole request, router side
+  std::chrono::milliseconds first_token_timeout{120000};
+  uint32_t default_max_tokens = 0;    // when the client sends none; 0: up to the context limit
+  int64_t max_body_bytes = 8 << 20;   // larger bodies get 413
+  uint32_t max_outstanding_requests = 1024;  // admitted and unfinished; beyond: 429
+  int http_threads = 64;              // HTTP worker threads (a streaming request holds one)
+  uint64_t compat_hash = 0;           // 0: adopt the first prefill/decode worker's hash
+  std::chrono::milliseconds disconnect_poll{50};  // how often waits check for a gone client
+  bool admin_api = true;              // GET /admin/workers, POST /admin/drain
+  std::string ready_file;             // when set: JSON {http_port, control_endpoint} after start
+
+  // Errors: InvalidArgument naming the key.
+  static Result<RouterConfig> FromYaml(const services::YamlSection& section);
+  // Reads the `router:` section of a file.
+  static Result<RouterConfig> LoadFile(const std::string& path);
+  Status Validate() const;
+};
+
+}  // namespace pdserve::router

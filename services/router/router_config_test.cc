@@ -1,0 +1,44 @@
+#include "services/router/router_config.h"
+
+#include <gtest/gtest.h>
+
+namespace pdserve::router {
+namespace {
+
+TEST(RouterConfigTest, DefaultsAndOverrides) {
+  auto root = services::YamlSection::Parse(R"(
+router:
+  port: 0
+  model_name: tiny
+  routing:
+    mode: colocated
+    colocated_policy: round_robin
+  heartbeat_interval_ms: 100
+  heartbeat_timeout_ms: 1000
+)").value();
+  auto c = RouterConfig::FromYaml(root.Section("router").value());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->port, 0);
+  EXPECT_EQ(c->model_name, "tiny");
+  EXPECT_EQ(c->routing.mode, "colocated");
+  EXPECT_EQ(c->routing.colocated_policy, "round_robin");
+  EXPECT_EQ(c->routing.decode_policy, "kv_capacity_aware");  // default kept
+  EXPECT_EQ(c->heartbeat_timeout.count(), 1000);
+  EXPECT_EQ(c->max_body_bytes, 8 << 20);
+}
+
+TEST(RouterConfigTest, Errors) {
+  auto bad = [](const char* yaml) {
+    auto root = services::YamlSection::Parse(yaml).value();
+    return RouterConfig::FromYaml(root).status();
+  };
+  EXPECT_NE(bad("prot: 1").message().find("unknown key"), std::string::npos);
+  EXPECT_NE(bad("routing: {decode_policy: fastest}").message().find("routing.decode_policy"), std::string::npos);
+  EXPECT_FALSE(bad("heartbeat_interval_ms: 1000\nheartbeat_timeout_ms: 500").ok());
+  EXPECT_FALSE(bad("port: 70000").ok());
+  EXPECT_FALSE(bad("control_endpoint: localhost:7000").ok());
+  EXPECT_EQ(RouterConfig::LoadFile("/nonexistent.yaml").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pdserve::router

@@ -1,0 +1,142 @@
+// RouterCore: the router's control plane and request routing, without HTTP.
+//
+// It binds the ROUTER ControlChannel, keeps the WorkerRegistry, picks workers for each request
+// (routing_policy.h), sends the jobs, relays the disaggregated hand-offs and feeds each
+// request's token events to its ActiveRequest. HTTP handlers (RouterServer) call Submit() and
+// Cancel(); everything arriving from workers is handled on the channel's thread.
+//
+// Request flows (proto/control.capnp has the full protocol):
+//   colocated      Job(colocated) -> C; C's token events -> the request.
+//   disaggregated  Job(decode) -> D; D's kvReserved -> Job(prefill, descriptor) -> P; P's single
+//                  event (the first token, TTFT) -> the request and FirstToken -> D; D's events
+//                  (from output index 1) -> the request. A request that ends at the first token
+//                  gets Abort -> D (frees the reservation).
+// Failures fail fast: a worker that times out (no heartbeat for heartbeat_timeout), deregisters
+// or is replaced by a restart takes down exactly the requests it was part of (error event
+// kUnavailable to their clients, Abort to their other worker). An event for a request the
+// router does not know is answered with Abort so a worker never computes for nobody.
+//
+// Thread-safety: Submit, Cancel, Health, WorkersJson, DrainWorker: any thread. One mutex
+// guards the registry and the route table; sends only queue to the channel.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "services/common/control_channel.h"
+#include "services/common/control_messages.h"
+#include "services/router/active_request.h"
+#include "services/router/router_metrics.h"
+#include "services/router/routing_policy.h"
+#include "services/router/worker_registry.h"
+
+namespace pdserve::router {
+
+enum class ServingMode { kAuto, kDisaggregated, kColocated };
+
+struct RouterCoreOptions {
+  std::string control_endpoint = "tcp://127.0.0.1:*";
+  std::string model_name = "pdserve";
+  uint64_t compat_hash = 0;
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds heartbeat_timeout{2500};
+  ServingMode mode = ServingMode::kAuto;
+  RoutingPolicy prefill_policy = RoutingPolicy::kLeastOutstandingTokens;
+  RoutingPolicy decode_policy = RoutingPolicy::kKvCapacityAware;
+  RoutingPolicy colocated_policy = RoutingPolicy::kLeastOutstandingTokens;
+  uint32_t default_max_tokens = 0;
+  uint32_t max_outstanding_requests = 1024;
+};
+
+struct SubmitSpec {
+  std::string tag;                        // client-visible request id
+  std::vector<int32_t> prompt;
+  services::SamplingSpec sampling;        // max_tokens is resolved by Submit
+  std::optional<uint32_t> max_tokens;     // as the client asked
+  std::chrono::steady_clock::time_point arrival{};
+  int64_t deadline_unix_ms = 0;
+};
+
+struct ClusterHealth {
+  size_t prefill = 0, decode = 0, colocated = 0, draining = 0;
+  bool ready = false;
+};
+
+class RouterCore {
+ public:
+  // Errors: ControlChannel::Start's (the control endpoint cannot be bound).
+  static Result<std::unique_ptr<RouterCore>> Start(RouterCoreOptions options, RouterMetrics* metrics);
+  ~RouterCore();
+  RouterCore(const RouterCore&) = delete;
+  RouterCore& operator=(const RouterCore&) = delete;
+
+  // Picks workers and dispatches the request. The returned ActiveRequest receives its events.
+  // Errors: Unavailable (no ready worker for the request), InvalidArgument (exceeds the
+  // context length; OpenAI's message), ResourceExhausted (router.max_outstanding_requests or
+  // no KV capacity).
+  Result<std::shared_ptr<ActiveRequest>> Submit(SubmitSpec spec);
+  // Stops a request: Abort to its workers that still run it; the route is forgotten. No-op for
+  // a finished request.
+  void Cancel(uint64_t request_id, std::string_view reason);
+
+  ClusterHealth Health() const;
+  nlohmann::json WorkersJson() const;
+  // Sends Drain to a worker and stops routing to it. Errors: NotFound.
+  Status DrainWorker(const std::string& worker_id, uint32_t timeout_ms);
+
+  const std::string& control_endpoint() const { return channel_->endpoint(); }
+  uint64_t incarnation() const { return incarnation_; }
+  size_t outstanding() const;
+
+ private:
+  struct Route {
+    std::shared_ptr<ActiveRequest> request;
+    bool disaggregated = false;
+    std::string out_peer;      // colocated or decode worker: produces the tokens
+    std::string prefill_peer;  // disaggregated only
+    bool out_live = false;     // that worker still holds the job
+    bool prefill_live = false;
+    bool first_token_seen = false;
+    services::JobMsg prefill_job;  // sent once the decode worker reserved KV
+    int64_t out_tokens_charge = 0;
+    int64_t out_blocks_charge = 0;
+    int64_t prefill_tokens_charge = 0;
+  };
+
+  RouterCore(RouterCoreOptions options, RouterMetrics* metrics);
+  void OnMessage(std::string_view peer, std::string_view payload);
+  void OnTick(std::chrono::steady_clock::time_point now);
+  // Under mu_:
+  void SendLocked(const std::string& peer, const services::ControlMessage& message);
+  void OnTokenEventLocked(const std::string& peer, services::TokenEventMsg ev);
+  void OnKvReservedLocked(const std::string& peer, services::KvReservedMsg msg);
+  void WorkerGoneLocked(const WorkerEntry& worker, const std::string& reason);
+  // Ends a route: releases charges, aborts its live workers, forgets it.
+  void EndRouteLocked(uint64_t id, std::string_view abort_reason);
+  void ReleaseLocked(Route& route);
+  bool UsesPeer(const Route& route, const std::string& peer) const;
+
+  const RouterCoreOptions options_;
+  RouterMetrics* const metrics_;
+  const uint64_t incarnation_;
+
+  mutable std::mutex mu_;
+  WorkerRegistry registry_;
+  std::unordered_map<uint64_t, Route> routes_;
+  uint64_t next_request_id_;
+  uint64_t cursor_prefill_ = 0, cursor_decode_ = 0, cursor_colocated_ = 0;
+
+  std::unique_ptr<services::ControlChannel> channel_;  // last: stopped before the rest
+};
+
+}  // namespace pdserve::router

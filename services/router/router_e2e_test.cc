@@ -1,0 +1,586 @@
+// End-to-end tests of the router and the control plane: a real pdserve-router process (or a
+// RouterServer in this process) and real pdserve-echo-worker processes on loopback sockets.
+// The echo worker's output is predictable (echo_engine.h: token i = prompt[i % n]), so every
+// reply is checked exactly.
+#include <signal.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "services/common/process_util.h"
+#include "services/router/cluster_fixture.h"
+#include "services/router/router_server.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_paths.h"
+
+namespace pdserve::router {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using services::testing::HttpGet;
+using services::testing::HttpPost;
+using services::testing::HttpPostSse;
+using services::testing::SseReply;
+using services::testing::WaitFor;
+using testing::TestCluster;
+using Clock = std::chrono::steady_clock;
+
+const tokenizer::Tokenizer& Tok() {
+  static const auto* tok = tokenizer::Tokenizer::Load(tokenizer::DefaultTokenizerDir()).value().release();
+  return *tok;
+}
+
+// Prompts of plain English words (no EOS inside, so only max_tokens ends the echo; the echoed
+// text is readable in failure messages). Prompt(k, n) holds about n words.
+std::vector<int32_t> Prompt(int k, int n = 12) {
+  static const char* kWords[] = {"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+                                 "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa"};
+  std::string text;
+  for (int i = 0; i < n; ++i) text += std::string(i ? " " : "") + kWords[(k * 5 + i * 3) % 16] + std::to_string(k);
+  return Tok().Encode(text, {false, true}).value();
+}
+
+std::string EchoText(const std::vector<int32_t>& prompt, size_t max_tokens) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < max_tokens; ++i) out.push_back(prompt[i % prompt.size()]);
+  return Tok().Decode(out, {/*skip_special_tokens=*/true}).value();
+}
+
+std::vector<int32_t> ChatPrompt(const std::string& user) {
+  auto tmpl = tokenizer::ChatTemplate::FromConfig(Tok().config()).value();
+  tokenizer::ChatTemplateOptions o;
+  o.add_generation_prompt = true;
+  auto text = tmpl.Render({{"user", user, {}}}, o).value();
+  return Tok().Encode(text, {false, true}).value();
+}
+
+std::string CompletionBody(const std::vector<int32_t>& prompt, int max_tokens, bool stream = false) {
+  json b = {{"model", "pdserve"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  if (stream) b["stream"] = true;
+  return b.dump();
+}
+
+// Concatenated text of an SSE reply (chat deltas or completion texts), the usage chunk (or
+// null) and whether an error event arrived.
+struct StreamResult {
+  std::string text;
+  json usage;
+  bool error = false;
+  std::string finish_reason;
+};
+StreamResult Collect(const SseReply& r) {
+  StreamResult out;
+  for (const auto& e : r.events) {
+    json j = json::parse(e);
+    if (j.contains("error")) {
+      out.error = true;
+      continue;
+    }
+    if (j.contains("usage") && !j["usage"].is_null()) out.usage = j["usage"];
+    for (const auto& c : j["choices"]) {
+      if (c.contains("delta") && c["delta"].contains("content")) out.text += c["delta"]["content"].get<std::string>();
+      if (c.contains("text")) out.text += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) out.finish_reason = c["finish_reason"].get<std::string>();
+    }
+  }
+  return out;
+}
+
+#define ASSERT_OK_C(expr, cluster) \
+  do {                             \
+    Status s_ = (expr);            \
+    ASSERT_TRUE(s_.ok()) << s_.ToString() << "\n" << (cluster).Logs(); \
+  } while (0)
+
+TEST(RouterE2eTest, CompletionsChatStreamingUsageModelsHealthMetrics) {
+  TestCluster c("basic");
+  ASSERT_OK_C(c.StartRouter(), c);
+  ASSERT_OK_C(c.StartWorker("w0"), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+
+  // Non-streaming completion from token ids.
+  const auto p = Prompt(1);
+  auto r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(p, 20));
+  ASSERT_EQ(r.status, 200) << r.body << r.error;
+  EXPECT_FALSE(r.headers["X-Request-Id"].empty());
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], EchoText(p, 20));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], p.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 20);
+  EXPECT_EQ(j["usage"]["total_tokens"], p.size() + 20);
+
+  // Text prompt: the router adds BOS and tokenizes.
+  r = HttpPost(c.http_port(), "/v1/completions", R"({"model":"pdserve","prompt":"The quick brown fox","max_tokens":4})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto text_prompt = Tok().Encode("The quick brown fox", {true, true}).value();
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], EchoText(text_prompt, 4));
+  EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens"], text_prompt.size());
+
+  // Non-streaming chat.
+  const auto chat_prompt = ChatPrompt("Hello, how are you?");
+  r = HttpPost(c.http_port(), "/v1/chat/completions",
+               R"({"model":"pdserve","messages":[{"role":"user","content":"Hello, how are you?"}],"max_tokens":9})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], EchoText(chat_prompt, 9));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], chat_prompt.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 9);
+
+  // Streaming chat with usage.
+  auto s = HttpPostSse(c.http_port(), "/v1/chat/completions",
+                       R"({"model":"pdserve","messages":[{"role":"user","content":"Hello, how are you?"}],
+                           "max_completion_tokens":11,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(s.status, 200) << s.raw;
+  EXPECT_TRUE(s.done);
+  ASSERT_GE(s.events.size(), 3u);
+  EXPECT_EQ(json::parse(s.events[0])["choices"][0]["delta"]["role"], "assistant");
+  auto sr = Collect(s);
+  EXPECT_EQ(sr.text, EchoText(chat_prompt, 11));
+  EXPECT_EQ(sr.finish_reason, "length");
+  EXPECT_EQ(sr.usage["prompt_tokens"], chat_prompt.size());
+  EXPECT_EQ(sr.usage["completion_tokens"], 11);
+  EXPECT_TRUE(json::parse(s.events.back())["choices"].empty());  // the usage chunk is last
+
+  // Streaming completion without usage; stop string and stop token.
+  s = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(p, 15, true));
+  sr = Collect(s);
+  EXPECT_EQ(sr.text, EchoText(p, 15));
+  EXPECT_TRUE(sr.usage.is_null());
+  const std::string full = EchoText(p, 24);
+  const std::string stop = full.substr(full.find(' ', 5), 3);  // ASCII: the prompt is English words
+  r = HttpPost(c.http_port(), "/v1/completions",
+               json{{"model", "pdserve"}, {"prompt", p}, {"max_tokens", 24}, {"stop", stop}}.dump());
+  j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], full.substr(0, full.find(stop)));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  r = HttpPost(c.http_port(), "/v1/completions",
+               json{{"model", "pdserve"}, {"prompt", p}, {"max_tokens", 24}, {"stop_token_ids", {p[3]}}}.dump());
+  j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], EchoText(p, 3));  // the stop token is not rendered
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+
+  // Logprobs (synthetic from the echo worker, but shaped like OpenAI's).
+  r = HttpPost(c.http_port(), "/v1/chat/completions",
+               R"({"model":"pdserve","messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"logprobs":true,"top_logprobs":2})");
+  j = json::parse(r.body);
+  ASSERT_EQ(j["choices"][0]["logprobs"]["content"].size(), 3u) << r.body;
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"][1]["logprob"], -0.5);
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"][1]["top_logprobs"].size(), 2u);
+
+  // /v1/models, /health.
+  r = HttpGet(c.http_port(), "/v1/models");
+  EXPECT_EQ(json::parse(r.body)["data"][0]["id"], "pdserve");
+  r = HttpGet(c.http_port(), "/health");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["workers"]["colocated"], 1);
+
+  // Metrics: the router's and the worker's pass promtool; counts add up.
+  r = HttpGet(c.http_port(), "/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(testing::PromtoolProblems(r.body), "");
+  EXPECT_EQ(testing::MetricValue(r.body, "pdserve_router_requests_total", "outcome=\"ok\""), 8);
+  EXPECT_EQ(testing::MetricValue(r.body, "pdserve_router_ttft_seconds_count"), 8);
+  EXPECT_EQ(testing::MetricValue(r.body, "pdserve_router_running_requests"), 0);
+  EXPECT_EQ(testing::MetricValue(r.body, "pdserve_router_waiting_requests"), 0);
+  r = HttpGet(c.worker_metrics_port("w0"), "/metrics");
+  EXPECT_EQ(testing::PromtoolProblems(r.body), "");
+  EXPECT_GE(testing::MetricValue(r.body, "pdserve_worker_jobs_total", "outcome=\"finished\""), 6);
+}
+
+TEST(RouterE2eTest, ThirtyTwoConcurrentStreamsOverTwoWorkers) {
+  TestCluster c("concurrent");
+  ASSERT_OK_C(c.StartRouter(), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "2000"}), c);
+  ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--token-delay-us", "2000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+  constexpr int kStreams = 32;
+  std::vector<SseReply> replies(kStreams);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kStreams; ++k) {
+    threads.emplace_back([&, k] {
+      json b = {{"model", "pdserve"}, {"prompt", Prompt(k, 5 + k % 7)}, {"max_tokens", 16 + k},
+                {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+      replies[k] = HttpPostSse(c.http_port(), "/v1/completions", b.dump());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kStreams; ++k) {
+    SCOPED_TRACE(k);
+    ASSERT_EQ(replies[k].status, 200) << replies[k].raw << replies[k].error;
+    auto sr = Collect(replies[k]);
+    EXPECT_FALSE(sr.error);
+    EXPECT_EQ(sr.text, EchoText(Prompt(k, 5 + k % 7), 16 + k));
+    EXPECT_EQ(sr.usage["completion_tokens"], 16 + k);
+    EXPECT_EQ(sr.usage["prompt_tokens"], Prompt(k, 5 + k % 7).size());
+  }
+  // Both workers served (least-outstanding-tokens spreads a burst).
+  EXPECT_GT(c.WorkerMetric("w0", "pdserve_worker_jobs_total", "finished"), 4);
+  EXPECT_GT(c.WorkerMetric("w1", "pdserve_worker_jobs_total", "finished"), 4);
+}
+
+TEST(RouterE2eTest, DisaggregatedPairMatchesColocatedOutput) {
+  TestCluster c("pd");
+  ASSERT_OK_C(c.StartRouter(), c);
+  ASSERT_OK_C(c.StartWorker("p0", "prefill"), c);
+  ASSERT_OK_C(c.StartWorker("d0", "decode", {"--token-delay-us", "1000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+  auto h = json::parse(HttpGet(c.http_port(), "/health").body);
+  EXPECT_EQ(h["workers"]["prefill"], 1);
+  EXPECT_EQ(h["workers"]["decode"], 1);
+  const auto p = Prompt(3);
+  auto r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(p, 17));
+  ASSERT_EQ(r.status, 200) << r.body << c.Logs();
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], EchoText(p, 17));
+  EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 17);
+  auto s = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(p, 9, true));
+  EXPECT_EQ(Collect(s).text, EchoText(p, 9));
+  // A request that ends at the prefill's first token frees the decode reservation.
+  r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(p, 1));
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], EchoText(p, 1));
+  EXPECT_TRUE(WaitFor([&] {
+    auto w = c.Workers();
+    for (const auto& x : w)
+      if (x["id"] == "d0") return x["kv_blocks_free"] == x["kv_blocks_total"];
+    return false;
+  }, 5s));
+  EXPECT_EQ(c.WorkerMetric("p0", "pdserve_worker_jobs_total", "finished"), 3);
+
+  // A decode worker whose model / KV layout hash differs is refused and exits.
+  ASSERT_OK_C(c.StartWorker("d1", "decode", {"--compat-hash", "12345"}), c);
+  EXPECT_EQ(c.worker("d1")->WaitExit(10s), std::optional<int>(3)) << c.Logs();
+  EXPECT_EQ(c.Workers().size(), 2u);
+}
+
+TEST(RouterE2eTest, RoundRobinAndLeastOutstandingTokens) {
+  {
+    TestCluster c("rr");
+    ASSERT_OK_C(c.StartRouter({"--colocated-policy", "round_robin"}), c);
+    ASSERT_OK_C(c.StartWorker("w0"), c);
+    ASSERT_OK_C(c.StartWorker("w1"), c);
+    ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+    for (int i = 0; i < 10; ++i)
+      ASSERT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(i), 2)).status, 200);
+    EXPECT_EQ(c.WorkerMetric("w0", "pdserve_worker_jobs_total", "finished"), 5);
+    EXPECT_EQ(c.WorkerMetric("w1", "pdserve_worker_jobs_total", "finished"), 5);
+  }
+  {
+    TestCluster c("lot");
+    ASSERT_OK_C(c.StartRouter({"--colocated-policy", "least_outstanding_tokens"}), c);
+    ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "20000"}), c);
+    ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--token-delay-us", "20000"}), c);
+    ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+    // One long request occupies a worker; the short ones all go to the other.
+    std::thread long_one([&] { HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(0), 100)); });
+    ASSERT_TRUE(WaitFor([&] {
+      for (const auto& w : c.Workers())
+        if (w["outstanding_tokens"].get<int64_t>() > 0) return true;
+      return false;
+    }, 5s));
+    for (int i = 1; i <= 4; ++i)
+      ASSERT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(i), 2)).status, 200);
+    long_one.join();
+    const double f0 = c.WorkerMetric("w0", "pdserve_worker_jobs_total", "finished");
+    const double f1 = c.WorkerMetric("w1", "pdserve_worker_jobs_total", "finished");
+    EXPECT_TRUE((f0 == 1 && f1 == 4) || (f0 == 4 && f1 == 1)) << f0 << " " << f1;
+  }
+}
+
+TEST(RouterE2eTest, WorkerKilledMidStreamFailsOnlyItsRequests) {
+  TestCluster c("kill");
+  ASSERT_OK_C(c.StartRouter(), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+  constexpr int kStreams = 8;
+  std::atomic<int> started{0};
+  std::atomic<int64_t> kill_time_ns{0};
+  std::vector<SseReply> replies(kStreams);
+  std::vector<double> error_after_kill(kStreams, -1);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kStreams; ++k) {
+    threads.emplace_back([&, k] {
+      bool first = true;
+      replies[k] = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(k), 120, true), 60s,
+                               [&, k](const std::string& ev) {
+                                 if (first) {
+                                   first = false;
+                                   ++started;
+                                 }
+                                 if (ev.find("\"error\"") != std::string::npos && kill_time_ns > 0)
+                                   error_after_kill[k] =
+                                       (Clock::now().time_since_epoch().count() - kill_time_ns.load()) / 1e9;
+                                 return true;
+                               });
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return started == kStreams; }, 10s));
+  kill_time_ns = Clock::now().time_since_epoch().count();
+  c.worker("w0")->Kill();
+  for (auto& t : threads) t.join();
+  int failed = 0, completed = 0;
+  for (int k = 0; k < kStreams; ++k) {
+    SCOPED_TRACE(k);
+    auto sr = Collect(replies[k]);
+    EXPECT_TRUE(replies[k].done);  // every stream ends properly, none hangs
+    if (sr.error) {
+      ++failed;
+      EXPECT_GE(error_after_kill[k], 0);
+      EXPECT_LT(error_after_kill[k], 3.0);  // within seconds (heartbeat timeout 0.8 s)
+    } else {
+      ++completed;
+      EXPECT_EQ(sr.text, EchoText(Prompt(k), 120));
+    }
+  }
+  EXPECT_EQ(failed, kStreams / 2);
+  EXPECT_EQ(completed, kStreams / 2);
+  // The survivor holds no leaked KV blocks; the cluster keeps serving.
+  EXPECT_TRUE(WaitFor([&] {
+    auto w = c.Workers();
+    return w.size() == 1 && w[0]["id"] == "w1" && w[0]["kv_blocks_free"] == w[0]["kv_blocks_total"] &&
+           w[0]["outstanding_tokens"] == 0;
+  }, 5s)) << c.Workers().dump();
+  EXPECT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 3)).status, 200);
+  auto m = HttpGet(c.http_port(), "/metrics").body;
+  EXPECT_EQ(testing::MetricValue(m, "pdserve_router_worker_removals_total", "reason=\"timeout\""), 1);
+  EXPECT_EQ(testing::MetricValue(m, "pdserve_router_requests_total", "outcome=\"error\""), kStreams / 2);
+}
+
+TEST(RouterE2eTest, PrefillKilledDuringPrefillFailsFast) {
+  TestCluster c("killp");
+  ASSERT_OK_C(c.StartRouter(), c);
+  ASSERT_OK_C(c.StartWorker("p0", "prefill", {"--prefill-us-per-token", "500000"}), c);  // 6 s for 12 tokens
+  ASSERT_OK_C(c.StartWorker("d0", "decode"), c);
+  ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+  std::thread killer([&] {
+    WaitFor([&] { return c.WorkerMetric("p0", "pdserve_worker_prompt_tokens_total") > 0; }, 5s);
+    c.worker("p0")->Kill();
+  });
+  const auto t0 = Clock::now();
+  auto r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 5));
+  killer.join();
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_LT(Clock::now() - t0, 4s);
+  EXPECT_NE(json::parse(r.body)["error"]["message"].get<std::string>().find("prefill worker p0"), std::string::npos);
+  EXPECT_TRUE(WaitFor([&] {
+    auto w = c.Workers();
+    return w.size() == 1 && w[0]["kv_blocks_free"] == w[0]["kv_blocks_total"];
+  }, 5s)) << c.Workers().dump();
+}
+
+TEST(RouterE2eTest, WorkerBeforeAndAfterRouterAndRouterRestart) {
+  TestCluster c("restart");
+  const int control_port = services::testing::FreeTcpPort();
+  ASSERT_OK_C(c.StartRouter({}, control_port), c);
+  // No workers yet: not ready, requests get 503.
+  EXPECT_EQ(HttpGet(c.http_port(), "/health").status, 503);
+  auto r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 2));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(json::parse(r.body)["error"]["code"], "no_workers");
+  // A worker registering after the router.
+  ASSERT_OK_C(c.StartWorker("w0"), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  EXPECT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 2)).status, 200);
+  // The router dies and comes back on the same control port: the worker registers again.
+  c.KillRouter();
+  ASSERT_OK_C(c.StartRouter({}, control_port), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  EXPECT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(2), 3)).status, 200);
+  EXPECT_GE(c.WorkerMetric("w0", "pdserve_worker_registrations_total"), 2);
+  // A worker started while no router runs registers once it appears.
+  c.KillRouter();
+  ASSERT_OK_C(c.StartWorker("w1"), c);
+  ASSERT_OK_C(c.StartRouter({}, control_port), c);
+  ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+}
+
+TEST(RouterE2eTest, HeartbeatLossRemovesWorkerAndFailsItsRequests) {
+  TestCluster c("hb");
+  ASSERT_OK_C(c.StartRouter(), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  std::atomic<bool> first{false};
+  std::thread stream([&] {
+    auto s = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 200, true), 30s,
+                         [&](const std::string&) {
+                           first = true;
+                           return true;
+                         });
+    EXPECT_TRUE(Collect(s).error);
+    EXPECT_TRUE(s.done);
+  });
+  ASSERT_TRUE(WaitFor([&] { return first.load(); }, 5s));
+  const auto t0 = Clock::now();
+  c.worker("w0")->Signal(SIGSTOP);  // alive but silent
+  ASSERT_TRUE(c.WaitForWorkers(0, 5s));
+  EXPECT_LT(Clock::now() - t0, 3s);
+  EXPECT_EQ(HttpGet(c.http_port(), "/health").status, 503);
+  stream.join();
+  c.worker("w0")->Signal(SIGCONT);  // hears "unknown worker", aborts its stale job, registers again
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  EXPECT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 2)).status, 200);
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w0", "pdserve_worker_jobs_total", "aborted") == 1; }, 5s));
+}
+
+TEST(RouterE2eTest, BadInputGetsOpenAiErrorsAndTheClusterKeepsServing) {
+  TestCluster c("bad");
+  ASSERT_OK_C(c.StartRouter({"--max-body-bytes", "1048576"}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--max-context", "64"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  struct Case {
+    const char* path;
+    std::string body;
+    int status;
+    const char* param;
+    const char* code;
+  };
+  std::vector<int32_t> long_prompt(100, 1000);
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", "{\"model\": \"pdserve\", \"messages\": [", 400, "", ""},
+      {"/v1/chat/completions", "not json at all", 400, "", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve","messages":"hi"})", 400, "messages", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve","messages":[{"role":"user","content":"x"}],"max_tokens":"ten"})", 400, "max_tokens", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve","messages":[{"role":"user","content":"x"}],"temperature":[1]})", 400, "temperature", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve"})", 400, "messages", ""},
+      {"/v1/completions", R"({"model":"pdserve"})", 400, "prompt", ""},
+      {"/v1/completions", R"({"prompt":"x"})", 400, "model", ""},
+      {"/v1/completions", R"({"model":"gpt-9","prompt":"x"})", 404, "", "model_not_found"},
+      {"/v1/completions", json{{"model", "pdserve"}, {"prompt", long_prompt}}.dump(), 400, "prompt", "context_length_exceeded"},
+      {"/v1/completions", R"({"model":"pdserve","prompt":[1,2,3],"max_tokens":100})", 400, "prompt", "context_length_exceeded"},
+      {"/v1/completions", R"({"model":"pdserve","prompt":[999999999]})", 400, "prompt", ""},
+      {"/v1/completions", R"({"model":"pdserve","prompt":"x","n":2})", 400, "n", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve","messages":[{"role":"user","content":"x"}],"n":3,"stream":true})", 400, "n", ""},
+      {"/v1/nope", "{}", 404, "", ""},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.body.substr(0, 80));
+    auto r = HttpPost(c.http_port(), k.path, k.body);
+    ASSERT_EQ(r.status, k.status) << r.body;
+    json j = json::parse(r.body);
+    ASSERT_TRUE(j["error"].is_object()) << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    EXPECT_EQ(j["error"]["param"].is_null() ? "" : j["error"]["param"].get<std::string>(), k.param);
+    EXPECT_EQ(j["error"]["code"].is_null() ? "" : j["error"]["code"].get<std::string>(), k.code);
+  }
+  // A 100 MB body: 413, and the router survives.
+  std::string huge = "{\"model\":\"pdserve\",\"prompt\":\"" + std::string(100u << 20, 'a') + "\"}";
+  auto r = HttpPost(c.http_port(), "/v1/completions", huge, 60s);
+  EXPECT_EQ(r.status, 413) << r.error;
+  EXPECT_EQ(json::parse(r.body)["error"]["code"], "request_too_large");
+  auto ok = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 5));
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(json::parse(ok.body)["choices"][0]["text"], EchoText(Prompt(1), 5));
+  auto m = HttpGet(c.http_port(), "/metrics").body;
+  EXPECT_GE(testing::MetricValue(m, "pdserve_router_requests_total", "outcome=\"client_error\""), 14);
+}
+
+TEST(RouterE2eTest, ClientDisconnectAbortsTheWorkerJob) {
+  TestCluster c("disconnect");
+  ASSERT_OK_C(c.StartRouter(), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  // Streaming: hang up after the first event.
+  auto s = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 500, true), 10s,
+                       [](const std::string&) { return false; });
+  EXPECT_TRUE(s.cancelled);
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w0", "pdserve_worker_jobs_total", "aborted") == 1; }, 3s));
+  // Non-streaming: the client sends the request and goes away while the worker generates.
+  {
+    services::testing::RawHttpConnection conn(c.http_port());
+    const std::string body = CompletionBody(Prompt(2), 500);
+    ASSERT_TRUE(conn.SendAll("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
+    ASSERT_TRUE(WaitFor([&] {
+      auto w = c.Workers();
+      return !w.empty() && w[0]["outstanding_requests"] == 1;
+    }, 5s));
+  }
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w0", "pdserve_worker_jobs_total", "aborted") == 2; }, 3s));
+  EXPECT_TRUE(WaitFor([&] {
+    auto m = HttpGet(c.http_port(), "/metrics").body;
+    return testing::MetricValue(m, "pdserve_router_requests_total", "outcome=\"cancelled\"") == 2;
+  }, 3s));
+}
+
+TEST(RouterE2eTest, SaturationTimeoutsAndDrain) {
+  TestCluster c("sat");
+  ASSERT_OK_C(c.StartRouter({"--first-token-timeout-ms", "400"}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--max-batch", "1", "--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  // The one slot is taken: the worker refuses the second job -> 429.
+  auto outstanding = [&] {
+    auto w = c.Workers();
+    return w.empty() ? -1 : w[0]["outstanding_requests"].get<int64_t>();
+  };
+  std::thread busy([&] { HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(1), 60)); });
+  ASSERT_TRUE(WaitFor([&] { return outstanding() == 1; }, 5s));
+  auto r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(2), 2));
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(json::parse(r.body)["error"]["type"], "rate_limit_error");
+  busy.join();
+  // Drain: the worker finishes what it runs, deregisters and exits 0.
+  std::thread running([&] {
+    auto rr = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(3), 30));
+    EXPECT_EQ(rr.status, 200) << rr.body;
+    EXPECT_EQ(json::parse(rr.body)["choices"][0]["text"], EchoText(Prompt(3), 30));
+  });
+  ASSERT_TRUE(WaitFor([&] { return outstanding() == 1; }, 5s));
+  r = HttpPost(c.http_port(), "/admin/drain", R"({"worker_id":"w0"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(4), 2)).status, 503);
+  running.join();
+  EXPECT_EQ(c.worker("w0")->WaitExit(5s), std::optional<int>(0)) << c.Logs();
+  EXPECT_TRUE(c.WaitForWorkers(0, 3s));
+  // First-token deadline: a slow prefill gets 504 and the job is aborted.
+  ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--prefill-us-per-token", "200000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  const auto t0 = Clock::now();
+  r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(5), 2));
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w1", "pdserve_worker_jobs_total", "aborted") == 1; }, 3s));
+}
+
+TEST(RouterE2eTest, InProcessRouterServer) {
+  RouterConfig config;
+  config.port = 0;
+  config.control_endpoint = "tcp://127.0.0.1:*";
+  config.heartbeat_interval = 100ms;
+  config.heartbeat_timeout = 800ms;
+  auto server = RouterServer::Start(config);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string dir = services::testing::MakeTempDir("pdserve-inproc");
+  auto worker = services::testing::ChildProcess::Spawn(
+      {std::string(PDSERVE_BIN_DIR) + "/pdserve-echo-worker", "--router", (*server)->control_endpoint(), "--worker-id",
+       "w0", "--register-retry-ms", "50", "--token-delay-us", "5000"},
+      dir + "/w0.log");
+  ASSERT_TRUE(worker.ok());
+  ASSERT_TRUE(WaitFor([&] { return (*server)->core().Health().ready; }, 10s)) << (*worker)->Log();
+  auto r = HttpPost((*server)->http_port(), "/v1/completions", CompletionBody(Prompt(7), 6));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], EchoText(Prompt(7), 6));
+  // Shutting the server down while a stream is open ends the stream with an error, promptly.
+  std::thread stream([&] {
+    auto s = HttpPostSse((*server)->http_port(), "/v1/completions", CompletionBody(Prompt(7), 8000, true), 20s);
+    EXPECT_TRUE(s.done || !s.error.empty());
+  });
+  ASSERT_TRUE(WaitFor([&] { return (*server)->core().outstanding() == 1; }, 5s));
+  const auto t0 = Clock::now();
+  server->reset();
+  EXPECT_LT(Clock::now() - t0, 3s);
+  stream.join();
+}
+
+}  // namespace
+}  // namespace pdserve::router

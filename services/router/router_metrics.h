@@ -1,0 +1,77 @@
+// RouterMetrics: every metric pdserve-router exports (GET /metrics), defined here only.
+//
+//   pdserve_router_requests_total{outcome}        finished requests: ok, client_error (4xx),
+//                                                 rejected (429), unavailable (503), timeout,
+//                                                 cancelled (client went away), error (5xx /
+//                                                 worker failure mid-request)
+//   pdserve_router_ttft_seconds                   request arrival -> first token at the router
+//                                                 (the one place TTFT is measured)
+//   pdserve_router_inter_token_latency_seconds    gap between consecutive tokens at the router
+//   pdserve_router_e2e_latency_seconds            arrival -> last token
+//   pdserve_router_queue_time_seconds             arrival -> job dispatched (parse, tokenize,
+//                                                 route)
+//   pdserve_router_running_requests               first token received, not finished
+//   pdserve_router_waiting_requests               dispatched, no first token yet
+//   pdserve_router_prompt_tokens_total            prompt tokens of dispatched requests
+//   pdserve_router_generation_tokens_total        tokens streamed to clients
+//   pdserve_router_workers{role,state}            registered workers (state ready|draining)
+//   pdserve_router_worker_removals_total{role,reason}  timeout | deregister | replaced
+//   pdserve_router_worker_kv_blocks{role,worker,state}  last heartbeat's free/used blocks
+//   pdserve_router_control_errors_total           control messages dropped as malformed
+//
+// Thread-safety: prometheus-cpp metrics are thread-safe; UpdateWorkerKv is called from the
+// control thread only.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "services/common/control_messages.h"
+
+namespace pdserve::router {
+
+enum class RequestOutcome { kOk, kClientError, kRejected, kUnavailable, kTimeout, kCancelled, kError };
+const char* RequestOutcomeName(RequestOutcome outcome);
+
+class RouterMetrics {
+ public:
+  explicit RouterMetrics(std::shared_ptr<prometheus::Registry> registry);
+
+  prometheus::Registry& registry() { return *registry_; }
+
+  void CountRequest(RequestOutcome outcome);
+  void CountRemoval(services::WorkerRole role, const std::string& reason);
+  void SetWorkers(services::WorkerRole role, size_t ready, size_t draining);
+  // Sets (free, used) for a worker; Forget removes its series when it leaves.
+  void UpdateWorkerKv(services::WorkerRole role, const std::string& worker, int64_t free, int64_t total);
+  void ForgetWorker(const std::string& worker);
+
+  prometheus::Histogram& ttft;
+  prometheus::Histogram& inter_token_latency;
+  prometheus::Histogram& e2e_latency;
+  prometheus::Histogram& queue_time;
+  prometheus::Gauge& running;
+  prometheus::Gauge& waiting;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generation_tokens;
+  prometheus::Counter& control_errors;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& removals_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Family<prometheus::Gauge>& kv_blocks_;
+  std::mutex mu_;  // kv_series_
+  std::map<std::string, std::pair<prometheus::Gauge*, prometheus::Gauge*>> kv_series_;  // worker -> free, used
+};
+
+}  // namespace pdserve::router

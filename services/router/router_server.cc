@@ -1,0 +1,494 @@
+#include "services/router/router_server.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+#include "services/common/metrics.h"
+#include "services/common/process_util.h"
+#include "services/common/request_log.h"
+#include "services/router/api_error.h"
+#include "services/router/connection_watch.h"
+#include "services/router/generation_session.h"
+#include "services/router/openai_request.h"
+#include "services/router/openai_response.h"
+#include "tokenizer/tokenizer_paths.h"
+
+namespace pdserve::router {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+RequestOutcome OutcomeFor(int http_status) {
+  if (http_status == 429) return RequestOutcome::kRejected;
+  if (http_status == 503) return RequestOutcome::kUnavailable;
+  if (http_status == 504) return RequestOutcome::kTimeout;
+  if (http_status >= 400 && http_status < 500) return RequestOutcome::kClientError;
+  return RequestOutcome::kError;
+}
+
+// httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the shared
+// library): a burst of clients overflows it and some connections are reset. Linux lets a
+// listening socket's backlog be raised by calling listen() again.
+class HttpServer : public httplib::Server {
+ public:
+  bool RaiseBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
+// Why a wait for output ended without output.
+enum class WaitEnd { kStep, kDisconnected, kTimeout, kShutdown };
+
+// Waits for the next session step, checking the client, the deadline and shutdown before every
+// wait and at least every `poll` (a poll() without timeout costs about a microsecond, far less
+// than a token). On kTimeout / kShutdown / kDisconnected the session is cancelled.
+WaitEnd WaitStep(GenerationSession& session, const ConnectionWatch& watch, Clock::time_point deadline,
+                 std::chrono::milliseconds poll, const std::atomic<bool>& stopping, SessionStep* out) {
+  while (true) {
+    if (stopping.load()) {
+      session.Cancel("router shutting down");
+      return WaitEnd::kShutdown;
+    }
+    if (watch.PeerClosed()) {
+      session.Cancel("client disconnected");
+      return WaitEnd::kDisconnected;
+    }
+    if (Clock::now() >= deadline) {
+      session.Cancel("router-side deadline");
+      return WaitEnd::kTimeout;
+    }
+    if (auto step = session.Next(std::min(deadline, Clock::now() + poll))) {
+      *out = std::move(*step);
+      return WaitEnd::kStep;
+    }
+  }
+}
+
+void Append(SessionStep* into, SessionStep&& step) {
+  into->text += step.text;
+  for (auto& t : step.tokens) into->tokens.push_back(std::move(t));
+  if (step.finished) {
+    into->finished = true;
+    into->finish_reason = std::move(step.finish_reason);
+    into->error = std::move(step.error);
+  }
+}
+
+// Everything a streaming reply needs after the handler returned.
+struct StreamState {
+  std::shared_ptr<GenerationSession> session;
+  std::unique_ptr<ResponseBuilder> builder;
+  std::optional<SessionStep> pending;  // output received before the reply started
+  ConnectionWatch watch;
+  Clock::time_point deadline;
+  bool chat = false;
+  bool include_usage = false;
+  bool logprobs = false;
+  bool sent_role = false;
+  bool done = false;
+  bool counted = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
+  PDSERVE_RETURN_IF_ERROR(config.Validate());
+  signal(SIGPIPE, SIG_IGN);
+  auto log = GetLogger("router");
+  std::unique_ptr<RouterServer> s(new RouterServer(std::move(config)));
+  const RouterConfig& c = s->config_;
+
+  const std::string tok_dir = c.tokenizer_dir.empty() ? tokenizer::DefaultTokenizerDir() : c.tokenizer_dir;
+  auto tok = tokenizer::Tokenizer::Load(tok_dir);
+  if (!tok.ok()) return tok.status().WithContext("loading the tokenizer from '" + tok_dir + "'");
+  s->tokenizer_ = std::move(tok).value();
+  auto tmpl = tokenizer::ChatTemplate::FromConfig(s->tokenizer_->config());
+  if (!tmpl.ok()) return tmpl.status().WithContext("chat template");
+  s->chat_template_.emplace(std::move(tmpl).value());
+
+  PDSERVE_ASSIGN_OR_RETURN(RoutingPolicy prefill_policy, ParseRoutingPolicy(c.routing.prefill_policy));
+  PDSERVE_ASSIGN_OR_RETURN(RoutingPolicy decode_policy, ParseRoutingPolicy(c.routing.decode_policy));
+  PDSERVE_ASSIGN_OR_RETURN(RoutingPolicy colocated_policy, ParseRoutingPolicy(c.routing.colocated_policy));
+  if (prefill_policy == RoutingPolicy::kKvCapacityAware)
+    return Status::InvalidArgument("router.routing.prefill_policy cannot be kv_capacity_aware (prefill holds no KV)");
+  RouterCoreOptions co;
+  co.control_endpoint = c.control_endpoint;
+  co.model_name = c.model_name;
+  co.compat_hash = c.compat_hash;
+  co.heartbeat_interval = c.heartbeat_interval;
+  co.heartbeat_timeout = c.heartbeat_timeout;
+  co.mode = c.routing.mode == "disaggregated" ? ServingMode::kDisaggregated
+            : c.routing.mode == "colocated"   ? ServingMode::kColocated
+                                              : ServingMode::kAuto;
+  co.prefill_policy = prefill_policy;
+  co.decode_policy = decode_policy;
+  co.colocated_policy = colocated_policy;
+  co.default_max_tokens = c.default_max_tokens;
+  co.max_outstanding_requests = c.max_outstanding_requests;
+
+  s->registry_ = std::make_shared<prometheus::Registry>();
+  s->metrics_ = std::make_unique<RouterMetrics>(s->registry_);
+  PDSERVE_ASSIGN_OR_RETURN(s->core_, RouterCore::Start(co, s->metrics_.get()));
+
+  s->http_ = std::make_unique<HttpServer>();
+  const size_t threads = static_cast<size_t>(c.http_threads);
+  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s->http_->set_payload_max_length(static_cast<size_t>(c.max_body_bytes));
+  s->http_->set_tcp_nodelay(true);
+  s->http_->set_read_timeout(std::chrono::seconds(30));
+  s->http_->set_write_timeout(std::chrono::seconds(30));
+  s->InstallRoutes();
+  if (c.port == 0) {
+    s->port_ = s->http_->bind_to_any_port(c.host);
+  } else {
+    s->port_ = s->http_->bind_to_port(c.host, c.port) ? c.port : -1;
+  }
+  if (s->port_ <= 0) return Status::Unavailable(fmt::format("cannot listen on {}:{}", c.host, c.port));
+  if (!static_cast<HttpServer*>(s->http_.get())->RaiseBacklog(1024))
+    log->warn("cannot raise the HTTP listen backlog: bursts of connections may be refused");
+  httplib::Server* server = s->http_.get();
+  s->listener_ = std::jthread([server] { server->listen_after_bind(); });
+  log->info("serving model '{}' on http://{}:{} (control {}, routing {}: prefill {}, decode {}, colocated {})",
+            c.model_name, c.host, s->port_, s->core_->control_endpoint(), c.routing.mode, c.routing.prefill_policy,
+            c.routing.decode_policy, c.routing.colocated_policy);
+  if (!c.ready_file.empty()) {
+    json ready = {{"http_port", s->port_}, {"control_endpoint", s->core_->control_endpoint()}, {"pid", getpid()}};
+    PDSERVE_RETURN_IF_ERROR(services::WriteFileAtomically(c.ready_file, ready.dump()));
+  }
+  return s;
+}
+
+RouterServer::RouterServer(RouterConfig config) : config_(std::move(config)) {}
+
+RouterServer::~RouterServer() {
+  stopping_ = true;
+  if (http_) http_->stop();  // stops accepting; waits for handlers, which see stopping_
+  if (listener_.joinable()) listener_.join();
+  http_.reset();
+  core_.reset();
+}
+
+void RouterServer::ReplyError(httplib::Response& res, const ApiError& error, bool count) {
+  res.status = error.http_status;
+  res.set_content(error.Body(), "application/json");
+  if (count) metrics_->CountRequest(OutcomeFor(error.http_status));
+}
+
+void RouterServer::InstallRoutes() {
+  httplib::Server& h = *http_;
+  h.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(ApiEndpoint::kCompletions, req, res);
+  });
+  h.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(ApiEndpoint::kChat, req, res);
+  });
+  h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { HandleModels(res); });
+  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
+  h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(services::SerializeMetrics(*registry_), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  if (config_.admin_api) {
+    h.Get("/admin/workers", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(DumpJson(json{{"workers", core_->WorkersJson()}}), "application/json");
+    });
+    h.Post("/admin/drain", [this](const httplib::Request& req, httplib::Response& res) { HandleDrain(req, res); });
+  }
+  // Everything httplib answers by itself (unknown path 404, body too large 413, bad request
+  // line 400, ...) still gets an OpenAI-shaped body.
+  h.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                   httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    switch (res.status) {
+      case 404: e = ApiError::NotFound("no route for " + req.method + " " + req.path); break;
+      case 413:
+        e = ApiError::TooLarge(fmt::format("the request body exceeds {} bytes", config_.max_body_bytes));
+        metrics_->CountRequest(RequestOutcome::kClientError);
+        break;
+      default:
+        e = ApiError{res.status, res.status >= 500 ? "internal_error" : "invalid_request_error",
+                     fmt::format("HTTP {}", res.status), {}, {}};
+    }
+    res.set_content(e.Body(), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  h.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    GetLogger("router")->error("handler exception: {}", what);
+    const std::string id = res.get_header_value("X-Request-Id");
+    ReplyError(res, ApiError::Internal("internal error: " + what, id.empty() ? "-" : id));
+  });
+}
+
+void RouterServer::HandleHealth(httplib::Response& res) {
+  const ClusterHealth h = core_->Health();
+  json body = {{"status", h.ready ? "ready" : "not_ready"},
+               {"workers", {{"prefill", h.prefill}, {"decode", h.decode}, {"colocated", h.colocated},
+                            {"draining", h.draining}}}};
+  res.status = h.ready && !stopping_ ? 200 : 503;
+  res.set_content(body.dump(), "application/json");
+}
+
+void RouterServer::HandleModels(httplib::Response& res) {
+  json model = {{"id", config_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}};
+  res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+}
+
+void RouterServer::HandleDrain(const httplib::Request& req, httplib::Response& res) {
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::exception& e) {
+    return ReplyError(res, ApiError::BadRequest("the request body is not valid JSON"), false);
+  }
+  if (!body.is_object() || !body.contains("worker_id") || !body["worker_id"].is_string())
+    return ReplyError(res, ApiError::BadRequest("'worker_id' (string) is required", "worker_id"), false);
+  uint32_t timeout_ms = 0;
+  if (body.contains("timeout_ms")) {
+    if (!body["timeout_ms"].is_number_unsigned())
+      return ReplyError(res, ApiError::BadRequest("'timeout_ms' must be a non-negative integer", "timeout_ms"), false);
+    timeout_ms = body["timeout_ms"].get<uint32_t>();
+  }
+  Status s = core_->DrainWorker(body["worker_id"].get<std::string>(), timeout_ms);
+  if (!s.ok()) return ReplyError(res, ApiError::NotFound(s.message()), false);
+  res.set_content(R"({"status":"draining"})", "application/json");
+}
+
+void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  const auto arrival = Clock::now();
+  const bool chat = endpoint == ApiEndpoint::kChat;
+  const std::string tag = fmt::format("{}-{:016x}{:08x}", chat ? "chatcmpl" : "cmpl", services::RandomU64(),
+                                      static_cast<uint32_t>(++request_counter_));
+  res.set_header("X-Request-Id", tag);
+  services::RequestLog rlog("router", tag);
+
+  ParsedRequest pr;
+  if (auto err = ParseRequest(endpoint, req.body, &pr)) {
+    rlog.Debug("rejected: {}", err->message);
+    return ReplyError(res, *err);
+  }
+  if (pr.model != config_.model_name)
+    return ReplyError(res, ApiError::NotFound(fmt::format("The model '{}' does not exist (this server serves '{}')",
+                                                          pr.model, config_.model_name),
+                                              "model_not_found"));
+  // Prompt tokens.
+  std::vector<int32_t> prompt;
+  const char* prompt_param = chat ? "messages" : "prompt";
+  if (chat) {
+    auto text = chat_template_->Render(pr.messages, pr.chat_options);
+    if (!text.ok()) return ReplyError(res, ApiError::BadRequest(text.status().message(), "messages"));
+    auto ids = tokenizer_->Encode(text.value(), {/*add_bos=*/false, /*parse_special_tokens=*/true});
+    if (!ids.ok()) return ReplyError(res, ApiError::BadRequest(ids.status().message(), "messages"));
+    prompt = std::move(ids).value();
+  } else if (pr.prompt_text) {
+    // Plain-text prompts get BOS, as the model was trained (the chat template adds its own).
+    auto ids = tokenizer_->Encode(*pr.prompt_text, {tokenizer_->bos_id().has_value(), true});
+    if (!ids.ok()) return ReplyError(res, ApiError::BadRequest(ids.status().message(), "prompt"));
+    prompt = std::move(ids).value();
+  } else {
+    for (int32_t id : pr.prompt_ids)
+      if (!tokenizer_->IsValidId(id))
+        return ReplyError(res, ApiError::BadRequest(fmt::format("token id {} is not in the vocabulary", id), "prompt"));
+    prompt = std::move(pr.prompt_ids);
+  }
+  if (prompt.empty()) return ReplyError(res, ApiError::BadRequest("the prompt is empty", prompt_param));
+
+  SubmitSpec spec;
+  spec.tag = tag;
+  const auto prompt_size = static_cast<uint32_t>(prompt.size());
+  spec.prompt = std::move(prompt);
+  spec.sampling = pr.sampling;
+  spec.sampling.stop_strings = pr.stop;
+  spec.sampling.stop_token_ids = pr.stop_token_ids;
+  if (!pr.ignore_eos && tokenizer_->eos_id()) spec.sampling.stop_token_ids.push_back(*tokenizer_->eos_id());
+  spec.sampling.logprobs = pr.logprobs;
+  spec.sampling.top_logprobs = pr.top_logprobs;
+  spec.max_tokens = pr.max_tokens;
+  spec.arrival = arrival;
+  spec.deadline_unix_ms = services::UnixMillis() + config_.request_timeout.count();
+  auto submitted = core_->Submit(spec);
+  if (!submitted.ok()) {
+    const Status& st = submitted.status();
+    ApiError e = ApiError::FromStatus(st, tag);
+    if (st.code() == StatusCode::kInvalidArgument) {
+      e.param = prompt_param;
+      e.code = "context_length_exceeded";
+    } else if (st.code() == StatusCode::kUnavailable) {
+      e.code = "no_workers";
+    }
+    rlog.Debug("not dispatched: {}", st.ToString());
+    return ReplyError(res, e);
+  }
+  metrics_->queue_time.Observe(std::chrono::duration<double>(Clock::now() - arrival).count());
+  metrics_->prompt_tokens.Increment(prompt_size);
+
+  GenerationSession::Options so;
+  so.stop_strings = pr.stop;
+  so.stop_token_ids = spec.sampling.stop_token_ids;
+  so.skip_special_tokens = pr.skip_special_tokens;
+  auto session = std::make_shared<GenerationSession>(core_.get(), std::move(submitted).value(), *tokenizer_,
+                                                     std::move(so), metrics_.get());
+  const ConnectionWatch watch = ConnectionWatch::ForRequest(req);
+  if (!watch.found())
+    rlog.Debug("client socket not found ({}:{} -> port {}): hang-ups are noticed at the next write", req.remote_addr,
+               req.remote_port, req.local_port);
+  const auto deadline = arrival + config_.request_timeout;
+  const auto first_deadline = std::min(deadline, arrival + config_.first_token_timeout);
+
+  // Wait for the first token or the first error before choosing the HTTP status.
+  SessionStep first;
+  while (!first.finished && !session->has_first_token()) {
+    SessionStep step;
+    switch (WaitStep(*session, watch, first_deadline, config_.disconnect_poll, stopping_, &step)) {
+      case WaitEnd::kStep: Append(&first, std::move(step)); break;
+      case WaitEnd::kDisconnected:
+        rlog.Info("client disconnected before the first token");
+        metrics_->CountRequest(RequestOutcome::kCancelled);
+        return;
+      case WaitEnd::kTimeout:
+        rlog.Warn("no first token within {} ms", config_.first_token_timeout.count());
+        return ReplyError(res, ApiError::Timeout(fmt::format("no first token within the router's deadline (request id {})", tag)));
+      case WaitEnd::kShutdown:
+        return ReplyError(res, ApiError::Unavailable("the router is shutting down", "shutting_down"));
+    }
+  }
+  if (first.finished && !first.error.ok()) {
+    rlog.Warn("failed before the first token: {}", first.error.ToString());
+    return ReplyError(res, ApiError::FromStatus(first.error, tag));
+  }
+
+  auto builder = std::make_unique<ResponseBuilder>(endpoint, tag, config_.model_name, pr.include_usage, pr.logprobs,
+                                                   *tokenizer_);
+  if (!pr.stream) {
+    SessionStep all = std::move(first);
+    while (!all.finished) {
+      SessionStep step;
+      switch (WaitStep(*session, watch, deadline, config_.disconnect_poll, stopping_, &step)) {
+        case WaitEnd::kStep: Append(&all, std::move(step)); break;
+        case WaitEnd::kDisconnected:
+          rlog.Info("client disconnected");
+          metrics_->CountRequest(RequestOutcome::kCancelled);
+          return;
+        case WaitEnd::kTimeout:
+          return ReplyError(res, ApiError::Timeout(fmt::format("the request exceeded the router's deadline (request id {})", tag)));
+        case WaitEnd::kShutdown:
+          return ReplyError(res, ApiError::Unavailable("the router is shutting down", "shutting_down"));
+      }
+    }
+    if (!all.error.ok()) {
+      rlog.Warn("failed: {}", all.error.ToString());
+      return ReplyError(res, ApiError::FromStatus(all.error, tag));
+    }
+    res.set_content(DumpJson(builder->Full(all.text, all.tokens, all.finish_reason, session->prompt_tokens(),
+                                           session->completion_tokens())),
+                    "application/json");
+    metrics_->CountRequest(RequestOutcome::kOk);
+    rlog.Debug("done: {} prompt + {} completion tokens, {}", session->prompt_tokens(), session->completion_tokens(),
+               all.finish_reason);
+    return;
+  }
+
+  auto state = std::make_shared<StreamState>();
+  state->session = session;
+  state->builder = std::move(builder);
+  state->pending = std::move(first);
+  state->watch = watch;
+  state->deadline = deadline;
+  state->chat = chat;
+  state->include_usage = pr.include_usage;
+  state->logprobs = pr.logprobs;
+  RouterMetrics* metrics = metrics_.get();
+  const std::chrono::milliseconds poll = config_.disconnect_poll;
+  const std::atomic<bool>* stopping = &stopping_;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [state, metrics, poll, stopping](size_t, httplib::DataSink& sink) -> bool {
+        if (state->done) {
+          sink.done();
+          return true;
+        }
+        std::string out;
+        if (state->chat && !state->sent_role) {
+          out += SseEvent(state->builder->RoleChunk());
+          state->sent_role = true;
+        }
+        SessionStep step;
+        if (state->pending) {
+          step = std::move(*state->pending);
+          state->pending.reset();
+        } else {
+          const WaitEnd end = WaitStep(*state->session, state->watch, state->deadline, poll, *stopping, &step);
+          if (end == WaitEnd::kDisconnected) {
+            metrics->CountRequest(RequestOutcome::kCancelled);
+            state->counted = true;
+            return false;  // closes the connection
+          }
+          if (end != WaitEnd::kStep) {
+            const ApiError e = end == WaitEnd::kTimeout
+                                   ? ApiError::Timeout("the request exceeded the router's deadline (request id " +
+                                                       state->builder->id() + ")")
+                                   : ApiError::Unavailable("the router is shutting down", "shutting_down");
+            out += SseEvent(e.ToJson());
+            out += kSseDone;
+            metrics->CountRequest(OutcomeFor(e.http_status));
+            state->counted = true;
+            state->done = true;
+            const bool ok = sink.write(out.data(), out.size());
+            sink.done();
+            return ok;
+          }
+        }
+        // Tokens that render no text (a skipped special token, a partial character) produce no
+        // chunk unless their logprobs were asked for.
+        if (!step.text.empty() || (state->logprobs && !step.tokens.empty()))
+          out += SseEvent(state->builder->Chunk(step.text, step.tokens, std::nullopt));
+        if (step.finished) {
+          if (!step.error.ok()) {
+            const ApiError e = ApiError::FromStatus(step.error, state->builder->id());
+            out += SseEvent(e.ToJson());
+            metrics->CountRequest(RequestOutcome::kError);
+            services::RequestLog("router", state->builder->id()).Warn("failed mid-stream: {}", step.error.ToString());
+          } else {
+            out += SseEvent(state->builder->Chunk("", {}, step.finish_reason));
+            if (state->include_usage)
+              out += SseEvent(state->builder->UsageChunk(state->session->prompt_tokens(),
+                                                         state->session->completion_tokens()));
+            metrics->CountRequest(RequestOutcome::kOk);
+          }
+          out += kSseDone;
+          state->counted = true;
+          state->done = true;
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          state->session->Cancel("client disconnected");
+          if (!state->counted) metrics->CountRequest(RequestOutcome::kCancelled);
+          state->counted = true;
+          return false;
+        }
+        if (state->done) sink.done();
+        return true;
+      },
+      [state, metrics](bool) {
+        // The response is gone (written, or the connection dropped before the provider ran).
+        if (!state->session->finished()) state->session->Cancel("client disconnected");
+        if (!state->counted) metrics->CountRequest(RequestOutcome::kCancelled);
+        state->counted = true;
+      });
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,91 @@
+// RouterServer: pdserve-router as a library object (the binary is a thin main; tests run it
+// in-process or as a process).
+//
+// HTTP (cpp-httplib), all errors OpenAI-shaped (api_error.h), X-Request-Id on every reply:
+//   POST /v1/completions, /v1/chat/completions   streaming (SSE) and not
+//   GET  /v1/models                              the one served model
+//   GET  /health                                 200 {"status":"ready",...} with >= 1 prefill
+//                                                and >= 1 decode worker, or >= 1 colocated;
+//                                                503 otherwise
+//   GET  /metrics                                Prometheus text (router_metrics.h)
+//   GET  /admin/workers, POST /admin/drain {"worker_id": ..., "timeout_ms": ...}
+//
+// A generation request: parse and validate, apply the chat template, tokenize, Submit to
+// RouterCore (routing + dispatch), then wait for the first token or the first error before
+// answering, so routing / capacity / worker failures that happen before any output get a real
+// HTTP status (429, 503, ...). After that the reply is streamed (SSE) or collected. Deadlines:
+// router.first_token_timeout and router.request_timeout (504, or an error event mid-stream). A
+// client that hangs up is noticed within router.disconnect_poll (ConnectionWatch) or at the
+// next write, and its request is aborted on every worker.
+//
+// Threads: httplib's pool (router.http_threads; a streaming request holds one), the listener
+// std::jthread, and RouterCore's control thread. Destruction stops new connections, makes
+// waiting handlers give up (503 / error event), joins everything.
+// The process ignores SIGPIPE from Start() on (a vanished client must not kill the router).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <prometheus/registry.h>
+
+#include "common/status.h"
+#include "services/router/router_config.h"
+#include "services/router/router_core.h"
+#include "services/router/router_metrics.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace pdserve::router {
+
+enum class ApiEndpoint;
+struct ApiError;
+
+class RouterServer {
+ public:
+  // Loads the tokenizer, binds the control endpoint and the HTTP port, starts serving.
+  // Errors: the tokenizer's (NotFound, InvalidArgument), InvalidArgument (config),
+  // Unavailable (a port is in use).
+  static Result<std::unique_ptr<RouterServer>> Start(RouterConfig config);
+  ~RouterServer();
+  RouterServer(const RouterServer&) = delete;
+  RouterServer& operator=(const RouterServer&) = delete;
+
+  int http_port() const { return port_; }
+  const std::string& control_endpoint() const { return core_->control_endpoint(); }
+  RouterCore& core() { return *core_; }
+  RouterMetrics& metrics() { return *metrics_; }
+  const RouterConfig& config() const { return config_; }
+
+ private:
+  explicit RouterServer(RouterConfig config);
+  void InstallRoutes();
+  void HandleGenerate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  void HandleHealth(httplib::Response& res);
+  void HandleModels(httplib::Response& res);
+  void HandleDrain(const httplib::Request& req, httplib::Response& res);
+  void ReplyError(httplib::Response& res, const ApiError& error, bool count = true);
+
+  const RouterConfig config_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::optional<tokenizer::ChatTemplate> chat_template_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<RouterMetrics> metrics_;
+  std::unique_ptr<RouterCore> core_;
+  std::unique_ptr<httplib::Server> http_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> request_counter_{0};
+  int port_ = 0;
+  std::jthread listener_;  // runs http_->listen_after_bind(); stopped by http_->stop()
+};
+
+}  // namespace pdserve::router

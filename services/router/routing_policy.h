@@ -1,0 +1,45 @@
+// Routing policies: which worker of a role gets the next request.
+//
+//   round_robin               the next eligible worker in turn
+//   least_outstanding_tokens  the eligible worker with the fewest outstanding tokens: prompt
+//                             tokens not yet prefilled plus output tokens still owed, as the
+//                             router accounts them per assignment (so the choice reacts at
+//                             once, not a heartbeat later); ties go round-robin
+//   kv_capacity_aware         (decode / colocated) the eligible worker with the most free KV
+//                             blocks left after this request, among those where the whole
+//                             request (prompt + max_tokens) fits; when it fits nowhere, the one
+//                             with the most free blocks that can hold the prompt; ties go to
+//                             fewer outstanding tokens
+//
+// Eligible: ready (not draining) and prompt_tokens < max_context_tokens. Free blocks are the
+// worker's last heartbeat minus what the router assigned since (WorkerRegistry).
+//
+// Thread-safety: pure function; the round-robin cursor is the caller's.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::router {
+
+enum class RoutingPolicy { kRoundRobin, kLeastOutstandingTokens, kKvCapacityAware };
+
+// Errors: InvalidArgument for an unknown name.
+Result<RoutingPolicy> ParseRoutingPolicy(std::string_view name);
+const char* RoutingPolicyName(RoutingPolicy policy);
+
+struct RoutingCandidate {
+  int64_t outstanding_tokens = 0;
+  int64_t kv_blocks_free = 0;     // estimate
+  int64_t blocks_for_request = 0; // prompt + max_tokens
+  int64_t blocks_for_prompt = 0;
+};
+
+// Index of the chosen candidate, or -1 when none can take the request (kv_capacity_aware only:
+// no candidate can hold even the prompt). `cursor` is advanced for round-robin and ties.
+int ChooseWorker(RoutingPolicy policy, const std::vector<RoutingCandidate>& candidates, uint64_t* cursor);
+
+}  // namespace pdserve::router

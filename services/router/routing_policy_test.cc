@@ -1,0 +1,64 @@
+#include "services/router/routing_policy.h"
+
+#include <map>
+
+#include <gtest/gtest.h>
+
+namespace pdserve::router {
+namespace {
+
+TEST(RoutingPolicyTest, Parse) {
+  EXPECT_EQ(ParseRoutingPolicy("round_robin").value(), RoutingPolicy::kRoundRobin);
+  EXPECT_EQ(ParseRoutingPolicy("kv_capacity_aware").value(), RoutingPolicy::kKvCapacityAware);
+  EXPECT_FALSE(ParseRoutingPolicy("random").ok());
+}
+
+TEST(RoutingPolicyTest, RoundRobinRotates) {
+  std::vector<RoutingCandidate> c(3);
+  uint64_t cursor = 0;
+  std::vector<int> picks;
+  for (int i = 0; i < 6; ++i) picks.push_back(ChooseWorker(RoutingPolicy::kRoundRobin, c, &cursor));
+  EXPECT_EQ(picks, (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kRoundRobin, {}, &cursor), -1);
+}
+
+TEST(RoutingPolicyTest, LeastOutstandingTokensWithRotatingTies) {
+  std::vector<RoutingCandidate> c(3);
+  c[0].outstanding_tokens = 50;
+  c[1].outstanding_tokens = 10;
+  c[2].outstanding_tokens = 30;
+  uint64_t cursor = 0;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kLeastOutstandingTokens, c, &cursor), 1);
+  c[0].outstanding_tokens = c[1].outstanding_tokens = c[2].outstanding_tokens = 0;
+  std::map<int, int> counts;
+  for (int i = 0; i < 9; ++i) ++counts[ChooseWorker(RoutingPolicy::kLeastOutstandingTokens, c, &cursor)];
+  EXPECT_EQ(counts, (std::map<int, int>{{0, 3}, {1, 3}, {2, 3}}));
+}
+
+TEST(RoutingPolicyTest, KvCapacityAware) {
+  std::vector<RoutingCandidate> c(3);
+  for (auto& x : c) {
+    x.blocks_for_request = 10;
+    x.blocks_for_prompt = 2;
+  }
+  c[0].kv_blocks_free = 12;
+  c[1].kv_blocks_free = 40;
+  c[2].kv_blocks_free = 9;  // only the prompt fits
+  uint64_t cursor = 0;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), 1);
+  c[1].kv_blocks_free = 5;
+  c[0].kv_blocks_free = 5;
+  // Nowhere does the whole request fit: the most free blocks that hold the prompt.
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), 2);
+  for (auto& x : c) x.kv_blocks_free = 1;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), -1);
+  // Ties on headroom go to fewer outstanding tokens.
+  for (auto& x : c) x.kv_blocks_free = 20;
+  c[0].outstanding_tokens = 5;
+  c[1].outstanding_tokens = 1;
+  c[2].outstanding_tokens = 9;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), 1);
+}
+
+}  // namespace
+}  // namespace pdserve::router

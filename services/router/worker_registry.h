@@ -1,0 +1,110 @@
+// WorkerRegistry: the router's view of its workers: who registered (role, capacity, model,
+// compatibility hash, addresses), their last reported load, liveness, and the router-side
+// accounting the routing policies use (outstanding tokens, free-KV estimate).
+//
+// Registration rules (a refused worker gets RegisterRefuse and does not retry):
+//   * protocol version and model name must match the router's;
+//   * every prefill and decode worker must carry the same compatibility hash (model + KV
+//     layout), so any prefill worker may write into any decode worker's blocks. The hash is the
+//     router's router.compat_hash when set, else the first registered prefill/decode worker's
+//     (forgotten when the last of them leaves). Colocated workers never pair and are exempt;
+//   * a worker id already registered from another peer or incarnation is a restart (or a
+//     reconnect after the router forgot it): the new registration replaces the old entry, and
+//     the caller fails the old entry's requests.
+//
+// Thread-safety: none; RouterCore owns it under its mutex. Entry pointers stay valid until the
+// entry is removed or replaced.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "services/common/control_messages.h"
+#include "services/router/routing_policy.h"
+
+namespace pdserve::router {
+
+using Clock = std::chrono::steady_clock;
+
+struct WorkerEntry {
+  std::string id;
+  std::string peer;  // ZeroMQ routing id of its DEALER
+  services::WorkerRole role = services::WorkerRole::kColocated;
+  uint64_t incarnation = 0;
+  std::string http_address;
+  std::string transfer_address;
+  std::string model_name;
+  services::WorkerCapacity capacity;
+  uint64_t compat_hash = 0;
+  services::WorkerLoad load;
+  bool draining = false;
+  bool drain_requested = false;  // the router sent Drain: draining whatever heartbeats say
+  Clock::time_point registered_at{};
+  Clock::time_point last_seen{};
+  // Router-side accounting.
+  int64_t outstanding_tokens = 0;
+  int64_t outstanding_requests = 0;
+  int64_t kv_free_estimate = 0;
+};
+
+struct RegisterOutcome {
+  Status refusal;                       // non-OK: refuse with this
+  std::optional<WorkerEntry> replaced;  // an older entry of the same worker id, now removed
+  bool duplicate = false;               // a retry of an accepted registration
+};
+
+struct WorkerChoice {
+  WorkerEntry* worker = nullptr;
+  uint32_t max_tokens = 0;       // resolved for this worker's context (output workers)
+  int64_t blocks = 0;            // KV blocks the request needs there
+};
+
+class WorkerRegistry {
+ public:
+  struct Options {
+    std::string model_name;
+    uint64_t compat_hash = 0;  // 0: adopt the first prefill/decode worker's
+    std::chrono::milliseconds heartbeat_timeout{2500};
+  };
+  explicit WorkerRegistry(Options options) : options_(std::move(options)) {}
+
+  RegisterOutcome Register(const std::string& peer, const services::RegisterMsg& msg, Clock::time_point now);
+  // False when the peer is not registered.
+  bool Heartbeat(const std::string& peer, const services::HeartbeatMsg& msg, Clock::time_point now);
+  bool Touch(const std::string& peer, Clock::time_point now);
+  std::optional<WorkerEntry> Remove(const std::string& peer);
+  // Removes and returns every worker silent for longer than the heartbeat timeout.
+  std::vector<WorkerEntry> Expire(Clock::time_point now);
+
+  WorkerEntry* FindByPeer(const std::string& peer);
+  WorkerEntry* FindById(const std::string& id);
+
+  // Picks a worker of `role` for a prompt. `produces_output`: the worker generates (decode,
+  // colocated), so max_tokens must fit its context and its KV must hold them.
+  // Errors: Unavailable (no ready worker of the role), InvalidArgument (the request exceeds
+  // every ready worker's context; the message is OpenAI's context-length message),
+  // ResourceExhausted (kv_capacity_aware: no worker can hold even the prompt).
+  Result<WorkerChoice> Choose(services::WorkerRole role, RoutingPolicy policy, uint32_t prompt_tokens,
+                              std::optional<uint32_t> max_tokens, uint32_t default_max_tokens,
+                              bool produces_output, uint64_t* cursor);
+
+  size_t ReadyCount(services::WorkerRole role) const;
+  size_t DrainingCount(services::WorkerRole role) const;
+  std::vector<const WorkerEntry*> All() const;
+  size_t size() const { return by_peer_.size(); }
+  // The compatibility hash prefill/decode workers must carry now (0: none yet).
+  uint64_t CurrentCompatHash() const;
+
+ private:
+  const Options options_;
+  std::map<std::string, std::unique_ptr<WorkerEntry>> by_peer_;
+  std::map<std::string, std::string> peer_by_id_;
+};
+
+}  // namespace pdserve::router
