@@ -14,8 +14,20 @@
 #include "kernels/rope.h"
 #include "model/batch_plan.h"
 #include "model/model.h"
+#include "model/test_hooks.h"
 
 namespace pdserve::model {
+
+namespace {
+// The indexer's RoPE (half-split pairs); the interleaved layout only under a test fault.
+void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs) {
+  if (TEST_numerics_fault() == NumericsFault::kIndexerRopeInterleaved) [[unlikely]] {
+    kernels::ApplyRopeInterleaved(x, dr, pos, freqs);
+    return;
+  }
+  kernels::ApplyRopeHalfSplit(x, dr, pos, freqs);
+}
+}  // namespace
 
 namespace {
 constexpr float kNormEps = 1e-6f;
@@ -242,7 +254,7 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchP
       const int64_t pos = plan.row_pos[i];
       for (int64_t h = 0; h < IH; ++h) {
         float* v = &iq[(i * IH + h) * ID];
-        kernels::ApplyRopeHalfSplit(v, dr, pos, rope_freqs_.data());
+        IndexerRope(v, dr, pos, rope_freqs_.data());
         kernels::RoundToBf16InPlace(v, ID);
         kernels::HadamardTransform(v, ID);
         for (int64_t d = 0; d < ID; ++d) v[d] *= hadamard_scale;
@@ -256,7 +268,7 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchP
       float* k = &ik[i * ID];
       kernels::LayerNorm(k, lw.idx_k_norm_w.data(), lw.idx_k_norm_b.data(), ID, kNormEps, k);
       kernels::RoundToBf16InPlace(k, ID);
-      kernels::ApplyRopeHalfSplit(k, dr, pos, rope_freqs_.data());
+      IndexerRope(k, dr, pos, rope_freqs_.data());
       kernels::RoundToBf16InPlace(k, ID);
       kernels::HadamardTransform(k, ID);
       for (int64_t d = 0; d < ID; ++d) k[d] *= hadamard_scale;

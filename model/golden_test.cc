@@ -16,6 +16,7 @@
 #include "model/dump_compare.h"
 #include "model/greedy_run.h"
 #include "model/make_model.h"
+#include "model/test_hooks.h"
 #include "model/test_util.h"
 
 namespace pdserve::model {
@@ -98,6 +99,32 @@ TEST_P(GoldenTest, GreedyContinuationMatchesTokenForToken) {
   EXPECT_TRUE(report->passed) << report->ToString();
   EXPECT_EQ(report->steps_compared, 20);
   EXPECT_EQ(report->first_token_mismatch, -1) << report->ToString();
+}
+
+// The accuracy tooling catches a real numerics bug: with the indexer's RoPE in MLA's
+// (interleaved) layout, the comparison fails and names layer 0 as the first bad row.
+TEST(GoldenFaultTest, IndexerRopeLayoutBugIsCaughtAtLayerZero) {
+  const Golden g = LoadGolden("tiny");
+  TempDir tmp("golden_fault");
+  ThreadPool pool(2);
+  auto model = MakeAndLoad(g, tmp, &pool);
+  ASSERT_TRUE(model);
+  TEST_SetNumericsFault(NumericsFault::kIndexerRopeInterleaved);
+  auto run = RunGreedy(*model, g.prompt, 20);
+  TEST_SetNumericsFault(NumericsFault::kNone);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  ASSERT_TRUE(WriteDump(tmp / "dump", model->config(), *run).ok());
+  auto report = CompareDumps(tmp / "dump", g.dir, CompareThresholds{});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->passed);
+  EXPECT_EQ(report->first_failure.rfind("layer 0 ", 0), 0u) << report->ToString();
+  // And the correct variant passes again right after.
+  auto good = RunGreedy(*model, g.prompt, 20);
+  ASSERT_TRUE(good.ok());
+  ASSERT_TRUE(WriteDump(tmp / "good", model->config(), *good).ok());
+  auto again = CompareDumps(tmp / "good", g.dir, CompareThresholds{});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->passed) << again->ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(Goldens, GoldenTest, ::testing::Values("tiny", "tiny-fp8", "tiny2"),
