@@ -18,6 +18,8 @@ int64_t UnixNowMs() {
       .count();
 }
 constexpr auto kMaxSleep = std::chrono::milliseconds(500);
+// Completions of at most this many bytes are verified on the transport thread.
+constexpr uint64_t kInlineVerifyBytes = 1 << 20;
 }  // namespace
 
 struct KvReceiver::Writer {
@@ -38,6 +40,7 @@ struct KvReceiver::Request {
   Deadline quarantine_until{};  // kAborted: earliest release for writers that never began
   std::vector<Writer> writers;
   bool released = false;  // blocks gone (to the allocator or the caller); erase me
+  int verifying = 0;      // a thread hashes its blocks without the lock: do not release
 };
 
 Result<std::unique_ptr<KvReceiver>> KvReceiver::Create(Transport* transport,
@@ -60,13 +63,7 @@ Result<std::unique_ptr<KvReceiver>> KvReceiver::Create(Transport* transport,
   KvReceiver* self = receiver.get();
   PDSERVE_RETURN_IF_ERROR(transport->RegisterClient(
       Transport::kChannelToDecode,
-      [self](std::string_view peer, std::string_view payload) {
-        {
-          std::lock_guard<std::mutex> lock(self->mu_);
-          self->inbox_.push_back(Inbox{false, std::string(peer), std::string(payload), {}});
-        }
-        self->cv_.notify_all();
-      },
+      [self](std::string_view peer, std::string_view payload) { self->OnMessage(peer, payload); },
       [self](std::string_view peer, const Status& status) {
         {
           std::lock_guard<std::mutex> lock(self->mu_);
@@ -267,6 +264,27 @@ void KvReceiver::Loop(std::stop_token stop) {
   }
 }
 
+void KvReceiver::OnMessage(std::string_view peer, std::string_view payload) {
+  Result<TransferMessage> m = DecodeTransferMessage(payload);
+  if (!m.ok()) {
+    GetLogger("kvtransfer")->warn("dropping a malformed message from a peer: {}",
+                                  m.status().ToString());
+    return;
+  }
+  // Handled on the transport thread, except completions that need hashing many bytes: those
+  // would stall the transport, and go to the service thread.
+  const bool heavy = m->kind == TransferMessage::Kind::kComplete && options_.verify_digest &&
+                     m->bytes_written > kInlineVerifyBytes;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (heavy) {
+    inbox_.push_back(Inbox{false, std::string(peer), std::string(payload), {}});
+    lock.unlock();
+    cv_.notify_all();
+    return;
+  }
+  HandleMessage(std::string(peer), m.value(), lock);
+}
+
 void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m,
                                std::unique_lock<std::mutex>& lock) {
   using Kind = TransferMessage::Kind;
@@ -329,10 +347,13 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
         ReleaseIfQuiet(r, now);
         break;
       }
-      // Hash outside the lock: only this thread erases requests, and nobody writes the blocks.
+      // Hash outside the lock; `verifying` keeps the request (and its blocks) from being
+      // released meanwhile, and nobody writes the blocks of this writer any more.
+      r.verifying++;
       lock.unlock();
       Status verdict = Verify(r, *w, m);
       lock.lock();
+      r.verifying--;
       if (r.state == RequestState::kAborted) {
         Reply(peer, m.request_id, m.rank, Kind::kAck, r.status);
         ReleaseIfQuiet(r, Clock::now());
@@ -382,8 +403,8 @@ void KvReceiver::HandlePeerFailure(const std::string& peer, const Status& status
     }
     if (!affected) continue;
     if (r->state == RequestState::kReserved || r->state == RequestState::kWriting) {
-      AbortLocked(*r, Status::Unavailable(
-                          fmt::format("prefill writer {} failed: {}", peer, status.ToString())));
+      AbortLocked(*r, Status::Unavailable(fmt::format("prefill writer {} failed: {}",
+                                                      PeerName(peer), status.ToString())));
     } else {
       ReleaseIfQuiet(*r, now);
     }
@@ -442,7 +463,7 @@ void KvReceiver::AbortLocked(Request& r, const Status& status) {
 }
 
 void KvReceiver::ReleaseIfQuiet(Request& r, Deadline now) {
-  if (r.state != RequestState::kAborted || r.released) return;
+  if (r.state != RequestState::kAborted || r.released || r.verifying > 0) return;
   for (const Writer& w : r.writers) {
     switch (w.phase) {
       case Writer::Phase::kQuiet:
@@ -536,8 +557,8 @@ void KvReceiver::Reply(const std::string& peer, uint64_t request_id, uint32_t ra
                                         EncodeTransferMessage(m), /*flush_writes_first=*/false,
                                         Clock::now() + options_.transfer_timeout, nullptr);
   if (!sent.ok()) {
-    GetLogger("kvtransfer")->warn("cannot send {} to {}: {}", TransferMessageKindName(kind), peer,
-                                  sent.ToString());
+    GetLogger("kvtransfer")->warn("cannot send {} to {}: {}", TransferMessageKindName(kind),
+                                  PeerName(peer), sent.ToString());
   }
 }
 

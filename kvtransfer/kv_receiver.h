@@ -18,9 +18,10 @@
 // quiet: it completed, acknowledged the abort, failed, or (never began / stopped answering)
 // quarantine_grace passed after its last possible write (its own deadline).
 //
-// Threading: public methods may be called from any thread. One internal std::jthread (the
-// service thread) handles messages, verification (hashing), leases and deadlines; transport
-// handlers only queue work for it.
+// Threading: public methods may be called from any thread. Messages are handled on the
+// transport's thread, except completions whose verification hashes more than 1 MB; those, the
+// leases, deadlines and peer failures are handled by one internal std::jthread (the service
+// thread).
 // Ownership: the transport, region and allocator are borrowed and must outlive the receiver.
 // The destructor aborts unfinished requests and waits (bounded by the quarantine rules) until
 // their blocks are released.
@@ -127,7 +128,9 @@ class KvReceiver {
 
   KvReceiver(Transport* transport, ReceiverBlockPool pool, KvReceiverOptions options);
   void Loop(std::stop_token stop);
-  // Service thread, mu_ held.
+  // Transport thread: decodes and handles a message (or queues it for the service thread).
+  void OnMessage(std::string_view peer, std::string_view payload);
+  // mu_ held (transport or service thread).
   void HandleMessage(const std::string& peer, const TransferMessage& m,
                      std::unique_lock<std::mutex>& lock);
   void HandlePeerFailure(const std::string& peer, const Status& status);

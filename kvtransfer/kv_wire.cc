@@ -258,21 +258,24 @@ Result<TransferMessage> DecodeTransferMessage(std::string_view bytes) {
   });
 }
 
-std::string EncodeDescriptorRequest(uint64_t request_id, uint32_t rank) {
+std::string EncodeDescriptorRequest(uint64_t request_id, uint32_t rank, uint32_t num_tokens) {
   capnp::MallocMessageBuilder builder;
   auto b = builder.initRoot<proto::DescriptorRequest>();
   b.setRequestId(request_id);
   b.setRank(rank);
+  b.setNumTokens(num_tokens);
   return ToBytes(builder);
 }
 
-Status DecodeDescriptorRequest(std::string_view bytes, uint64_t* request_id, uint32_t* rank) {
+Status DecodeDescriptorRequest(std::string_view bytes, uint64_t* request_id, uint32_t* rank,
+                               uint32_t* num_tokens) {
   Reader reader(bytes);
   return Guarded("DescriptorRequest", [&]() -> Status {
     return reader.Read([&](capnp::FlatArrayMessageReader& msg) {
       auto r = msg.getRoot<proto::DescriptorRequest>();
       *request_id = r.getRequestId();
       *rank = r.getRank();
+      if (num_tokens != nullptr) *num_tokens = r.getNumTokens();
       return Status::Ok();
     });
   });

@@ -48,8 +48,10 @@ std::string EncodeTransferMessage(const TransferMessage& message);
 Result<TransferMessage> DecodeTransferMessage(std::string_view bytes);
 
 // Control plane (prefill asks decode for a request's descriptor).
-std::string EncodeDescriptorRequest(uint64_t request_id, uint32_t rank);
-Status DecodeDescriptorRequest(std::string_view bytes, uint64_t* request_id, uint32_t* rank);
+// num_tokens 0 means "the decode side knows the request's length".
+std::string EncodeDescriptorRequest(uint64_t request_id, uint32_t rank, uint32_t num_tokens = 0);
+Status DecodeDescriptorRequest(std::string_view bytes, uint64_t* request_id, uint32_t* rank,
+                               uint32_t* num_tokens = nullptr);
 // A reply carries a descriptor or a failure (status not OK).
 std::string EncodeDescriptorReply(const Result<KvDescriptor>& reply);
 Result<KvDescriptor> DecodeDescriptorReply(std::string_view bytes);

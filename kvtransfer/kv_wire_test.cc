@@ -59,9 +59,13 @@ TEST(KvWireTest, TransferMessagesRoundTrip) {
   EXPECT_TRUE(d->status.ok());
   uint64_t id = 0;
   uint32_t rank = 0;
-  ASSERT_TRUE(DecodeDescriptorRequest(EncodeDescriptorRequest(9, 2), &id, &rank).ok());
+  uint32_t tokens = 1;
+  ASSERT_TRUE(DecodeDescriptorRequest(EncodeDescriptorRequest(9, 2), &id, &rank, &tokens).ok());
   EXPECT_EQ(id, 9u);
   EXPECT_EQ(rank, 2u);
+  EXPECT_EQ(tokens, 0u);
+  ASSERT_TRUE(DecodeDescriptorRequest(EncodeDescriptorRequest(9, 2, 32768), &id, &rank, &tokens).ok());
+  EXPECT_EQ(tokens, 32768u);
 }
 
 TEST(KvWireTest, GarbageIsRejectedNotFatal) {

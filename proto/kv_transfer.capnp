@@ -74,6 +74,7 @@ struct KvDescriptor {
 struct DescriptorRequest {
   requestId @0 :UInt64;
   rank @1 :UInt32;
+  numTokens @2 :UInt32;  # 0: the decode side already knows the request's length
 }
 
 struct DescriptorReply {

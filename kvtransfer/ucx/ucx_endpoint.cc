@@ -47,11 +47,13 @@ Result<std::unique_ptr<UcxEndpoint>> UcxEndpoint::Create(UcxWorker* worker,
     if (status == UCS_OK) {
       return std::unique_ptr<UcxEndpoint>(new UcxEndpoint(worker, ep, peer_mode, HasNativeRma(ep)));
     }
-    if (!(peer_mode && status == UCS_ERR_UNREACHABLE)) {
-      return FromUcsStatus(status, "ucp_ep_create");
-    }
+    // A failed PEER-mode attempt (shared memory cannot detect peer failure: "unreachable";
+    // or the peer already connected to us without error handling: "asymmetric endpoint
+    // configuration") falls back to no error handling when allowed.
+    if (!peer_mode || !allow_no_error_handling) return FromUcsStatus(status, "ucp_ep_create");
   }
-  return Status::Unavailable("ucp_ep_create: peer unreachable with peer error handling");
+  return Status::Unavailable("ucp_ep_create: peer unreachable with peer error handling "
+                             "(and endpoints without it are not allowed)");
 }
 
 ucs_status_ptr_t UcxEndpoint::StartClose() {

@@ -19,9 +19,7 @@ namespace {
 constexpr auto kCloseGiveUp = std::chrono::seconds(2);
 constexpr auto kMaxSleep = std::chrono::milliseconds(100);
 
-std::string ShortAddress(const std::string& address) {
-  return fmt::format("ucx:{:016x}", std::hash<std::string>{}(address));
-}
+std::string ShortAddress(const std::string& address) { return PeerName(address); }
 
 // Envelope of every active message: [u32 little-endian address length][address][payload].
 std::string MakeEnvelope(const std::string& address, const std::string& payload) {
@@ -390,7 +388,12 @@ void UcxTransport::Loop(std::stop_token stop) {
       last_activity = now;
       continue;
     }
-    if (now - last_activity < busy_poll) continue;
+    if (now - last_activity < busy_poll) {
+      // Poll a little longer for a quick reply, but let runnable threads (hashing, the other
+      // side's progress thread) have the core: there are few.
+      std::this_thread::yield();
+      continue;
+    }
     if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
     auto sleep = std::min<Clock::duration>(NextDeadline() - now, kMaxSleep);
     if (!closing_.empty()) sleep = std::min<Clock::duration>(sleep, std::chrono::milliseconds(1));

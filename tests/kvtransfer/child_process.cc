@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -52,6 +53,7 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(
   const pid_t pid = fork();
   if (pid < 0) return Status::Internal("fork failed");
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
     dup2(in_pipe[0], STDIN_FILENO);
     dup2(out_pipe[1], STDOUT_FILENO);
     execve(path.c_str(), argv.data(), envp.data());
