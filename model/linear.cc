@@ -34,6 +34,49 @@ void ApplyLinear(const Linear& w, const float* x, int64_t m, float* y, ThreadPoo
   kernels::GemmInt8(q, s, m, n_in, w.int8, y, w.n_out(), pool);
 }
 
+void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  thread_local std::vector<int64_t> offset;  // per call: its rows' start in xq (in rows of xs)
+  thread_local std::vector<int64_t> q_offset;
+  thread_local std::vector<kernels::Int8GemmGroup> groups;
+  offset.assign(static_cast<size_t>(n), -1);
+  q_offset.assign(static_cast<size_t>(n), -1);
+  int64_t rows = 0, bytes = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const LinearCall& c = calls[i];
+    if (!c.w->is_int8() || c.m <= 0) continue;
+    const LinearCall* prev = i > 0 ? &calls[i - 1] : nullptr;
+    if (prev && offset[i - 1] >= 0 && prev->x == c.x && prev->m == c.m && prev->w->n_in() == c.w->n_in()) {
+      offset[i] = offset[i - 1];
+      q_offset[i] = q_offset[i - 1];
+      continue;
+    }
+    offset[i] = rows;
+    q_offset[i] = bytes;
+    rows += c.m;
+    bytes += c.m * c.w->n_in();
+  }
+  if (xq.size() < static_cast<size_t>(bytes)) xq.resize(static_cast<size_t>(bytes));
+  if (xs.size() < static_cast<size_t>(rows)) xs.resize(static_cast<size_t>(rows));
+  groups.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const LinearCall& c = calls[i];
+    if (c.m <= 0) continue;
+    if (!c.w->is_int8()) {
+      ApplyLinear(*c.w, c.x, c.m, c.y, pool);
+      continue;
+    }
+    const int64_t n_in = c.w->n_in();
+    int8_t* q = xq.data() + q_offset[i];
+    float* s = xs.data() + offset[i];
+    if (i == 0 || offset[i] != offset[i - 1])  // else the previous call quantized these rows
+      kernels::QuantizeRowsInt8(c.x, c.m, n_in, n_in, q, n_in, s);
+    groups.push_back({c.w->int8, q, s, c.m, n_in, c.y, c.w->n_out()});
+  }
+  kernels::GroupedGemmInt8(groups.data(), static_cast<int64_t>(groups.size()), pool);
+}
+
 Linear QuantizeToInt8Linear(const float* w, int64_t n_out, int64_t n_in) {
   Linear l;
   l.owned_i8.resize(static_cast<size_t>(n_out * n_in));

@@ -36,6 +36,21 @@ struct Linear {
 // accumulation, fp32 rescale.
 void ApplyLinear(const Linear& w, const float* x, int64_t m, float* y, ThreadPool* pool);
 
+// One projection of a grouped call: y[m, n_out] = x[m, n_in] W^T (rows packed).
+struct LinearCall {
+  const Linear* w = nullptr;
+  const float* x = nullptr;
+  int64_t m = 0;  // 0 allowed (an expert no token was routed to): nothing is written
+  float* y = nullptr;
+};
+
+// Runs every call, each y bitwise equal to ApplyLinear's. The INT8 calls share one parallel
+// region (kernels::GroupedGemmInt8) instead of a fork/join each -- the MoE experts of a layer:
+// list gate and up of each expert next to each other with the same x (its rows are quantized
+// once), then call again for the down projections. Other formats run through ApplyLinear.
+// REQUIRES: distinct calls' y do not overlap, and no y aliases any x.
+void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool);
+
 // An INT8 Linear owning its storage, quantized per output row from fp32 weights w[n_out, n_in]
 // (the converter's per-channel scheme). For tests and tools; checkpoints are converted offline.
 Linear QuantizeToInt8Linear(const float* w, int64_t n_out, int64_t n_in);

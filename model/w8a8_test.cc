@@ -41,6 +41,50 @@ TEST(W8A8LinearTest, ApplyLinearInt8EqualsQuantizeThenReferenceGemm) {
   }
 }
 
+TEST(W8A8LinearTest, GroupedCallsEqualSeparateApplyLinear) {
+  // An MoE layer's gate/up calls: shared x per expert, zero-token experts, a BF16 call mixed in.
+  std::mt19937 rng(6);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int64_t D = 96, I = 40;
+  auto rand_vec = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = dist(rng);
+    return v;
+  };
+  std::vector<Linear> gate, up;
+  for (int e = 0; e < 4; ++e) {
+    const auto g = rand_vec(I * D), u = rand_vec(I * D);
+    gate.push_back(QuantizeToInt8Linear(g.data(), I, D));
+    up.push_back(QuantizeToInt8Linear(u.data(), I, D));
+  }
+  const auto wb = rand_vec(I * D);
+  Linear bf16;
+  bf16.owned_bf16.resize(wb.size());
+  for (size_t i = 0; i < wb.size(); ++i) bf16.owned_bf16[i] = F32ToBf16Bits(wb[i]);
+  bf16.view = {DType::kBF16, bf16.owned_bf16.data(), I, D, D};
+  const std::vector<int64_t> rows = {3, 0, 20, 1};
+  std::vector<std::vector<float>> x, y, ref;
+  std::vector<LinearCall> calls;
+  for (int e = 0; e < 4; ++e) x.push_back(rand_vec(std::max<int64_t>(rows[e], 1) * D));
+  y.resize(9);
+  ref.resize(9);
+  for (int e = 0; e < 4; ++e)
+    for (int which = 0; which < 2; ++which) {
+      const size_t at = static_cast<size_t>(2 * e + which);
+      y[at].assign(static_cast<size_t>(std::max<int64_t>(rows[e], 1) * I), -7.0f);
+      calls.push_back({which == 0 ? &gate[e] : &up[e], x[e].data(), rows[e], y[at].data()});
+    }
+  y[8].assign(static_cast<size_t>(rows[2] * I), -7.0f);
+  calls.push_back({&bf16, x[2].data(), rows[2], y[8].data()});
+  ThreadPool pool(2);
+  ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), &pool);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    ref[c].assign(y[c].size(), -7.0f);
+    if (calls[c].m > 0) ApplyLinear(*calls[c].w, calls[c].x, calls[c].m, ref[c].data(), &pool);
+    ASSERT_EQ(std::memcmp(y[c].data(), ref[c].data(), y[c].size() * 4), 0) << "call " << c;
+  }
+}
+
 TEST(W8A8LoadTest, Int8WeightsAreUsedInPlaceFromTheCheckpoint) {
   TempDir d("w8_inplace");
   MakeModelOptions mo;
