@@ -156,6 +156,25 @@ Status YamlSection::Get(std::string_view key, std::vector<std::string>* out) con
   }
 }
 
+Status YamlSection::Get(std::string_view key, std::map<std::string, std::string>* out) const {
+  if (!Has(key)) return Status::Ok();
+  try {
+    const YAML::Node& self = node_;
+    YAML::Node v = self[std::string(key)];
+    if (!v.IsMap()) return Status::InvalidArgument(KeyPath(key) + ": expected a mapping of strings");
+    std::map<std::string, std::string> items;
+    for (const auto& kv : v) {
+      if (!kv.second.IsScalar())
+        return Status::InvalidArgument(KeyPath(key) + "." + kv.first.as<std::string>() + ": expected a string");
+      items[kv.first.as<std::string>()] = kv.second.as<std::string>();
+    }
+    *out = std::move(items);
+    return Status::Ok();
+  } catch (const YAML::Exception&) {
+    return Status::InvalidArgument(KeyPath(key) + ": expected a mapping of strings");
+  }
+}
+
 Status YamlSection::GetEnum(std::string_view key, std::initializer_list<std::string_view> choices,
                             std::string* out) const {
   std::string v = *out;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,8 @@ class YamlSection {
   Status Get(std::string_view key, double* out) const;
   Status Get(std::string_view key, std::string* out) const;
   Status Get(std::string_view key, std::vector<std::string>* out) const;
+  // A mapping of scalars (e.g. environment variables).
+  Status Get(std::string_view key, std::map<std::string, std::string>* out) const;
   // Integer milliseconds.
   Status Get(std::string_view key, std::chrono::milliseconds* out) const;
   // A string that must be one of `choices`.

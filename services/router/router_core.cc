@@ -212,8 +212,10 @@ void RouterCore::WorkerGoneLocked(const WorkerEntry& worker, const std::string& 
     failed.push_back(id);
   }
   for (uint64_t id : failed) EndRouteLocked(id, "a peer worker of this request failed");
-  GetLogger("router")->warn("{} worker {} removed ({}); {} requests failed", services::WorkerRoleName(worker.role),
-                            worker.id, reason, failed.size());
+  const bool expected = reason == "deregister" && failed.empty();  // a clean, drained exit
+  GetLogger("router")->log(expected ? spdlog::level::info : spdlog::level::warn,
+                           "{} worker {} removed ({}); {} requests failed", services::WorkerRoleName(worker.role),
+                           worker.id, reason, failed.size());
 }
 
 void RouterCore::OnKvReservedLocked(const std::string& peer, services::KvReservedMsg msg) {

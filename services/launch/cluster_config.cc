@@ -1,0 +1,80 @@
+#include "services/launch/cluster_config.h"
+
+#include <set>
+
+namespace pdserve::launch {
+
+namespace {
+Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::string& origin) {
+  ClusterConfig c;
+  PDSERVE_RETURN_IF_ERROR(root.CheckKeys({"cluster", "router", "workers"}));
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection cl, root.Section("cluster"));
+  PDSERVE_RETURN_IF_ERROR(cl.CheckKeys({"name", "bin_dir", "model_dir", "generate_model", "log_dir", "stop_grace_ms",
+                                        "ready_timeout_ms"}));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("name", &c.name));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("bin_dir", &c.bin_dir));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("model_dir", &c.model_dir));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("log_dir", &c.log_dir));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("stop_grace_ms", &c.stop_grace));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("ready_timeout_ms", &c.ready_timeout));
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection gm, cl.Section("generate_model"));
+  PDSERVE_RETURN_IF_ERROR(gm.CheckKeys({"enabled", "preset", "seed"}));
+  PDSERVE_RETURN_IF_ERROR(gm.Get("enabled", &c.generate_model.enabled));
+  PDSERVE_RETURN_IF_ERROR(gm.Get("preset", &c.generate_model.preset));
+  PDSERVE_RETURN_IF_ERROR(gm.Get("seed", &c.generate_model.seed));
+
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection rs, root.Section("router"));
+  PDSERVE_ASSIGN_OR_RETURN(c.router, router::RouterConfig::FromYaml(rs));
+  if (c.router.control_endpoint.find('*') != std::string::npos)
+    return Status::InvalidArgument("router.control_endpoint: the launcher needs a fixed port (workers dial it)");
+
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<services::YamlSection> groups, root.SectionList("workers"));
+  std::set<std::string> names;
+  for (const auto& g : groups) {
+    PDSERVE_RETURN_IF_ERROR(g.CheckKeys({"name", "role", "type", "count", "binary", "metrics_port", "mpi_ranks", "args", "env"}));
+    WorkerGroupConfig w;
+    std::string role = "colocated";
+    PDSERVE_RETURN_IF_ERROR(g.GetEnum("role", {"prefill", "decode", "colocated"}, &role));
+    w.role = services::ParseWorkerRole(role).value();
+    w.name = role;
+    PDSERVE_RETURN_IF_ERROR(g.Get("name", &w.name));
+    PDSERVE_RETURN_IF_ERROR(g.GetEnum("type", {"engine", "echo"}, &w.type));
+    PDSERVE_RETURN_IF_ERROR(g.Get("count", &w.count));
+    PDSERVE_RETURN_IF_ERROR(g.Get("binary", &w.binary));
+    int64_t port = 0;
+    PDSERVE_RETURN_IF_ERROR(g.Get("metrics_port", &port));
+    if (port < 0 || port + w.count > 65536) return Status::InvalidArgument(g.path() + ".metrics_port: out of range");
+    w.metrics_port = static_cast<int>(port);
+    PDSERVE_RETURN_IF_ERROR(g.Get("mpi_ranks", &w.mpi_ranks));
+    if (w.mpi_ranks == 0) return Status::InvalidArgument(g.path() + ".mpi_ranks must be >= 1");
+    PDSERVE_RETURN_IF_ERROR(g.Get("args", &w.args));
+    PDSERVE_RETURN_IF_ERROR(g.Get("env", &w.env));
+    if (w.name.empty() || w.name.find_first_of(" /\t") != std::string::npos)
+      return Status::InvalidArgument(g.path() + ".name must be a non-empty word");
+    if (!names.insert(w.name).second) return Status::InvalidArgument(g.path() + ".name '" + w.name + "' is used twice");
+    c.workers.push_back(std::move(w));
+  }
+  if (c.workers.empty()) return Status::InvalidArgument(origin + ": `workers` lists no worker group");
+  return c;
+}
+}  // namespace
+
+Result<ClusterConfig> ClusterConfig::LoadFile(const std::string& path) {
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection root, services::YamlSection::LoadFile(path));
+  auto c = FromRoot(root, path);
+  if (!c.ok()) return c.status().WithContext(path);
+  return c;
+}
+
+Result<ClusterConfig> ClusterConfig::Parse(std::string_view yaml, const std::string& origin) {
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection root, services::YamlSection::Parse(yaml, origin));
+  return FromRoot(root, origin);
+}
+
+std::string ClusterConfig::BinaryName(const WorkerGroupConfig& g) {
+  if (!g.binary.empty()) return g.binary;
+  if (g.type == "echo") return "pdserve-echo-worker";
+  return std::string("pdserve-") + services::WorkerRoleName(g.role);
+}
+
+}  // namespace pdserve::launch

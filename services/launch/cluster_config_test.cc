@@ -1,0 +1,68 @@
+#include "services/launch/cluster_config.h"
+
+#include <gtest/gtest.h>
+
+namespace pdserve::launch {
+namespace {
+
+TEST(ClusterConfigTest, ParsesGroupsAndDefaults) {
+  auto c = ClusterConfig::Parse(R"(
+cluster:
+  model_dir: /tmp/m
+  generate_model: {enabled: false}
+router:
+  port: 0
+  control_endpoint: tcp://127.0.0.1:7100
+  model_name: x
+workers:
+  - role: prefill
+  - name: dec
+    role: decode
+    count: 2
+    metrics_port: 9200
+    args: ["--threads", "1"]
+    env: {OMP_NUM_THREADS: "1"}
+  - name: e
+    role: colocated
+    type: echo
+)");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model_dir, "/tmp/m");
+  EXPECT_FALSE(c->generate_model.enabled);
+  EXPECT_EQ(c->router.model_name, "x");
+  ASSERT_EQ(c->workers.size(), 3u);
+  EXPECT_EQ(c->workers[0].name, "prefill");
+  EXPECT_EQ(ClusterConfig::BinaryName(c->workers[0]), "pdserve-prefill");
+  EXPECT_EQ(c->workers[1].count, 2u);
+  EXPECT_EQ(c->workers[1].metrics_port, 9200);
+  EXPECT_EQ(c->workers[1].args, (std::vector<std::string>{"--threads", "1"}));
+  EXPECT_EQ(c->workers[1].env.at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(ClusterConfig::BinaryName(c->workers[2]), "pdserve-echo-worker");
+  EXPECT_EQ(c->stop_grace.count(), 10000);
+}
+
+TEST(ClusterConfigTest, Errors) {
+  auto err = [](const char* yaml) { return ClusterConfig::Parse(yaml).status(); };
+  EXPECT_FALSE(err("workers: []").ok());  // nothing to run
+  EXPECT_NE(err("workers: [{role: router}]").message().find("workers[0].role"), std::string::npos);
+  EXPECT_NE(err("workers: [{role: decode, typo: 1}]").message().find("workers[0].typo"), std::string::npos);
+  EXPECT_FALSE(err("workers: [{role: decode}, {role: decode}]").ok());  // duplicate names
+  EXPECT_FALSE(err("router: {control_endpoint: 'tcp://127.0.0.1:*'}\nworkers: [{role: decode}]").ok());
+  EXPECT_FALSE(err("extra: 1\nworkers: [{role: decode}]").ok());
+  EXPECT_FALSE(err("workers: [{role: decode, mpi_ranks: 0}]").ok());
+}
+
+TEST(ClusterConfigTest, ShippedTopologiesParse) {
+  for (const char* f : {"/deploy/local/cluster.yaml", "/deploy/local/echo-cluster.yaml"}) {
+    auto c = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + f);
+    ASSERT_TRUE(c.ok()) << f << ": " << c.status().ToString();
+    EXPECT_EQ(c->router.port, 8000);
+  }
+  auto local = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cluster.yaml").value();
+  ASSERT_EQ(local.workers.size(), 2u);
+  EXPECT_EQ(local.workers[0].role, services::WorkerRole::kPrefill);
+  EXPECT_EQ(local.workers[1].role, services::WorkerRole::kDecode);
+}
+
+}  // namespace
+}  // namespace pdserve::launch

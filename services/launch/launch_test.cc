@@ -1,0 +1,98 @@
+// pdserve-launch as a real process: it starts a router and echo workers (protocol test
+// workers), serves, and stops every process on SIGTERM; a dying child or a missing binary stops
+// everything with exit 1.
+#include <signal.h>
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "services/common/process_util.h"
+#include "services/common/testing/child_process.h"
+#include "services/common/testing/http_test_client.h"
+
+namespace pdserve::launch {
+namespace {
+
+using namespace std::chrono_literals;
+using services::testing::ChildProcess;
+using services::testing::WaitFor;
+
+std::string WriteConfig(const std::string& dir, const std::string& workers) {
+  const int control = services::testing::FreeTcpPort();
+  const std::string path = dir + "/cluster.yaml";
+  std::ofstream out(path);
+  out << "cluster:\n  name: test\n  bin_dir: " << PDSERVE_BIN_DIR << "\n  stop_grace_ms: 5000\n  ready_timeout_ms: 20000\n"
+      << "router:\n  port: 0\n  control_endpoint: tcp://127.0.0.1:" << control
+      << "\n  model_name: pdserve\n  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 800\n"
+      << "workers:\n" << workers;
+  return path;
+}
+
+bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+TEST(LaunchTest, StartsServesAndStopsEveryProcessOnSigterm) {
+  const std::string dir = services::testing::MakeTempDir("pdserve-launch");
+  const std::string cfg = WriteConfig(dir,
+                                      "  - {name: p, role: prefill, type: echo}\n"
+                                      "  - {name: d, role: decode, type: echo}\n"
+                                      "  - {name: c, role: colocated, type: echo, count: 2}\n");
+  const std::string ready = dir + "/launch.ready";
+  auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg, "--ready-file", ready},
+                                    dir + "/launch.log");
+  ASSERT_TRUE(launch.ok());
+  nlohmann::json r;
+  ASSERT_TRUE(WaitFor([&] {
+    auto text = services::ReadFile(ready);
+    if (!text.ok()) return false;
+    r = nlohmann::json::parse(text.value());
+    return true;
+  }, 30s)) << (*launch)->Log();
+  const int port = r["http_port"];
+  auto health = nlohmann::json::parse(services::testing::HttpGet(port, "/health").body);
+  EXPECT_EQ(health["status"], "ready");
+  EXPECT_EQ(health["workers"]["prefill"], 1);
+  EXPECT_EQ(health["workers"]["decode"], 1);
+  EXPECT_EQ(health["workers"]["colocated"], 2);
+  auto reply = services::testing::HttpPost(port, "/v1/completions",
+                                           R"({"model":"pdserve","prompt":[1000,2000,3000],"max_tokens":4})");
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  std::vector<pid_t> pids;
+  for (const auto& [name, pid] : r["pids"].items()) pids.push_back(pid.get<pid_t>());
+  EXPECT_EQ(pids.size(), 5u);  // router + 4 workers
+  (*launch)->Signal(SIGTERM);
+  EXPECT_EQ((*launch)->WaitExit(20s), std::optional<int>(0)) << (*launch)->Log();
+  for (pid_t p : pids) EXPECT_FALSE(Alive(p)) << p;
+  const std::string log = (*launch)->Log();
+  EXPECT_NE(log.find("[router]"), std::string::npos);  // forwarded output
+  EXPECT_NE(log.find("[c-1]"), std::string::npos);
+  EXPECT_NE(log.find("all processes stopped"), std::string::npos);
+}
+
+TEST(LaunchTest, ADyingWorkerStopsTheClusterLoudly) {
+  const std::string dir = services::testing::MakeTempDir("pdserve-launch-fail");
+  const std::string cfg = WriteConfig(dir,
+                                      "  - {name: good, role: colocated, type: echo}\n"
+                                      "  - {name: bad, role: colocated, type: echo, args: ['--no-such-flag']}\n");
+  auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg}, dir + "/launch.log");
+  ASSERT_TRUE(launch.ok());
+  EXPECT_EQ((*launch)->WaitExit(30s), std::optional<int>(1)) << (*launch)->Log();
+  const std::string log = (*launch)->Log();
+  EXPECT_NE(log.find("bad-0 (pid"), std::string::npos) << log;
+  EXPECT_NE(log.find("exited with status 2"), std::string::npos) << log;
+}
+
+TEST(LaunchTest, MissingBinaryIsNamedBeforeAnythingStarts) {
+  const std::string dir = services::testing::MakeTempDir("pdserve-launch-missing");
+  const std::string cfg = WriteConfig(dir, "  - {name: x, role: decode, binary: pdserve-not-built, type: echo}\n");
+  auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg}, dir + "/launch.log");
+  ASSERT_TRUE(launch.ok());
+  EXPECT_EQ((*launch)->WaitExit(10s), std::optional<int>(1));
+  const std::string log = (*launch)->Log();
+  EXPECT_NE(log.find("pdserve-not-built"), std::string::npos) << log;
+  EXPECT_EQ(log.find("[router]"), std::string::npos) << log;  // nothing was started
+}
+
+}  // namespace
+}  // namespace pdserve::launch

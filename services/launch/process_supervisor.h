@@ -1,0 +1,74 @@
+// ProcessSupervisor: the launcher's child processes. Each child runs in its own process group
+// (so a SIGTERM / SIGKILL reaches everything it started, e.g. mpirun's ranks) with stdout and
+// stderr on a pipe; every line it prints is forwarded to the launcher's stdout as
+// "[name] line" and, with a log directory, appended to <log_dir>/<name>.log.
+//
+// Thread-safety: one thread (the launcher's main loop) owns it. The destructor SIGKILLs every
+// process group still running and reaps it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::launch {
+
+struct ProcessSpec {
+  std::string name;
+  std::vector<std::string> argv;           // argv[0]: a path
+  std::map<std::string, std::string> env;  // added to the launcher's environment
+};
+
+struct ProcessExit {
+  std::string name;
+  pid_t pid = 0;
+  int status = 0;  // exit code, or 128 + signal
+};
+
+class ProcessSupervisor {
+ public:
+  explicit ProcessSupervisor(std::string log_dir = "");
+  ~ProcessSupervisor();
+  ProcessSupervisor(const ProcessSupervisor&) = delete;
+  ProcessSupervisor& operator=(const ProcessSupervisor&) = delete;
+
+  // Errors: Internal (pipe / fork failed). An exec failure shows as exit status 127.
+  Result<pid_t> Start(const ProcessSpec& spec);
+
+  // Forwards output and reaps children for up to `timeout` (returns early on an exit or when
+  // `extra_fd` >= 0 becomes readable; *extra_ready says which). Returns the exits seen.
+  std::vector<ProcessExit> Poll(std::chrono::milliseconds timeout, int extra_fd = -1, bool* extra_ready = nullptr);
+
+  // SIGTERM to the process groups of `names`, then waits up to `grace` for them (forwarding
+  // their last words), then SIGKILLs what is left. Returns their exits.
+  std::vector<ProcessExit> Stop(const std::vector<std::string>& names, std::chrono::milliseconds grace);
+
+  bool Running(const std::string& name) const;
+  std::vector<std::string> RunningNames() const;
+  std::optional<pid_t> Pid(const std::string& name) const;
+
+ private:
+  struct Child {
+    std::string name;
+    pid_t pid = 0;
+    int out_fd = -1;
+    std::string partial;  // output not yet ending in a newline
+    int log_fd = -1;
+    bool running = true;
+  };
+  void Forward(Child& c, const char* data, size_t n);
+  void FlushAndClose(Child& c);
+  std::vector<ProcessExit> Reap();
+
+  const std::string log_dir_;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+}  // namespace pdserve::launch
