@@ -20,9 +20,11 @@ namespace pdserve::kernels::internal {
 namespace {
 
 // Weight rows per block for a largest group of M x-rows (M = 1..4): M*R accumulators <= 12, and
-// >= 8 in every group given that group sizes differ by at most one.
-constexpr int kRowsForM[5] = {0, 8, 4, 4, 3};
-constexpr int kMaxRows = 8;
+// >= 8 in every group given that group sizes differ by at most one, except m = 1: a lone x row
+// is memory-bound, and 4 weight streams ran 5-10% faster from DRAM than 8 (bench/gemm
+// --threads 1 --cpu-time, Zen 5 VM).
+constexpr int kRowsForM[5] = {0, 4, 4, 4, 3};
+constexpr int kMaxRows = 4;
 constexpr int kGroupM = 4;
 
 // Rows of x per thread chunk below which splitting is not worth a ParallelFor hand-off
