@@ -1,5 +1,7 @@
 #include "services/common/worker_metrics.h"
 
+#include "services/common/metrics.h"
+
 namespace pdserve::services {
 
 namespace {
@@ -34,7 +36,22 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const prometheus::Labels& 
       queued_tokens(Gauge(r, "pdserve_worker_queued_tokens", "Prompt tokens to compute plus output tokens owed", l).Add({})),
       kv_blocks_used(kv_family_.Add({{"state", "used"}})),
       kv_blocks_free(kv_family_.Add({{"state", "free"}})),
-      registered(Gauge(r, "pdserve_worker_registered", "1 while registered with a router", l).Add({})) {}
+      registered(Gauge(r, "pdserve_worker_registered", "1 while registered with a router", l).Add({})),
+      queue_time(prometheus::BuildHistogram()
+                     .Name("pdserve_worker_queue_time_seconds")
+                     .Help("Job arrival to first scheduled step")
+                     .Labels(l)
+                     .Register(r)
+                     .Add({}, RequestLatencyBuckets())),
+      kv_transfer_bytes(Counter(r, "pdserve_worker_kv_transfer_bytes_total", "KV bytes moved by the transfer layer", l).Add({})),
+      kv_transfer_seconds(prometheus::BuildHistogram()
+                              .Name("pdserve_worker_kv_transfer_seconds")
+                              .Help("KV reservation to transfer complete, per request")
+                              .Labels(l)
+                              .Register(r)
+                              .Add({}, RequestLatencyBuckets())),
+      kv_transfer_failures(
+          Counter(r, "pdserve_worker_kv_transfer_failures_total", "KV transfers that failed or timed out", l).Add({})) {}
 
 void WorkerMetrics::SetLoad(const WorkerLoad& load) {
   running.Set(load.running);

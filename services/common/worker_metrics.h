@@ -14,6 +14,12 @@
 //   pdserve_worker_queued_tokens
 //   pdserve_worker_kv_blocks{state=used|free}
 //   pdserve_worker_registered                      1 while registered with a router
+//   pdserve_worker_queue_time_seconds              job arrival -> first scheduled (engine)
+//   pdserve_worker_kv_transfer_bytes_total         KV bytes written (prefill) / received
+//                                                  (decode) by the KV transfer layer
+//   pdserve_worker_kv_transfer_seconds             reservation -> transfer complete, per request
+//   pdserve_worker_kv_transfer_failures_total      transfers that failed or timed out
+// The last four are fed by the engine-backed services (the echo test worker leaves them 0).
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe.
 #pragma once
@@ -24,6 +30,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include "services/common/control_messages.h"
@@ -53,6 +60,10 @@ class WorkerMetrics {
   prometheus::Gauge& kv_blocks_used;
   prometheus::Gauge& kv_blocks_free;
   prometheus::Gauge& registered;
+  prometheus::Histogram& queue_time;
+  prometheus::Counter& kv_transfer_bytes;
+  prometheus::Histogram& kv_transfer_seconds;
+  prometheus::Counter& kv_transfer_failures;
 
   void SetLoad(const WorkerLoad& load);
 

@@ -18,6 +18,7 @@ std::unique_ptr<httplib::Client> MakeClient(int port, std::chrono::milliseconds 
   cli->set_connection_timeout(std::chrono::seconds(5));
   cli->set_read_timeout(timeout);
   cli->set_write_timeout(timeout);
+  cli->set_tcp_nodelay(true);
   return cli;
 }
 
