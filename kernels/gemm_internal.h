@@ -16,8 +16,15 @@ namespace pdserve::kernels::internal {
 void GemmSmallM(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
                 int64_t j_end, float* y, int64_t ldy, ThreadPool* pool);
 
-// Packed-panel tiled path for large m (any m works).
+// Tiled path for m > kGemmSmallMMax (any m works): GemmTiledPackX for moderate m (12..128),
+// else GemmTiledPanels. Both give the same bits (one sequential FMA chain per output over k).
 void GemmTiled(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
                int64_t j_end, float* y, int64_t ldy, ThreadPool* pool);
+// Weight panels packed (transposed) per block, x read in place; for large m.
+void GemmTiledPanels(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
+                     int64_t j_end, float* y, int64_t ldy, ThreadPool* pool);
+// x packed once per call, weights broadcast in place; for moderate m (x scratch ~ m * n_in).
+void GemmTiledPackX(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
+                    int64_t j_end, float* y, int64_t ldy, ThreadPool* pool);
 
 }  // namespace pdserve::kernels::internal

@@ -140,8 +140,14 @@ void CheckProblem(const Problem& p) {
     internal::GemmSmallM(p.x.data(), p.m, p.ldx, w, 0, p.n_out, ys.data(), p.ldy, &Pool(2));
     ExpectNearRef(p, ys, 0, p.n_out, tag + " small-m path");
     std::vector<float> yl = NewY(p);
-    internal::GemmTiled(p.x.data(), p.m, p.ldx, w, 0, p.n_out, yl.data(), p.ldy, &Pool(3));
-    ExpectNearRef(p, yl, 0, p.n_out, tag + " tiled path");
+    internal::GemmTiledPanels(p.x.data(), p.m, p.ldx, w, 0, p.n_out, yl.data(), p.ldy, &Pool(3));
+    ExpectNearRef(p, yl, 0, p.n_out, tag + " tiled path, weight panels");
+    // The two tiled variants must agree bit for bit (the model's batching relies on every m
+    // above kGemmSmallMMax giving a row the same result).
+    std::vector<float> yx = NewY(p);
+    internal::GemmTiledPackX(p.x.data(), p.m, p.ldx, w, 0, p.n_out, yx.data(), p.ldy, &Pool(2));
+    ExpectBitwiseEqual(yl, yx, tag + " tiled path, packed x vs weight panels");
+    if (p.m > kGemmSmallMMax) ExpectBitwiseEqual(y, yl, tag + " Gemm vs tiled path");
   }
   const int64_t j_begin = p.n_out / 3, j_end = p.n_out - p.n_out / 4;
   std::vector<float> yr = NewY(p);
@@ -209,6 +215,26 @@ TEST(Gemm, EmptySliceIsNoOp) {
   std::vector<float> y = NewY(p);
   GemmRows(p.x.data(), p.m, p.ldx, p.view(), 5, 5, y.data(), p.ldy, &Pool(2));
   for (float v : y) EXPECT_EQ(v, kSentinel);
+}
+
+// docs/engine.md: a row's result may depend on m only through the path (m <= kGemmSmallMMax or
+// not). Rows computed in batches of different sizes on the same path must be bit-identical.
+TEST(Gemm, RowResultsDependOnBatchOnlyThroughPath) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Problem p = MakeProblem(200, 300, 45, dtype, true, 31);
+    std::vector<float> all = NewY(p);
+    Gemm(p.x.data(), p.m, p.ldx, p.view(), all.data(), p.ldy, &Pool(2));
+    std::vector<float> one = NewY(p);
+    Gemm(p.x.data(), 1, p.ldx, p.view(), one.data(), p.ldy, &Pool(3));
+    for (int64_t m : {2, 5, 8, 9, 11, 12, 16, 17, 40, 128, 129, 199}) {
+      std::vector<float> part = NewY(p);
+      Gemm(p.x.data(), m, p.ldx, p.view(), part.data(), p.ldy, &Pool(2));
+      const std::vector<float>& expect = m <= kGemmSmallMMax ? one : all;
+      const int64_t rows = m <= kGemmSmallMMax ? 1 : m;
+      EXPECT_EQ(std::memcmp(part.data(), expect.data(), rows * p.ldy * sizeof(float)), 0)
+          << DTypeName(dtype) << " m=" << m;
+    }
+  }
 }
 
 // x in 32-byte aligned rows (ldx a multiple of 8) is read in place by the small-m path; other x is
