@@ -14,6 +14,7 @@
 #include "kernels/rope.h"
 #include "model/batch_plan.h"
 #include "model/model.h"
+#include "model/parallel.h"
 #include "model/test_hooks.h"
 
 namespace pdserve::model {
@@ -44,10 +45,12 @@ bool NonAbsorbed(const BatchSequence& q) {
 }
 }  // namespace
 
-void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, float* out) const {
+Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step,
+                        float* out) const {
   const ModelConfig& c = config();
   const LayerWeights& lw = weights_->layer(layer);
-  const int64_t D = c.hidden_size, H = c.num_attention_heads, Lq = c.q_lora_rank, Lkv = c.kv_lora_rank;
+  // H: the heads this rank holds (all of them unless the TP group shares them out).
+  const int64_t D = c.hidden_size, H = weights_->local_heads(), Lq = c.q_lora_rank, Lkv = c.kv_lora_rank;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
   const int64_t S = plan.n_rows, K = c.index_topk;
   const float scale = c.AttentionScale();
@@ -93,7 +96,7 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
 
   // Sparse selection per query.
   std::vector<int32_t> topk(static_cast<size_t>(S * K), -1);
-  Indexer(layer, x, qr.data(), plan, &topk);
+  PDSERVE_RETURN_IF_ERROR(Indexer(layer, x, qr.data(), plan, step, &topk));
   for (int64_t s = 0; s < plan.n_seqs(); ++s) {
     const BatchSequence& sq = plan.seqs[s];
     if (!sq.options) continue;
@@ -116,7 +119,11 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
       continue;
     }
     // Reference prefill: k_nope | v = bf16(c Wkv_b^T) for every key, scores over [k_nope, k_pe].
-    const int64_t T = sq.n_tokens;
+    // Keys [0, T) cover the sequence's rows' causal context; the rows are positions [0, n_q)
+    // or, in a CP prefill, this rank's positions (the gathered cache holds every key).
+    const int64_t n_q = plan.seq_row[s + 1] - r0;
+    int64_t T = 0;
+    for (int64_t i = 0; i < n_q; ++i) T = std::max(T, plan.row_pos[r0 + i] + 1);
     const kernels::KvTokenView kv_view = sq.kv.View(layer);
     std::vector<float> c_all(static_cast<size_t>(T * Lkv)), kv(static_cast<size_t>(T * H * (dn + dv)));
     std::vector<float> kpe_all(static_cast<size_t>(T * dr));
@@ -126,7 +133,7 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
     if (plan.stats) plan.stats->kv_bytes_read += T * (kv_view.latent_stride + kv_view.latent_scale_stride + kv_view.kpe_stride);
     ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
     kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
-    pool_->ParallelFor(T * H, [&](int64_t b, int64_t e) {
+    pool_->ParallelFor(n_q * H, [&](int64_t b, int64_t e) {
       std::vector<float> p(static_cast<size_t>(K));
       for (int64_t qh = b; qh < e; ++qh) {
         const int64_t i = qh / H, h = qh % H;
@@ -224,11 +231,17 @@ void Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, floa
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);
   }
   PlannedLinear(lw.o, o.data(), plan, out);
+  if (comm::TensorParallel* tp = parallel_ ? parallel_->tp() : nullptr) {
+    // o_proj is input-sharded by heads: each TP rank holds a partial sum of every output.
+    CommTimer timer(parallel_);
+    PDSERVE_RETURN_IF_ERROR(tp->SumPartials({out, static_cast<size_t>(S * D)}));
+  }
   kernels::RoundToBf16InPlace(out, S * D);
+  return Status::Ok();
 }
 
-void Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchPlan& plan,
-                    std::vector<int32_t>* topk) const {
+Status Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchPlan& plan,
+                      const ParallelStep& step, std::vector<int32_t>* topk) const {
   const ModelConfig& c = config();
   const LayerWeights& lw = weights_->layer(layer);
   const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
@@ -278,6 +291,8 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchP
                               kv.Field(layer, KvComponent::kIndexScales, pos));
     }
   }, 2);
+  // A CP rank now has its own positions' records of this layer; the scores need all of them.
+  if (step.cp) PDSERVE_RETURN_IF_ERROR(GatherCpRecords(layer, plan, step));
 
   // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k. Work
   // items are (row, run of keys) so one long row still uses every thread.
@@ -327,6 +342,7 @@ void Model::Indexer(int64_t layer, const float* x, const float* qr, const BatchP
                 sq.options->trace->index_scores.begin() + (layer * Sq + i) * T);
     }
   }
+  return Status::Ok();
 }
 
 }  // namespace pdserve::model

@@ -8,25 +8,21 @@
 #include "kernels/gemm.h"
 #include "model/batch_plan.h"
 #include "model/model.h"
+#include "model/parallel.h"
 
 namespace pdserve::model {
 
-void Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, float* out) const {
+void Model::Route(const LayerWeights& lw, const float* x, int64_t S, const uint8_t* tiled, int32_t* ids,
+                  float* weights) const {
   const ModelConfig& c = config();
-  const LayerWeights& lw = weights_->layer(layer);
-  const int64_t D = c.hidden_size, S = plan.n_rows;
-  auto mlp_fn = [&](const MlpWeights& m) {
-    return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
-  };
-  if (!lw.is_moe) {
-    ForEachGemmPath(x, D, out, D, plan.row_tiled.data(), S, mlp_fn(lw.dense));
-    return;
-  }
-  const int64_t E = c.n_routed_experts, G = c.n_group, per_group = E / G;
+  const int64_t D = c.hidden_size, E = c.n_routed_experts, G = c.n_group, per_group = E / G;
+  const int64_t top_k = c.num_experts_per_tok;
   std::vector<float> logits(static_cast<size_t>(S * E));
-  PlannedLinear(lw.router, x, plan, logits.data());
+  ForEachGemmPath(x, D, logits.data(), E, tiled, S,
+                  [&](const float* xs, int64_t m, float* ys) { ApplyLinear(lw.router, xs, m, ys, pool_); });
+  std::fill(ids, ids + S * top_k, -1);
+  std::fill(weights, weights + S * top_k, 0.0f);
   // Routing per token: sigmoid scores; bias only for the choice; group-limited top-k.
-  std::vector<std::vector<std::pair<int64_t, float>>> routes(static_cast<size_t>(S));
   pool_->ParallelFor(S, [&](int64_t tb, int64_t te) {
     std::vector<float> s(static_cast<size_t>(E)), b(static_cast<size_t>(E)), gscore(static_cast<size_t>(G));
     std::vector<int32_t> gsel(static_cast<size_t>(G)), esel(static_cast<size_t>(E)), scratch(static_cast<size_t>(E));
@@ -48,18 +44,37 @@ void Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, float* out
       std::fill(masked.begin(), masked.end(), -INFINITY);
       for (int64_t i = 0; i < n_g; ++i)
         for (int64_t e = gsel[i] * per_group; e < (gsel[i] + 1) * per_group; ++e) masked[e] = b[e];
-      const int64_t n_e = kernels::TopKIndices(masked.data(), E, c.num_experts_per_tok, esel.data(), scratch.data());
+      const int64_t n_e = kernels::TopKIndices(masked.data(), E, top_k, esel.data(), scratch.data());
       float denom = 0.0f;
       for (int64_t i = 0; i < n_e; ++i) denom += s[esel[i]];
-      auto& r = routes[static_cast<size_t>(t)];
-      for (int64_t i = 0; i < n_e; ++i)
-        r.push_back({esel[i], s[esel[i]] / denom * static_cast<float>(c.routed_scaling_factor)});
+      for (int64_t i = 0; i < n_e; ++i) {
+        ids[t * top_k + i] = esel[i];
+        weights[t * top_k + i] = s[esel[i]] / denom * static_cast<float>(c.routed_scaling_factor);
+      }
     }
   }, 8);
+}
+
+Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const {
+  const ModelConfig& c = config();
+  const LayerWeights& lw = weights_->layer(layer);
+  const int64_t D = c.hidden_size, S = plan.n_rows;
+  auto mlp_fn = [&](const MlpWeights& m) {
+    return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
+  };
+  if (!lw.is_moe) {
+    ForEachGemmPath(x, D, out, D, plan.row_tiled.data(), S, mlp_fn(lw.dense));
+    return Status::Ok();
+  }
+  const int64_t E = c.n_routed_experts, top_k = c.num_experts_per_tok;
+  std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
+  std::vector<float> weights(static_cast<size_t>(S * top_k));
+  Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data());
   // Rows per expert, in row order: (row, weight).
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));
   for (int64_t t = 0; t < S; ++t)
-    for (const auto& [id, w] : routes[static_cast<size_t>(t)]) by_expert[static_cast<size_t>(id)].push_back({t, w});
+    for (int64_t j = 0; j < top_k; ++j)
+      if (ids[t * top_k + j] >= 0) by_expert[static_cast<size_t>(ids[t * top_k + j])].push_back({t, weights[t * top_k + j]});
   // Experts in ascending id order; each gets the rows routed to it (possibly none).
   std::vector<float> y(static_cast<size_t>(S * D), 0.0f);
   std::vector<float> xin, yout;
@@ -90,6 +105,7 @@ void Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, float* out
   }
   std::copy(y.begin(), y.end(), out);
   kernels::RoundToBf16InPlace(out, S * D);
+  return Status::Ok();
 }
 
 void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {

@@ -7,6 +7,7 @@
 #include "kernels/gemm.h"
 #include "kernels/rope.h"
 #include "model/batch_plan.h"
+#include "model/parallel.h"
 
 namespace pdserve::model {
 
@@ -26,8 +27,15 @@ Model::Model(std::unique_ptr<ModelWeights> w, ThreadPool* pool) : weights_(std::
 }
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, ThreadPool* pool) {
-  PDSERVE_ASSIGN_OR_RETURN(auto w, ModelWeights::Load(model_dir));
-  return std::unique_ptr<Model>(new Model(std::move(w), pool));
+  return Load(model_dir, pool, nullptr);
+}
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, ThreadPool* pool,
+                                           const ParallelContext* parallel) {
+  PDSERVE_ASSIGN_OR_RETURN(auto w, ModelWeights::Load(model_dir, parallel ? parallel->load_options() : LoadOptions{}));
+  auto m = std::unique_ptr<Model>(new Model(std::move(w), pool));
+  m->parallel_ = parallel;
+  return m;
 }
 
 Status Model::Validate(const BatchSequence& q) const {
@@ -74,7 +82,6 @@ void Model::PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan
 }
 
 Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats) const {
-  const ModelConfig& c = config();
   for (size_t s = 0; s < seqs.size(); ++s) {
     PDSERVE_RETURN_IF_ERROR(Validate(seqs[s]).WithContext("batch sequence " + std::to_string(s)));
     if (seqs[s].kv.capacity_tokens < seqs[s].start + seqs[s].n_tokens)
@@ -84,10 +91,26 @@ Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stat
   }
   BatchPlan plan = BatchPlan::Build(seqs);
   plan.stats = stats;
+  ParallelStep step;
+  step.ctx = parallel_;
+  if (parallel_ && parallel_->plan().ep > 1) step.replicas = parallel_->unit();
+  return RunPlan(seqs, plan, step);
+}
+
+Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan, const ParallelStep& step) const {
+  const ModelConfig& c = config();
+  BatchStats* stats = plan.stats;
   const int64_t R = plan.n_rows;
   if (stats) stats->rows += R;
-  if (R == 0) return Status::Ok();
   const int64_t L = c.num_hidden_layers, D = c.hidden_size, K = c.index_topk;
+  const bool parallel_moe = parallel_ && parallel_->ep() && (parallel_->plan().ep > 1 || step.cp);
+  if (R == 0) {
+    // DP dummy step: no rows here, but the EP peers may send rows to this rank's experts.
+    if (!parallel_moe) return Status::Ok();
+    for (int64_t l = 0; l < L; ++l)
+      if (weights_->layer(l).is_moe) PDSERVE_RETURN_IF_ERROR(FfnParallel(l, nullptr, plan, step, nullptr));
+    return Status::Ok();
+  }
   for (const BatchSequence& q : seqs) {
     ForwardTrace* tr = q.options ? q.options->trace : nullptr;
     if (!tr) continue;
@@ -109,9 +132,20 @@ Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stat
   // residual: bf16 values; sum: the unrounded fp32 residual + branch output; x: normed input.
   std::vector<float> residual(static_cast<size_t>(R * D)), sum(static_cast<size_t>(R * D));
   std::vector<float> x(static_cast<size_t>(R * D)), branch(static_cast<size_t>(R * D));
-  for (int64_t s = 0; s < plan.n_seqs(); ++s)
-    for (int64_t i = 0; i < seqs[s].n_tokens; ++i)
-      weights_->EmbedRow(seqs[s].tokens[i], &residual[static_cast<size_t>((plan.seq_row[s] + i) * D)]);
+  // Row r embeds its own position's token (a CP rank's rows are not the first n_tokens).
+  auto row_token = [&](int64_t r) {
+    const BatchSequence& q = seqs[plan.row_seq[r]];
+    return q.tokens[plan.row_pos[r] - q.start];
+  };
+  if (comm::TensorParallel* tp = parallel_ ? parallel_->tp() : nullptr) {
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) ids[r] = row_token(r);
+    CommTimer timer(parallel_);
+    PDSERVE_RETURN_IF_ERROR(tp->EmbedSharded(ids, c.vocab_size, D,
+                                             [&](int64_t row, float* dst) { weights_->EmbedRow(row, dst); }, residual));
+  } else {
+    for (int64_t r = 0; r < R; ++r) weights_->EmbedRow(row_token(r), &residual[static_cast<size_t>(r * D)]);
+  }
   kernels::RoundToBf16InPlace(residual.data(), R * D);
   sum = residual;
   trace_hidden(0, sum);
@@ -132,29 +166,53 @@ Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stat
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = weights_->layer(l);
     norm_rows(lw.attn_norm, sum, &x);
-    Attention(l, x.data(), plan, branch.data());
+    PDSERVE_RETURN_IF_ERROR(Attention(l, x.data(), plan, step, branch.data()));
     add_residual();
     norm_rows(lw.ffn_norm, sum, &x);
-    Ffn(l, x.data(), plan, branch.data());
+    if (lw.is_moe && parallel_moe) {
+      PDSERVE_RETURN_IF_ERROR(FfnParallel(l, x.data(), plan, step, branch.data()));
+    } else {
+      PDSERVE_RETURN_IF_ERROR(Ffn(l, x.data(), plan, step, branch.data()));
+    }
     add_residual();
     trace_hidden(l + 1, sum);
   }
   // Final norm of each sequence's last position only, then fp32 logits. Every row is its own
   // group here (a single-sequence call computes one row), so all take the streaming path.
+  // In a CP prefill only the rank holding the last position computes them, then broadcasts.
   std::vector<int64_t> want;
   for (int64_t s = 0; s < plan.n_seqs(); ++s)
     if (seqs[s].logits) want.push_back(s);
   if (want.empty()) return Status::Ok();
-  const int64_t n = static_cast<int64_t>(want.size()), V = c.vocab_size;
-  std::vector<float> last(static_cast<size_t>(n * D)), out(static_cast<size_t>(n * V));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = plan.seq_row[want[i] + 1] - 1;
-    kernels::RmsNorm(&sum[static_cast<size_t>(row * D)], weights_->final_norm().data(), D, kNormEps, &last[i * D]);
+  const int64_t V = c.vocab_size;
+  int cp_root = -1;
+  bool compute = true;
+  if (step.cp) {
+    const int64_t last = seqs[0].start + seqs[0].n_tokens - 1;
+    cp_root = step.cp->OwnerOf(last);
+    compute = cp_root == parallel_->coords().cp;
   }
-  kernels::RoundToBf16InPlace(last.data(), n * D);
-  for (int64_t i = 0; i < n; i += kernels::kGemmSmallMMax)
-    ApplyLinear(weights_->lm_head(), &last[i * D], std::min<int64_t>(kernels::kGemmSmallMMax, n - i), &out[i * V], pool_);
-  for (int64_t i = 0; i < n; ++i) std::copy_n(&out[i * V], V, seqs[want[i]].logits);
+  if (compute) {
+    const int64_t n = static_cast<int64_t>(want.size()), Vl = weights_->lm_head().n_out();
+    std::vector<float> last(static_cast<size_t>(n * D)), out(static_cast<size_t>(n * Vl));
+    for (int64_t i = 0; i < n; ++i) {
+      // The sequence's last position: its last row (in a CP prefill, rank cp_root's last row).
+      const int64_t row = plan.seq_row[want[i] + 1] - 1;
+      kernels::RmsNorm(&sum[static_cast<size_t>(row * D)], weights_->final_norm().data(), D, kNormEps, &last[i * D]);
+    }
+    kernels::RoundToBf16InPlace(last.data(), n * D);
+    for (int64_t i = 0; i < n; i += kernels::kGemmSmallMMax)
+      ApplyLinear(weights_->lm_head(), &last[i * D], std::min<int64_t>(kernels::kGemmSmallMMax, n - i), &out[i * Vl], pool_);
+    if (comm::TensorParallel* tp = parallel_ ? parallel_->tp() : nullptr) {
+      // Vocabulary-sharded lm_head: every TP rank computed its columns; reassemble them.
+      std::vector<float> full(static_cast<size_t>(n * V));
+      CommTimer timer(parallel_);
+      PDSERVE_RETURN_IF_ERROR(tp->GatherColumns(out, n, V, full));
+      out.swap(full);
+    }
+    for (int64_t i = 0; i < n; ++i) std::copy_n(&out[i * V], V, seqs[want[i]].logits);
+  }
+  if (step.cp) PDSERVE_RETURN_IF_ERROR(parallel_->CpBroadcast(seqs[0].logits, V * 4, cp_root));
   return Status::Ok();
 }
 

@@ -9,8 +9,14 @@
 //     form over the latent cache. Both compute the same function and differ only in rounding.
 // Every layer attends sparsely to the Lightning Indexer's top-k keys. The MoE runs all rows of
 // the batch together, grouped by expert.
+// Distributed (model/parallel.h, docs/parallel.md): loaded with a ParallelContext, the model
+// holds only this rank's experts and TP shards, and every call is collective: all ranks of the
+// instance must make matching calls (ForwardBatch on each unit's replicas with the same
+// sequences; an idle DP rank calls ForwardBatch with no sequences, which still enters every EP
+// exchange; ForwardCp on every CP rank of a unit).
 // Thread-safety: a Model is immutable after Load and may run several batches concurrently
-// only if each call gets its own pool; calls sharing a ThreadPool must be serialized.
+// only if each call gets its own pool; calls sharing a ThreadPool must be serialized (always,
+// with a ParallelContext).
 #pragma once
 
 #include <memory>
@@ -23,7 +29,14 @@
 #include "model/kv_cache.h"
 #include "model/weights.h"
 
+namespace pdserve::comm {
+class CpSplit;
+}
+
 namespace pdserve::model {
+
+class ParallelContext;
+struct ParallelStep;
 
 // Per-layer values of one Forward call, for accuracy tooling and tests. Shapes use S (tokens
 // in the call), T (= cache tokens after the call) and K (index_topk).
@@ -46,6 +59,10 @@ class Model {
  public:
   // Errors: see ModelWeights::Load.
   static Result<std::unique_ptr<Model>> Load(const std::string& model_dir, ThreadPool* pool);
+  // This rank's share of the model under a plan (collective: every rank of the context loads).
+  // `parallel` may be null (single process) and must outlive the model.
+  static Result<std::unique_ptr<Model>> Load(const std::string& model_dir, ThreadPool* pool,
+                                             const ParallelContext* parallel);
 
   const ModelConfig& config() const { return weights_->config(); }
   const ModelWeights& weights() const { return *weights_; }
@@ -63,21 +80,45 @@ class Model {
   // sequence's KV capacity is short. Each sequence's results are bitwise those of running it
   // alone with the same tokens, start and grouping (model/batch.h).
   // `stats`, when set, receives the call's work counters.
+  // With a ParallelContext, an empty `seqs` is the DP dummy step: nothing is computed for this
+  // rank, but it enters every MoE layer's EP exchange (and computes the rows it receives).
   Status ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats = nullptr) const;
+
+  // Context-parallel prefill of a whole prompt (model/forward_cp.cc): every CP rank of the unit
+  // calls it with the same `seq` (tokens [0, S), start 0, kChunk, no options); each computes the
+  // positions comm::CpSplit gives it, every rank's KV ends up holding the full prompt, and
+  // seq.logits (when set) receives the last position's logits on every CP rank. Without CP (or
+  // for prompts too short to give every CP rank > 8 rows) it is ForwardBatch on every rank.
+  // Errors: those of ForwardBatch; InvalidArgument for start != 0, options or kPerRow.
+  Status ForwardCp(const BatchSequence& seq) const;
+  // The same for a SequenceKvCache (must be empty), like Forward.
+  Status ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits) const;
+
+  const ParallelContext* parallel() const { return parallel_; }
 
  private:
   Model(std::unique_ptr<ModelWeights> w, ThreadPool* pool);
   Status Validate(const BatchSequence& s) const;
-  void Attention(int64_t layer, const float* x, const BatchPlan& plan, float* out) const;
-  void Indexer(int64_t layer, const float* x, const float* qr, const BatchPlan& plan,
-               std::vector<int32_t>* topk) const;
-  void Ffn(int64_t layer, const float* x, const BatchPlan& plan, float* out) const;
+  // The layers and the logits over a built plan (shared by ForwardBatch and ForwardCp).
+  Status RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan, const ParallelStep& step) const;
+  Status Attention(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
+  Status Indexer(int64_t layer, const float* x, const float* qr, const BatchPlan& plan, const ParallelStep& step,
+                 std::vector<int32_t>* topk) const;
+  // CP: after this rank wrote its positions' KV records of `layer`, fills in everyone else's.
+  Status GatherCpRecords(int64_t layer, const BatchPlan& plan, const ParallelStep& step) const;
+  Status Ffn(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
+  // Sigmoid router with group-limited top-k over n rows: ids/weights [n x top_k], -1 padded.
+  void Route(const LayerWeights& lw, const float* x, int64_t n, const uint8_t* tiled, int32_t* ids,
+             float* weights) const;
+  // The MoE over the EP group (model/moe_parallel.cc).
+  Status FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
   // ApplyLinear over the plan's rows, each with its group's GEMM path.
   void PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const;
 
   std::unique_ptr<ModelWeights> weights_;
   ThreadPool* pool_;
+  const ParallelContext* parallel_ = nullptr;
   std::vector<float> rope_freqs_;  // dr/2 frequencies shared by MLA and the indexer
 };
 

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/shard.h"
 #include "common/dtype.h"
 #include "common/mapped_file.h"
 
@@ -197,6 +198,28 @@ class Loader {
   std::vector<std::string> missing_;
 };
 
+// Tensor-parallel shards as views: rows [begin, begin + n) or input columns [begin, begin + n).
+void SliceRows(Linear* w, int64_t begin, int64_t n) {
+  if (w->is_int8()) {
+    w->int8.data += begin * w->int8.ld;
+    w->int8.scales += begin;
+    w->int8.n_out = n;
+  }
+  if (w->view.data)
+    w->view.data = static_cast<const uint8_t*>(w->view.data) + begin * w->view.ld * static_cast<int64_t>(DTypeSize(w->view.dtype));
+  w->view.n_out = n;
+}
+
+Status SliceColumns(const std::string& name, Linear* w, int64_t begin, int64_t n) {
+  if (w->is_int8())
+    return Status::InvalidArgument("tensor '" + name + "' is W8A8: its per-token activation scale covers the whole "
+                                   "input row, so it cannot be sharded by input columns (use tp = 1)");
+  if (w->view.data)
+    w->view.data = static_cast<const uint8_t*>(w->view.data) + begin * static_cast<int64_t>(DTypeSize(w->view.dtype));
+  w->view.n_in = n;
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string EpIndexName(int64_t ep_rank, int64_t ep_size) {
@@ -238,10 +261,25 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
                                    model_dir);
   w->expert_begin_ = opt.ep_rank * c.n_routed_experts / opt.ep_size;
   w->expert_end_ = (opt.ep_rank + 1) * c.n_routed_experts / opt.ep_size;
-  Loader ld(*w->checkpoint_);
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
+  if (opt.tp_size < 1 || opt.tp_rank < 0 || opt.tp_rank >= opt.tp_size || H % opt.tp_size != 0 ||
+      opt.tp_size > c.vocab_size)
+    return Status::InvalidArgument("bad tensor-parallel rank " + std::to_string(opt.tp_rank) + " of " +
+                                       std::to_string(opt.tp_size) + " for " + std::to_string(H) + " heads",
+                                   model_dir);
+  const bool tp = opt.tp_size > 1;
+  const comm::ShardRange vocab = comm::EvenShard(c.vocab_size, static_cast<int>(opt.tp_size), static_cast<int>(opt.tp_rank));
+  const comm::ShardRange heads = comm::HeadShard(H, static_cast<int>(opt.tp_size), static_cast<int>(opt.tp_rank));
+  w->vocab_begin_ = vocab.begin;
+  w->head_begin_ = heads.begin;
+  w->local_heads_ = heads.size();
+  Loader ld(*w->checkpoint_);
   PDSERVE_RETURN_IF_ERROR(ld.LoadLinear("model.embed_tokens.weight", c.vocab_size, D, &w->embed_, /*allow_int8=*/false));
   PDSERVE_RETURN_IF_ERROR(ld.LoadLinear("lm_head.weight", c.vocab_size, D, &w->lm_head_));
+  if (tp) {
+    SliceRows(&w->embed_, vocab.begin, vocab.size());
+    SliceRows(&w->lm_head_, vocab.begin, vocab.size());
+  }
   PDSERVE_RETURN_IF_ERROR(ld.LoadVector("model.norm.weight", D, &w->final_norm_));
   w->layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -258,6 +296,12 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, &L.kv_b,
                                           /*allow_int8=*/false));
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "o_proj.weight", D, H * c.v_head_dim, &L.o));
+    if (tp) {
+      const int64_t dv = c.v_head_dim, dkv = c.qk_nope_head_dim + c.v_head_dim;
+      SliceRows(&L.q_b, heads.begin * c.qk_head_dim(), heads.size() * c.qk_head_dim());
+      SliceRows(&L.kv_b, heads.begin * dkv, heads.size() * dkv);
+      PDSERVE_RETURN_IF_ERROR(SliceColumns(a + "o_proj.weight", &L.o, heads.begin * dv, heads.size() * dv));
+    }
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "indexer.wq_b.weight", c.index_n_heads * c.index_head_dim, c.q_lora_rank, &L.idx_wq_b));
     PDSERVE_RETURN_IF_ERROR(ld.LoadLinear(a + "indexer.wk.weight", c.index_head_dim, D, &L.idx_wk));
     PDSERVE_RETURN_IF_ERROR(ld.LoadVector(a + "indexer.k_norm.weight", c.index_head_dim, &L.idx_k_norm_w));

@@ -14,6 +14,12 @@
 // plus every non-expert tensor. If the directory has the rank's own index
 // (model-ep{r}-of-{N}.safetensors.index.json, written by `pdserve convert --ep-size N`), only
 // the shards it names are opened, and it must hold exactly that rank's experts.
+// Tensor parallelism: LoadOptions{tp_rank, tp_size} keeps only this rank's shards (comm/shard.h):
+// vocabulary rows EvenShard(vocab) of embed_tokens and lm_head, whole heads HeadShard(H) of
+// q_b_proj and kv_b_proj (rows) and of o_proj (input columns, a strided view). The other
+// tensors stay whole (replicated). Shards are views into the mapping, so pages of the other
+// shards are never touched (FP8 matrices are dequantized whole, then sliced). W8A8 o_proj cannot
+// be column-sharded (its activation scale covers the whole input row): InvalidArgument.
 // Thread-safety: immutable after Load(); safe to read from any thread.
 #pragma once
 
@@ -50,6 +56,8 @@ struct LayerWeights {
 struct LoadOptions {
   int64_t ep_rank = 0;
   int64_t ep_size = 1;
+  int64_t tp_rank = 0;
+  int64_t tp_size = 1;
 };
 
 // The per-rank index file name of an expert-parallel checkpoint.
@@ -67,14 +75,20 @@ class ModelWeights {
 
   const ModelConfig& config() const { return config_; }
   const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
-  // Embedding rows [V, D] (BF16 or F32 view into the checkpoint or owned storage).
+  // Embedding rows [V, D] (BF16 or F32 view into the checkpoint or owned storage); with TP,
+  // rows [vocab_begin, vocab_begin + embed().n_out()) only, and likewise lm_head.
   const Linear& embed() const { return embed_; }
   const Linear& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
   // Routed experts held: [expert_begin, expert_end) (all of them unless EP-sliced).
   int64_t expert_begin() const { return expert_begin_; }
   int64_t expert_end() const { return expert_end_; }
-  // Writes embedding row `token` as fp32 into out[D]. REQUIRES 0 <= token < vocab_size.
+  int64_t vocab_begin() const { return vocab_begin_; }
+  // Attention heads held: [head_begin, head_begin + local_heads) (all of them without TP).
+  int64_t head_begin() const { return head_begin_; }
+  int64_t local_heads() const { return local_heads_; }
+  // Writes embedding row `token` (a row of the held shard) as fp32 into out[D].
+  // REQUIRES 0 <= token < embed().n_out().
   void EmbedRow(int64_t token, float* out) const;
 
  private:
@@ -84,6 +98,7 @@ class ModelWeights {
   Linear embed_, lm_head_;
   std::vector<float> final_norm_;
   int64_t expert_begin_ = 0, expert_end_ = 0;
+  int64_t vocab_begin_ = 0, head_begin_ = 0, local_heads_ = 0;
 };
 
 }  // namespace pdserve::model

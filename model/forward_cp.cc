@@ -1,0 +1,97 @@
+// Context-parallel prefill (members of Model): the CP ranks of a unit split one prompt with the
+// zig-zag comm::CpSplit, run every layer on their own positions, and all-gather each layer's
+// new KV records before the indexer scores them, so every query sees its full causal context
+// and every rank ends with the whole prompt's KV (for the decode that follows).
+//
+// Bitwise contract: a rank's rows keep the GEMM path of the whole prompt (one row group of S
+// rows: tiled iff S > 8), which each rank reproduces only when it holds more than 8 rows;
+// shorter prompts therefore run replicated (ForwardBatch on every CP rank). The expanded keys
+// of the reference prefill attention are computed from the gathered latents with the same GEMM
+// path as one process, so a CP prefill equals the single-process one except for the order of
+// the EP partial sums (and the TP o_proj sums when tp > 1).
+#include <cstring>
+
+#include "kernels/gemm.h"
+#include "model/batch_plan.h"
+#include "model/model.h"
+#include "model/parallel.h"
+
+namespace pdserve::model {
+
+Status Model::ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits) const {
+  if (cache->n_tokens() != 0) return Status::InvalidArgument("ForwardCp needs an empty cache (a whole prompt)");
+  BatchSequence q;
+  q.tokens = tokens;
+  q.n_tokens = S;
+  q.start = 0;
+  q.grouping = RowGrouping::kChunk;
+  q.logits = logits;
+  PDSERVE_RETURN_IF_ERROR(Validate(q));
+  cache->Resize(S);
+  q.kv = cache->Ref();
+  const Status s = ForwardCp(q);
+  if (!s.ok()) cache->Resize(0);
+  return s;
+}
+
+Status Model::ForwardCp(const BatchSequence& seq) const {
+  if (seq.start != 0 || seq.grouping != RowGrouping::kChunk || seq.options)
+    return Status::InvalidArgument("a CP prefill is a whole prompt: start 0, kChunk grouping, no trace/forced top-k");
+  PDSERVE_RETURN_IF_ERROR(Validate(seq));
+  if (seq.kv.capacity_tokens < seq.n_tokens)
+    return Status::InvalidArgument("KV capacity " + std::to_string(seq.kv.capacity_tokens) + " < " +
+                                   std::to_string(seq.n_tokens) + " tokens");
+  const int cp = parallel_ ? parallel_->plan().cp : 1;
+  const comm::CpSplit split(seq.n_tokens, cp);
+  // Every rank must hold > 8 rows to take the prompt's tiled GEMM path (decided by S and cp
+  // alone, so every CP rank decides the same).
+  bool use_cp = cp > 1;
+  for (int r = 0; use_cp && r < cp; ++r) use_cp = split.RankTokens(r) > kernels::kGemmSmallMMax;
+  if (!use_cp) return ForwardBatch(std::span<const BatchSequence>(&seq, 1));
+
+  BatchPlan plan;
+  plan.seqs = std::span<const BatchSequence>(&seq, 1);
+  plan.row_pos = split.RankPositions(parallel_->coords().cp);
+  plan.n_rows = static_cast<int64_t>(plan.row_pos.size());
+  plan.seq_row = {0, plan.n_rows};
+  plan.row_seq.assign(static_cast<size_t>(plan.n_rows), 0);
+  plan.row_group.assign(static_cast<size_t>(plan.n_rows), 0);
+  plan.group_size = {seq.n_tokens};
+  plan.row_tiled.assign(static_cast<size_t>(plan.n_rows), seq.n_tokens > kernels::kGemmSmallMMax ? 1 : 0);
+  ParallelStep step;
+  step.ctx = parallel_;
+  step.cp = &split;
+  // The TP peers of a CP rank hold its rows identically: they share its MoE dispatch.
+  if (parallel_->plan().ep > 1) step.replicas = parallel_->tp();
+  return RunPlan(plan.seqs, plan, step);
+}
+
+Status Model::GatherCpRecords(int64_t layer, const BatchPlan& plan, const ParallelStep& step) const {
+  const KvSequenceRef& kv = plan.seqs[0].kv;
+  const KvLayout& l = *kv.layout;
+  int64_t bytes[kNumKvComponents], rec = 0;
+  for (int c = 0; c < kNumKvComponents; ++c) {
+    bytes[c] = l.ComponentBytesPerToken(static_cast<KvComponent>(c));
+    rec += bytes[c];
+  }
+  PDSERVE_ASSIGN_OR_RETURN(comm::CpRecordGather * gather, parallel_->CpGather(static_cast<size_t>(rec)));
+  const int64_t n = plan.n_rows, S = step.cp->seq_len();
+  std::vector<uint8_t> local(static_cast<size_t>(n * rec)), all(static_cast<size_t>(S * rec));
+  auto copy_record = [&](int64_t pos, uint8_t* record, bool to_cache) {
+    for (int c = 0; c < kNumKvComponents; ++c) {
+      uint8_t* field = kv.Field(layer, static_cast<KvComponent>(c), pos);
+      if (to_cache) std::memcpy(field, record, static_cast<size_t>(bytes[c]));
+      else std::memcpy(record, field, static_cast<size_t>(bytes[c]));
+      record += bytes[c];
+    }
+  };
+  for (int64_t r = 0; r < n; ++r) copy_record(plan.row_pos[r], &local[static_cast<size_t>(r * rec)], false);
+  {
+    CommTimer timer(parallel_);
+    PDSERVE_RETURN_IF_ERROR(gather->AllGather(*step.cp, local.data(), all.data()));
+  }
+  for (int64_t pos = 0; pos < S; ++pos) copy_record(pos, &all[static_cast<size_t>(pos * rec)], true);
+  return Status::Ok();
+}
+
+}  // namespace pdserve::model

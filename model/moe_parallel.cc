@@ -1,0 +1,155 @@
+// The MoE of one layer over the EP group (member of Model), on every rank of the group, also
+// with zero rows (a DP dummy step):
+//
+//   route every row this rank holds -> per (row group, expert) counts (summed over the CP group
+//   in a CP prefill: the prompt's group spans it) -> the GEMM path of every (row, slot)
+//   -> dispatch this rank's share of the rows (bf16 hidden + slot words) to the expert owners
+//   -> shared expert on those rows while the all-to-all is in flight
+//   -> local experts on the received rows, grouped by expert, each row on the path its group
+//      would take in one process -> combine (fp32 partial sums, summed in EP-rank order)
+//   -> + shared expert, bf16 -> all-gather the shares over the replicas.
+//
+// Rounding: identical to Model::Ffn except that a token whose experts live on several EP ranks
+// sums its routed outputs per rank first ((a+b)+(c+d) instead of ((a+b)+c)+d), as the reference
+// does with its all-reduce over expert-parallel ranks.
+#include <algorithm>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "model/batch_plan.h"
+#include "model/model.h"
+#include "model/parallel.h"
+
+namespace pdserve::model {
+
+Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step,
+                          float* out) const {
+  const ModelConfig& c = config();
+  const LayerWeights& lw = weights_->layer(layer);
+  const ParallelContext& ctx = *parallel_;
+  comm::EpDispatcher& ep = *ctx.ep();
+  const int64_t D = c.hidden_size, S = plan.n_rows, E = c.n_routed_experts, top_k = c.num_experts_per_tok;
+  auto mlp_fn = [&](const MlpWeights& m) {
+    return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
+  };
+
+  // 1. Routing of every row held here (replicas route identically; the router is E outputs).
+  std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
+  std::vector<float> weights(static_cast<size_t>(S * top_k));
+  if (S > 0) Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data());
+
+  // 2. The GEMM path of each (row, slot): tiled iff more than 8 rows of the row's group chose
+  //    that expert (model/batch.h), counted over the whole group.
+  const int64_t n_groups = static_cast<int64_t>(plan.group_size.size());
+  std::vector<float> counts(static_cast<size_t>(n_groups * E), 0.0f);
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t j = 0; j < top_k; ++j)
+      if (ids[t * top_k + j] >= 0) counts[static_cast<size_t>(plan.row_group[t] * E + ids[t * top_k + j])] += 1.0f;
+  if (step.cp && ctx.cp_sum()) {
+    CommTimer timer(&ctx);
+    PDSERVE_RETURN_IF_ERROR(ctx.cp_sum()->AllReduceSum(counts));
+  }
+
+  // 3. This rank's share of the rows, packed: bf16 hidden, then per slot (expert << 1 | tiled).
+  comm::TensorParallel* replicas = step.replicas;
+  const auto [rb, re] = replicas ? ReplicaRowRange(plan, replicas->size(), replicas->rank())
+                                 : std::pair<int64_t, int64_t>{0, S};
+  const int64_t n = re - rb, row_bytes = ctx.dispatch_row_bytes();
+  std::vector<uint8_t> send(static_cast<size_t>(n * row_bytes));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = rb + i;
+    uint8_t* row = &send[static_cast<size_t>(i * row_bytes)];
+    uint16_t* h = reinterpret_cast<uint16_t*>(row);
+    for (int64_t d = 0; d < D; ++d) h[d] = F32ToBf16Bits(x[t * D + d]);  // x is bf16-valued: exact
+    int32_t* words = reinterpret_cast<int32_t*>(row + 2 * D);
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int32_t id = ids[t * top_k + j];
+      const bool tiled = id >= 0 && counts[static_cast<size_t>(plan.row_group[t] * E + id)] > kernels::kGemmSmallMMax;
+      words[j] = id < 0 ? -1 : (id << 1) | (tiled ? 1 : 0);
+    }
+  }
+  {
+    CommTimer timer(&ctx);
+    PDSERVE_RETURN_IF_ERROR(ep.StartDispatch(send.data(), n,
+                                             {ids.data() + rb * top_k, static_cast<size_t>(n * top_k)},
+                                             {weights.data() + rb * top_k, static_cast<size_t>(n * top_k)}));
+  }
+
+  // 4. The shared expert on this rank's rows while the exchange is in flight.
+  std::vector<float> z(static_cast<size_t>(n * D), 0.0f);
+  if (c.n_shared_experts > 0 && n > 0) {
+    ForEachGemmPath(x + rb * D, D, z.data(), D, plan.row_tiled.data() + rb, n, mlp_fn(lw.shared));
+    CommTimer timer(&ctx);
+    PDSERVE_RETURN_IF_ERROR(ep.Progress().status());
+  }
+
+  // 5. Local experts over the received rows, ascending expert id, weighted sums per row.
+  const comm::EpReceived* in = nullptr;
+  {
+    CommTimer timer(&ctx);
+    PDSERVE_ASSIGN_OR_RETURN(in, ep.WaitDispatch());
+  }
+  std::vector<float> expert_out(static_cast<size_t>(in->rows * D), 0.0f);
+  std::vector<float> xin, yout;
+  std::vector<uint8_t> tiled;
+  for (int e = 0; e < in->n_local_experts; ++e) {
+    const auto rows = in->ExpertRows(e);
+    const auto w = in->ExpertWeights(e);
+    if (rows.empty()) continue;
+    if (plan.stats) ++plan.stats->routed_expert_runs;
+    const int32_t global = in->first_expert + e;
+    const int64_t m = static_cast<int64_t>(rows.size());
+    xin.resize(static_cast<size_t>(m * D));
+    yout.resize(static_cast<size_t>(m * D));
+    tiled.assign(static_cast<size_t>(m), 0);
+    for (int64_t i = 0; i < m; ++i) {
+      const uint8_t* row = in->hidden + rows[i] * in->row_bytes;
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
+      for (int64_t d = 0; d < D; ++d) xin[i * D + d] = Bf16ToF32(h[d]);
+      const int32_t* words = reinterpret_cast<const int32_t*>(row + 2 * D);
+      for (int64_t j = 0; j < top_k; ++j)
+        if (words[j] >= 0 && (words[j] >> 1) == global) tiled[i] = words[j] & 1;
+    }
+    ForEachGemmPath(xin.data(), D, yout.data(), D, tiled.data(), m, mlp_fn(lw.experts[static_cast<size_t>(global)]));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t d = 0; d < D; ++d)
+        expert_out[static_cast<size_t>(rows[i] * D + d)] += yout[static_cast<size_t>(i * D + d)] * w[i];
+  }
+  std::vector<float> y(static_cast<size_t>(n * D));
+  {
+    CommTimer timer(&ctx);
+    PDSERVE_RETURN_IF_ERROR(ep.StartCombine(expert_out.data()));
+    PDSERVE_RETURN_IF_ERROR(ep.WaitCombine(y, /*accumulate=*/false));
+  }
+  if (S == 0) return Status::Ok();  // a dummy step: nothing of ours to finish
+
+  // 6. y = routed + shared, bf16; then every replica gets every row.
+  if (c.n_shared_experts > 0)
+    for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];
+  kernels::RoundToBf16InPlace(y.data(), n * D);
+  if (!replicas) {
+    std::copy(y.begin(), y.end(), out);
+    return Status::Ok();
+  }
+  const int p = replicas->size();
+  std::vector<std::pair<int64_t, int64_t>> ranges(static_cast<size_t>(p));
+  int64_t max_rows = 0;
+  for (int k = 0; k < p; ++k) {
+    ranges[k] = ReplicaRowRange(plan, p, k);
+    max_rows = std::max(max_rows, ranges[k].second - ranges[k].first);
+  }
+  y.resize(static_cast<size_t>(max_rows * D), 0.0f);  // equal pieces for the all-gather
+  std::vector<float> all(static_cast<size_t>(p * max_rows * D));
+  {
+    CommTimer timer(&ctx);
+    PDSERVE_RETURN_IF_ERROR(replicas->AllGather(y, all));
+  }
+  for (int k = 0; k < p; ++k)
+    std::copy_n(&all[static_cast<size_t>(k * max_rows * D)], (ranges[k].second - ranges[k].first) * D,
+                out + ranges[k].first * D);
+  return Status::Ok();
+}
+
+}  // namespace pdserve::model

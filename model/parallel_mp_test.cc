@@ -1,0 +1,288 @@
+// The model under parallel plans, under mpirun (2 and 4 ranks), against the single-process
+// model computed on every rank: logits cos-sim >= 0.9999 at every greedy step and the same
+// 20 greedy tokens, for
+//   * DP attention + EP MoE (each rank its own prompt),
+//   * CP prefill (cp = world, with and without EP; cp + TP at 4 ranks) then replicated decode,
+//   * the decode plan with TP (DP units of TP pairs, EP over every rank), units with several
+//     prompts of different lengths and one unit idle for most steps,
+//   * routing forced onto the first EP rank's experts (the others receive nothing),
+//   * one DP rank with no request at all while another decodes 24 tokens,
+//   * plans that do not fit the world or the model, rejected on every rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/dp_coordinator.h"
+#include "comm/mpi_comm.h"
+#include "comm/process_groups.h"
+#include "comm/testing/mpi_test_util.h"
+#include "common/dtype.h"
+#include "common/mapped_file.h"
+#include "model/parallel.h"
+#include "model/parallel_greedy.h"
+#include "model/test_util.h"
+
+namespace pdserve::model {
+namespace {
+
+using comm::ParallelPlan;
+using comm::testing::AllRanks;
+using comm::testing::WorldRank;
+using comm::testing::WorldSize;
+
+constexpr int64_t kSteps = 20;
+constexpr double kMinCos = 0.9999;
+
+double Cosine(const float* a, const float* b, int64_t n) {
+  double ab = 0, aa = 0, bb = 0;
+  for (int64_t i = 0; i < n; ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+  return ab / std::sqrt(aa * bb);
+}
+
+std::vector<int32_t> Prompt(int64_t len, int seed, int64_t vocab) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < len; ++i) p.push_back(static_cast<int32_t>((i * 37 + seed * 101 + 11) % vocab));
+  return p;
+}
+
+// Sets every MoE layer's e_score_correction_bias (F32) so that experts 0 and 1 win every
+// token: all routed rows then go to the first EP rank's experts.
+void ForceRoutingToFirstExperts(const std::string& dir, const ModelConfig& c) {
+  auto index = nlohmann::json::parse(*ReadFileToString(dir + "/model.safetensors.index.json"));
+  for (int64_t l = c.first_k_dense_replace; l < c.num_hidden_layers; ++l) {
+    const std::string name = "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias";
+    const std::string file = dir + "/" + index["weight_map"][name].get<std::string>();
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_len = 0;
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    std::string header(header_len, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_len));
+    const auto h = nlohmann::json::parse(header)[name];
+    ASSERT_EQ(h["dtype"], "F32");
+    std::vector<float> bias(static_cast<size_t>(c.n_routed_experts), 0.0f);
+    bias[0] = bias[1] = 100.0f;
+    f.seekp(static_cast<std::streamoff>(8 + header_len + h["data_offsets"][0].get<uint64_t>()));
+    f.write(reinterpret_cast<const char*>(bias.data()), static_cast<std::streamsize>(bias.size() * 4));
+  }
+}
+
+// Every rank builds its own copy of the same tiny checkpoint (deterministic by seed) and the
+// single-process reference model.
+class ParallelModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir("par_model");
+    forced_dir_ = new testing::TempDir("par_forced");
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 7;
+    o.out_dir = dir_->path();
+    ASSERT_TRUE(MakeModel(o).ok());
+    o.out_dir = forced_dir_->path();
+    ASSERT_TRUE(MakeModel(o).ok());
+    pool_ = new ThreadPool(1);
+    auto ref = Model::Load(dir_->path(), pool_);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    ref_ = ref->release();
+    ForceRoutingToFirstExperts(forced_dir_->path(), ref_->config());
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    delete pool_;
+    delete dir_;
+    delete forced_dir_;
+  }
+
+  // Groups + context + this rank's model for `plan` (ASSERTs are fine: every rank gets the
+  // same statuses from these collective calls).
+  struct Instance {
+    std::unique_ptr<comm::ProcessGroups> groups;
+    std::unique_ptr<ParallelContext> ctx;
+    std::unique_ptr<Model> model;
+  };
+  static Instance Make(const ParallelPlan& plan, const std::string& dir) {
+    Instance in;
+    auto world = comm::MpiComm::World();
+    EXPECT_TRUE(world.ok());
+    auto groups = comm::ProcessGroups::Create(*world, plan, PlanDimsOf(ref_->config()));
+    EXPECT_TRUE(groups.ok()) << groups.status().ToString();
+    if (!groups.ok()) return in;
+    in.groups = std::move(*groups);
+    auto ctx = ParallelContext::Create(*in.groups, ref_->config());
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    in.ctx = std::move(*ctx);
+    auto m = Model::Load(dir, pool_, in.ctx.get());
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (m.ok()) in.model = std::move(*m);
+    return in;
+  }
+
+  // Every step's logits close to the reference's, and the same tokens.
+  static void ExpectMatches(const GreedyRun& got, const GreedyRun& want, const std::string& what) {
+    const int64_t V = ref_->config().vocab_size;
+    EXPECT_EQ(got.output, want.output) << what;
+    ASSERT_EQ(got.step_logits.size(), want.step_logits.size()) << what;
+    double worst = 1.0;
+    int64_t bitwise = 0;
+    const int64_t steps = static_cast<int64_t>(got.step_logits.size()) / V;
+    for (int64_t s = 0; s < steps; ++s) {
+      worst = std::min(worst, Cosine(&got.step_logits[s * V], &want.step_logits[s * V], V));
+      bitwise += std::memcmp(&got.step_logits[s * V], &want.step_logits[s * V], V * 4) == 0;
+    }
+    EXPECT_GE(worst, kMinCos) << what;
+    std::printf("[rank %d] %s: %lld steps, min cos %.9f, %lld/%lld steps bitwise\n", WorldRank(), what.c_str(),
+                static_cast<long long>(steps), worst, static_cast<long long>(bitwise), static_cast<long long>(steps));
+  }
+
+  static GreedyRun Reference(const std::vector<int32_t>& prompt, int64_t max_new, const Model* model = nullptr) {
+    auto r = RunGreedy(model ? *model : *ref_, prompt, max_new);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(*r) : GreedyRun{};
+  }
+
+  static inline testing::TempDir* dir_ = nullptr;
+  static inline testing::TempDir* forced_dir_ = nullptr;
+  static inline ThreadPool* pool_ = nullptr;
+  static inline Model* ref_ = nullptr;
+};
+
+TEST_F(ParallelModelTest, DpEpGreedyMatchesSingleProcess) {
+  const int W = WorldSize(), me = WorldRank();
+  Instance in = Make({.cp = 1, .dp = W, .ep = W, .tp = 1}, dir_->path());
+  ASSERT_TRUE(AllRanks(in.model != nullptr));
+  EXPECT_EQ(in.model->weights().expert_end() - in.model->weights().expert_begin(), 8 / W);
+  const auto prompt = Prompt(24 + 7 * me, me, ref_->config().vocab_size);
+  auto got = RunGreedy(*in.model, prompt, kSteps);  // same number of forwards on every rank
+  ASSERT_TRUE(AllRanks(got.ok())) << got.status().ToString();
+  ExpectMatches(*got, Reference(prompt, kSteps), "dp=" + std::to_string(W) + " ep=" + std::to_string(W));
+}
+
+TEST_F(ParallelModelTest, CpPrefillMatchesSingleProcess) {
+  const int W = WorldSize();
+  std::vector<ParallelPlan> plans = {{.cp = W, .dp = 1, .ep = W, .tp = 1}, {.cp = W, .dp = 1, .ep = 1, .tp = 1}};
+  if (W == 4) {
+    plans.push_back({.cp = 4, .dp = 1, .ep = 2, .tp = 1});
+    plans.push_back({.cp = 2, .dp = 1, .ep = 4, .tp = 2});
+  }
+  // 83 tokens: uneven chunks, > 8 rows on every rank at cp = 4; the indexer's top-16 is sparse.
+  const auto prompt = Prompt(83, 5, ref_->config().vocab_size);
+  const GreedyRun want = Reference(prompt, kSteps);
+  for (const ParallelPlan& plan : plans) {
+    Instance in = Make(plan, dir_->path());
+    ASSERT_TRUE(AllRanks(in.model != nullptr));
+    auto got = RunGreedyCp(*in.model, prompt, kSteps);
+    ASSERT_TRUE(AllRanks(got.ok())) << got.status().ToString();
+    ExpectMatches(*got, want, plan.ToString());
+    EXPECT_GT(in.ctx->comm_seconds(), 0.0);
+  }
+}
+
+// The decode plan: DP units of TP peers, EP over every rank. Unit 0 decodes two prompts for 20
+// tokens; unit 1 (at 4 ranks) decodes two short requests and then idles for most steps.
+TEST_F(ParallelModelTest, DecodePlanWithTpMatchesSingleProcess) {
+  const int W = WorldSize();
+  const ParallelPlan plan = W == 4 ? ParallelPlan{.cp = 1, .dp = 2, .ep = 4, .tp = 2}
+                                   : ParallelPlan{.cp = 1, .dp = 1, .ep = 2, .tp = 2};
+  Instance in = Make(plan, dir_->path());
+  ASSERT_TRUE(AllRanks(in.model != nullptr));
+  EXPECT_EQ(in.model->weights().local_heads(), ref_->config().num_attention_heads / 2);
+  auto coordinator = comm::DpCoordinator::Create(in.groups->world());
+  ASSERT_TRUE(coordinator.ok());
+  const int unit = in.groups->coords().dp;
+  const int64_t V = ref_->config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {Prompt(30 + 11 * unit, 2 * unit, V), Prompt(17, 2 * unit + 1, V)};
+  std::vector<int64_t> max_new = unit == 0 ? std::vector<int64_t>{kSteps, kSteps} : std::vector<int64_t>{3, 1};
+  DpRunStats stats;
+  auto got = RunGreedyDp(*in.model, coordinator->get(), prompts, max_new, &stats);
+  ASSERT_TRUE(AllRanks(got.ok())) << got.status().ToString();
+  for (size_t i = 0; i < prompts.size(); ++i)
+    ExpectMatches((*got)[i], Reference(prompts[i], max_new[i]), plan.ToString() + " unit " + std::to_string(unit) +
+                                                                     " prompt " + std::to_string(i));
+  EXPECT_EQ(stats.steps, kSteps + 1);  // 1 prefill step + 19 decode steps + the stop vote
+  if (unit == 1) {
+    EXPECT_GE(stats.dummy_steps, kSteps - 4);
+  }
+}
+
+// Routing forced onto experts 0 and 1 (EP rank 0): every other EP rank receives no rows in any
+// MoE layer, yet takes part in every exchange.
+TEST_F(ParallelModelTest, ForcedRoutingLeavesRanksWithoutRows) {
+  const int W = WorldSize(), me = WorldRank();
+  auto forced_ref = Model::Load(forced_dir_->path(), pool_);
+  ASSERT_TRUE(forced_ref.ok());
+  Instance in = Make({.cp = 1, .dp = W, .ep = W, .tp = 1}, forced_dir_->path());
+  ASSERT_TRUE(AllRanks(in.model != nullptr));
+  const auto prompt = Prompt(26 + 3 * me, 9 + me, ref_->config().vocab_size);
+  // One prefill with stats: only EP rank 0 runs routed experts.
+  SequenceKvCache cache(ref_->config());
+  std::vector<float> logits(static_cast<size_t>(ref_->config().vocab_size));
+  BatchSequence q;
+  q.tokens = prompt.data();
+  q.n_tokens = static_cast<int64_t>(prompt.size());
+  q.logits = logits.data();
+  cache.Resize(q.n_tokens);
+  q.kv = cache.Ref();
+  BatchStats stats;
+  ASSERT_TRUE(AllRanks(in.model->ForwardBatch({&q, 1}, &stats).ok()));
+  const auto runs = comm::testing::AllGather(stats.routed_expert_runs);
+  EXPECT_GT(runs[0], 0);
+  for (int r = 1; r < W; ++r) EXPECT_EQ(runs[r], 0) << "EP rank " << r << " received rows";
+  auto got = RunGreedy(*in.model, prompt, kSteps);
+  ASSERT_TRUE(AllRanks(got.ok()));
+  ExpectMatches(*got, Reference(prompt, kSteps, forced_ref->get()), "forced routing ep=" + std::to_string(W));
+}
+
+// DP rank 1 has no request at all; rank 0 decodes 24 tokens; the others stop after 2.
+TEST_F(ParallelModelTest, IdleDpRankRunsDummySteps) {
+  const int W = WorldSize(), me = WorldRank();
+  Instance in = Make({.cp = 1, .dp = W, .ep = W, .tp = 1}, dir_->path());
+  ASSERT_TRUE(AllRanks(in.model != nullptr));
+  auto coordinator = comm::DpCoordinator::Create(in.groups->world());
+  ASSERT_TRUE(coordinator.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> max_new;
+  if (me != 1) {
+    prompts.push_back(Prompt(20 + me, 40 + me, ref_->config().vocab_size));
+    max_new.push_back(me == 0 ? 24 : 2);
+  }
+  DpRunStats stats;
+  auto got = RunGreedyDp(*in.model, coordinator->get(), prompts, max_new, &stats);
+  ASSERT_TRUE(AllRanks(got.ok())) << got.status().ToString();
+  if (me != 1) {
+    ExpectMatches((*got)[0], Reference(prompts[0], max_new[0]), "dp idle test");
+  }
+  EXPECT_EQ(stats.steps, 25);
+  if (me == 1) {
+    EXPECT_EQ(stats.dummy_steps, 24);
+    EXPECT_EQ(stats.forward_steps, 0);
+  }
+  // Every rank ran as many EP rounds: one per MoE layer per step with work anywhere.
+  const auto rounds = comm::testing::AllGather(in.ctx->ep()->rounds());
+  for (int r = 1; r < W; ++r) EXPECT_EQ(rounds[r], rounds[0]);
+}
+
+TEST_F(ParallelModelTest, MisconfiguredPlanFailsOnEveryRank) {
+  const int W = WorldSize();
+  auto world = comm::MpiComm::World();
+  ASSERT_TRUE(world.ok());
+  // ep = 3 divides neither the 8 experts nor (at 2 and 4 ranks) the world; cp = 3 misses the world.
+  for (const ParallelPlan& plan : {ParallelPlan{.cp = 1, .dp = W, .ep = 3, .tp = 1},
+                                   ParallelPlan{.cp = 3, .dp = 1, .ep = 1, .tp = 1},
+                                   ParallelPlan{.cp = 1, .dp = W / 2, .ep = 1, .tp = 2 * 4}}) {
+    auto groups = comm::ProcessGroups::Create(*world, plan, PlanDimsOf(ref_->config()));
+    EXPECT_FALSE(groups.ok()) << plan.ToString();
+    if (!groups.ok()) {
+      EXPECT_EQ(groups.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_FALSE(groups.status().message().empty());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pdserve::model
