@@ -352,8 +352,10 @@ std::string Markdown(const json& r, const Options& o) {
           "time.\n";
   }
   md << "\n" << r["machine"].get<std::string>() << ", " << std::thread::hardware_concurrency()
-     << " cores, commit " << r["commit"].get<std::string>()
-     << ". Both processes share the 2 cores (each side runs a UCX progress thread).\n";
+     << " cores, commit " << r["commit"].get<std::string>() << ", load average "
+     << r["load_before"].get<std::string>() << " before / " << r["load_after"].get<std::string>()
+     << " after the run (other work on the machine makes the figures noisy). Both processes "
+        "share the cores; each side runs a UCX progress thread.\n";
   return md.str();
 }
 
@@ -388,6 +390,7 @@ int Main(int argc, char** argv) {
   r["commit"] = GitRevision();
   r["ucx"] = CommandOutput("ucx_info -v | sed -n 's/^# Version //p'");
   r["bytes_per_token"] = BytesPerToken();
+  r["load_before"] = CommandOutput("cut -d' ' -f1-3 /proc/loadavg");
   // Baselines first: LoopbackTcp forks, before any thread exists.
   const std::vector<uint64_t> sizes = Sizes(o);
   std::vector<uint8_t> src(sizes.back()), dst(sizes.back());
@@ -409,6 +412,7 @@ int Main(int argc, char** argv) {
   std::vector<uint8_t>().swap(src);
   std::vector<uint8_t>().swap(dst);
   for (const std::string& name : o.configs) r["configs"][name] = RunConfig(ConfigNamed(name), o);
+  r["load_after"] = CommandOutput("cut -d' ' -f1-3 /proc/loadavg");
   const std::string md = Markdown(r, o);
   std::filesystem::create_directories(o.out_dir);
   std::ofstream(o.out_dir + "/kvtransfer.json") << r.dump(2) << "\n";

@@ -1,5 +1,7 @@
 #include "kvtransfer/ucx/ucx_context.h"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "kvtransfer/ucx/ucx_status.h"
@@ -52,6 +54,10 @@ Result<std::unique_ptr<UcxContext>> UcxContext::Create(const UcxContextOptions& 
   };
   Status modified = modify("TLS", options.tls);
   if (modified.ok()) modified = modify("NET_DEVICES", options.net_devices);
+  for (const auto& [name, value] : options.defaults) {
+    if (!modified.ok()) break;
+    if (std::getenv(("UCX_" + name).c_str()) == nullptr) modified = modify(name.c_str(), value);
+  }
   if (!modified.ok()) {
     ucp_config_release(config);
     return modified;

@@ -11,6 +11,7 @@
 // kInvalidArgument for an unknown configuration value.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -23,6 +24,9 @@ namespace pdserve::kvtransfer {
 struct UcxContextOptions {
   std::string tls;          // UCX_TLS override, e.g. "tcp", "shm" ("" = environment)
   std::string net_devices;  // UCX_NET_DEVICES override, e.g. "lo" ("" = environment)
+  // Further settings (names without the UCX_ prefix, e.g. {"TCP_TX_SEG_SIZE", "256k"}),
+  // applied unless the environment sets them.
+  std::map<std::string, std::string> defaults;
 };
 
 class UcxContext {
