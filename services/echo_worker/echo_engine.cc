@@ -104,14 +104,16 @@ Status EchoEngine::CommitFirstToken(const FirstTokenMsg& first) {
 }
 
 void EchoEngine::AbortJob(uint64_t request_id, std::string_view reason) {
+  std::string tag;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(request_id);
     if (it == jobs_.end()) return;
     it->second.stage = Stage::kAborting;
     it->second.next_time = Clock::now();
+    tag = it->second.msg.request_tag;
   }
-  RequestLog("echo", std::to_string(request_id)).Debug("abort: {}", reason);
+  RequestLog("echo", tag).Debug("abort: {}", reason);
   cv_.notify_all();
 }
 

@@ -540,7 +540,7 @@ TEST(RouterE2eTest, SaturationTimeoutsAndDrain) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(4), 2)).status, 503);
   running.join();
-  EXPECT_EQ(c.worker("w0")->WaitExit(5s), std::optional<int>(0)) << c.Logs();
+  EXPECT_EQ(c.worker("w0")->WaitExit(10s), std::optional<int>(0)) << c.Logs();
   EXPECT_TRUE(c.WaitForWorkers(0, 3s));
   // First-token deadline: a slow prefill gets 504 and the job is aborted.
   ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--prefill-us-per-token", "200000"}), c);
