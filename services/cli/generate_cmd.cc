@@ -1,13 +1,23 @@
 // `pdserve generate --model DIR (--prompt-ids 0,15,7 | --prompt TEXT [--tokenizer DIR])
 //  --max-new-tokens N [--dump-logits F.npy]
-//  [--dump-dir DIR] [--force-topk topk.npy] [--threads N]`: greedy decoding on one process.
-// Prints {"prompt_tokens":[...],"output_tokens":[...]} as one JSON line.
+//  [--dump-dir DIR] [--force-topk topk.npy] [--threads N] [--plan cp=2,ep=2 | --plan-file F]`:
+// greedy decoding. Prints {"prompt_tokens":[...],"output_tokens":[...]} as one JSON line.
+//
+// Under mpirun with a parallel plan (docs/parallel.md) the model runs across the ranks; rank 0
+// prints the JSON. --prompt-ids may then list several prompts separated by ';' (prompt i goes to
+// DP unit i % dp), one JSON line each. MPI is initialized only with a plan or under mpirun, so
+// the single-process command needs no MPI launcher. A bad plan stops every rank at start with
+// "rank r/n: generate: ..." and exit status 1.
 #include <cstdio>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/mpi_environment.h"
+#include "comm/mpi_status.h"
 #include "common/npy.h"
 #include "model/greedy_run.h"
+#include "model/parallel_launch.h"
 #include "services/cli/command.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_paths.h"
@@ -33,6 +43,48 @@ Result<std::vector<int32_t>> ParseIds(const std::string& s) {
   return ids;
 }
 
+// Launched by mpirun (Open MPI, or a PMI-based launcher) even without --plan.
+bool UnderMpiLauncher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+Status GenerateParallel(const Args& args, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
+                        tokenizer::Tokenizer* tok) {
+  for (const char* unsupported : {"dump-logits", "dump-dir", "force-topk"})
+    if (args.Has(unsupported))
+      return Status::InvalidArgument(std::string("--") + unsupported + " is single-process only (no --plan)");
+  model::ParallelGenerateOptions o;
+  o.model_dir = dir;
+  o.prompts = prompts;
+  if (auto file = args.Get("plan-file")) {
+    PDSERVE_ASSIGN_OR_RETURN(o.plan, comm::ParallelPlan::LoadFile(*file));
+  } else if (auto text = args.Get("plan")) {
+    PDSERVE_ASSIGN_OR_RETURN(o.plan, model::ParsePlanString(*text));
+  }
+  PDSERVE_ASSIGN_OR_RETURN(o.max_new, args.GetInt("max-new-tokens", 16));
+  PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 1));
+  if (o.max_new < 0) return Status::InvalidArgument("--max-new-tokens must be >= 0");
+  o.threads = static_cast<int>(std::max<int64_t>(1, threads));
+  PDSERVE_ASSIGN_OR_RETURN(model::ParallelGenerateResult r, model::ParallelGenerate(o));
+  if (r.world_rank != 0) return Status::Ok();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    nlohmann::json j = {{"prompt_tokens", prompts[i]}, {"output_tokens", r.outputs[i]}};
+    if (tok) {
+      std::vector<int32_t> known;
+      for (int32_t id : r.outputs[i])
+        if (id < tok->id_limit()) known.push_back(id);
+      PDSERVE_ASSIGN_OR_RETURN(std::string text, tok->Decode(known));
+      j["output_text"] = text;
+    }
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+  if (args.Has("timing"))
+    std::fprintf(stderr, "plan %s: load %.3f s, run %.3f s (%lld steps, decode %.3f s over %lld steps), comm %.3f s on rank 0\n",
+                 o.plan.ToString().c_str(), r.load_seconds, r.stats.seconds, static_cast<long long>(r.stats.steps),
+                 r.stats.decode_seconds, static_cast<long long>(r.stats.decode_steps), r.comm_seconds);
+  return Status::Ok();
+}
+
 Status Generate(const Args& args) {
   PDSERVE_ASSIGN_OR_RETURN(std::string dir, args.Require("model"));
   std::vector<int32_t> prompt;
@@ -44,9 +96,24 @@ Status Generate(const Args& args) {
     PDSERVE_ASSIGN_OR_RETURN(tok, tokenizer::Tokenizer::Load(args.GetOr("tokenizer", tokenizer::DefaultTokenizerDir())));
     PDSERVE_ASSIGN_OR_RETURN(prompt, tok->Encode(*text));
     if (prompt.empty()) return Status::InvalidArgument("--prompt encodes to no tokens");
+  } else if (const std::string ids = *args.Get("prompt-ids"); ids.find(';') != std::string::npos) {
+    // Several prompts: parallel runs only (each DP unit takes its share).
+    if (!args.Has("plan") && !args.Has("plan-file"))
+      return Status::InvalidArgument("several ';'-separated prompts need --plan");
+    std::vector<std::vector<int32_t>> prompts;
+    size_t i = 0;
+    while (i <= ids.size()) {
+      size_t j = ids.find(';', i);
+      if (j == std::string::npos) j = ids.size();
+      PDSERVE_ASSIGN_OR_RETURN(auto p, ParseIds(ids.substr(i, j - i)));
+      prompts.push_back(std::move(p));
+      i = j + 1;
+    }
+    return GenerateParallel(args, dir, prompts, nullptr);
   } else {
-    PDSERVE_ASSIGN_OR_RETURN(prompt, ParseIds(*args.Get("prompt-ids")));
+    PDSERVE_ASSIGN_OR_RETURN(prompt, ParseIds(ids));
   }
+  if (args.Has("plan") || args.Has("plan-file") || UnderMpiLauncher()) return GenerateParallel(args, dir, {prompt}, tok.get());
   PDSERVE_ASSIGN_OR_RETURN(int64_t max_new, args.GetInt("max-new-tokens", 16));
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 0));
   if (max_new < 0) return Status::InvalidArgument("--max-new-tokens must be >= 0");
@@ -86,10 +153,22 @@ Status Generate(const Args& args) {
 }
 
 int RunGenerate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"model", "prompt", "prompt-ids", "tokenizer", "max-new-tokens", "dump-logits", "dump-dir", "force-topk", "threads"},
+  auto args = Args::Parse(argv, {"model", "prompt", "prompt-ids", "tokenizer", "max-new-tokens", "dump-logits", "dump-dir",
+                                 "force-topk", "threads", "plan", "plan-file"},
                           {"timing"});
   if (!args.ok()) return ReportStatus("generate", args.status());
-  return ReportStatus("generate", Generate(*args));
+  if (!args->Has("plan") && !args->Has("plan-file") && !UnderMpiLauncher())
+    return ReportStatus("generate", Generate(*args));
+  // Multi-rank: every rank reports its own outcome with its rank, and MPI_Finalize (collective)
+  // runs before anyone exits, so each rank's reason is printed before mpirun tears the job down.
+  auto env = comm::MpiEnvironment::Init(nullptr, nullptr);
+  if (!env.ok()) return ReportStatus("generate", env.status());
+  const Status s = Generate(*args);
+  if (!s.ok()) std::fprintf(stderr, "%s: pdserve generate: %s\n", comm::RankTag().c_str(), s.ToString().c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  env->reset();
+  return s.ok() ? 0 : 1;
 }
 
 }  // namespace

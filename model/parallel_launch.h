@@ -1,0 +1,48 @@
+// ParallelGenerate: greedy generation of a list of prompts by one model instance spread over
+// the MPI world by a parallel plan: the body of `pdserve generate --plan ...` under mpirun.
+//
+// Every rank builds the process groups (a plan that does not fit the world or the model fails
+// here, on every rank, with the reason), loads its share of the model, and runs RunGreedyDp
+// (model/parallel_greedy.h): prompt i belongs to DP unit i % dp; a unit with cp > 1 prefills
+// each of its prompts with a CP prefill. The outputs are then collected so that every rank
+// holds every prompt's tokens, in prompt order (rank 0 prints them).
+//
+// REQUIRES: MPI initialized (comm::MpiEnvironment) with world size cp * dp * tp.
+// Errors: kInvalidArgument for a bad plan (every rank), empty prompts or bad ids; load errors;
+// kAborted when another rank failed. Threading: the calling thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/parallel_plan.h"
+#include "common/status.h"
+#include "model/parallel_greedy.h"
+
+namespace pdserve::model {
+
+struct ParallelGenerateOptions {
+  std::string model_dir;
+  comm::ParallelPlan plan;
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t max_new = 16;
+  int threads = 1;  // compute threads per rank
+};
+
+struct ParallelGenerateResult {
+  std::vector<std::vector<int32_t>> outputs;  // per prompt, on every rank
+  int world_rank = 0;
+  std::string describe;                       // this rank's place ("world 1/4 cp 0/1 ...")
+  DpRunStats stats;                           // this rank's driver counters
+  double comm_seconds = 0;                    // this rank's time inside model collectives
+  double load_seconds = 0;
+};
+
+Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& options);
+
+// Parses "cp=2,ep=2" (keys cp, dp, ep, tp; every key optional, default 1).
+// Errors: kInvalidArgument naming the bad part.
+Result<comm::ParallelPlan> ParsePlanString(const std::string& text);
+
+}  // namespace pdserve::model
