@@ -105,7 +105,8 @@ KvReceiver::~KvReceiver() {
 
 Result<KvDescriptor> KvReceiver::Reserve(uint64_t request_id, uint32_t num_tokens,
                                          std::vector<WriterAssignment> writers,
-                                         std::optional<std::chrono::milliseconds> lease) {
+                                         std::optional<std::chrono::milliseconds> lease,
+                                         std::optional<std::chrono::milliseconds> timeout) {
   if (num_tokens == 0) return Status::InvalidArgument("a request needs at least one token");
   PDSERVE_RETURN_IF_ERROR(ValidateWriterAssignment(num_tokens, writers));
   const uint64_t num_blocks = pool_.layout.BlocksForTokens(num_tokens);
@@ -132,7 +133,7 @@ Result<KvDescriptor> KvReceiver::Reserve(uint64_t request_id, uint32_t num_token
   const uint64_t base = d.region.base_address + pool_.first_block_offset;
   for (uint32_t id : d.block_ids) d.block_addresses.push_back(base + id * pool_.layout.BlockBytes());
   d.writers = std::move(writers);
-  d.transfer_timeout_ms = static_cast<uint32_t>(options_.transfer_timeout.count());
+  d.transfer_timeout_ms = static_cast<uint32_t>(timeout.value_or(options_.transfer_timeout).count());
   d.lease_expiry_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch() + lease_ms)
                                .count();
@@ -318,11 +319,12 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
   if (w->phase == Writer::Phase::kIdle && (m.kind == Kind::kBegin || m.kind == Kind::kComplete)) {
     w->phase = Writer::Phase::kWriting;
     w->address = peer;
-    w->deadline = now + options_.transfer_timeout;
+    const auto timeout = std::chrono::milliseconds(r.descriptor.transfer_timeout_ms);
+    w->deadline = now + timeout;
     if (m.deadline_unix_ms > 0) {
       // The writer's own deadline, if earlier (e.g. its begin waited in a queue), less a
       // margin so that an accepted completion's ack reaches the writer before it gives up.
-      const int64_t margin_ms = std::min<int64_t>(50, options_.transfer_timeout.count() / 10);
+      const int64_t margin_ms = std::min<int64_t>(50, timeout.count() / 10);
       const int64_t left_ms = m.deadline_unix_ms - UnixNowMs() - margin_ms;
       w->deadline = std::min(w->deadline, now + std::chrono::milliseconds(left_ms));
     }
@@ -497,7 +499,7 @@ void KvReceiver::CheckTimers(Deadline now) {
         if (w.phase == Writer::Phase::kWriting && now >= w.deadline) {
           AbortLocked(r, Status::DeadlineExceeded(fmt::format(
                              "prefill rank {} did not complete request {} within {} ms", w.rank,
-                             id, options_.transfer_timeout.count())));
+                             id, r.descriptor.transfer_timeout_ms)));
           break;
         }
       }

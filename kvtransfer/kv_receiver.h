@@ -91,10 +91,14 @@ class KvReceiver {
   KvReceiver& operator=(const KvReceiver&) = delete;
 
   // Allocates the blocks of a `num_tokens` request written by `writers` and returns its
-  // descriptor (state kReserved, lease from options unless given).
-  Result<KvDescriptor> Reserve(uint64_t request_id, uint32_t num_tokens,
-                               std::vector<WriterAssignment> writers,
-                               std::optional<std::chrono::milliseconds> lease = std::nullopt);
+  // descriptor (state kReserved). `lease` (default options.lease) bounds the wait for the
+  // writers' `begin`; `transfer_timeout` (default options.transfer_timeout) bounds each
+  // writer's begin..complete, which with layer streaming spans the prefill's compute of the
+  // request: size it from the prompt length.
+  Result<KvDescriptor> Reserve(
+      uint64_t request_id, uint32_t num_tokens, std::vector<WriterAssignment> writers,
+      std::optional<std::chrono::milliseconds> lease = std::nullopt,
+      std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt);
 
   // The current state and status of a request (kNotFound for unknown / long-finished ids).
   Result<RequestState> State(uint64_t request_id) const;

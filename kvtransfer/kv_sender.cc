@@ -241,19 +241,17 @@ Status KvSender::Finish(uint64_t request_id) {
   if (r->phase == Request::Phase::kWriting && r->inflight == 0) {
     r->phase = Request::Phase::kCompleting;
     TransferMessage m;
+    m.request_id = r->desc.request_id;
+    m.rank = r->rank;
+    m.sender_address = transport_->address();
+    m.kind = TransferMessage::Kind::kComplete;
     m.blocks_written = r->desc.CountBlocks(r->ranges);
     m.bytes_written = r->bytes;
     m.digest = r->desc.verify_digest ? CombineLayerDigests(r->layer_digest) : 0;
-    TransferMessage::Kind kind = TransferMessage::Kind::kComplete;
+    m.deadline_unix_ms = r->deadline_unix_ms;
     lock.unlock();
-    TransferMessage full = m;
-    full.request_id = r->desc.request_id;
-    full.rank = r->rank;
-    full.sender_address = transport_->address();
-    full.kind = kind;
-    full.deadline_unix_ms = r->deadline_unix_ms;
     Status sent = transport_->SendMessage(
-        r->desc.decode_address, Transport::kChannelToDecode, EncodeTransferMessage(full),
+        r->desc.decode_address, Transport::kChannelToDecode, EncodeTransferMessage(m),
         /*flush_writes_first=*/true, r->deadline, [this, r](const Status& status) {
           if (status.ok()) return;
           {

@@ -12,8 +12,9 @@
 //  2. Latency of a one-block transfer + completion notice (median and p99 of 300).
 //  3. Time to move the KV of a 32K-token prompt (155 MB), streamed layer by layer. With
 //     --prefill-seconds X the prefill is simulated (X/6 per layer, sleeping so the cores stay
-//     free for the transfer threads) and the time the transfer adds after the last layer is
-//     reported; the prefill figure itself must come from the engine's benchmark.
+//     free for the transfer threads; verify-on runs only) and the time the transfer adds after
+//     the last layer is reported; the prefill figure itself must come from the engine's
+//     benchmark.
 //
 // Options: --prefill-seconds X | --quick (fewer sizes and repetitions) | --configs shm,tcp,tcp-put
 //          | --out DIR (default <source>/bench/results)
@@ -131,8 +132,10 @@ class Runner {
     return env;
   }
 
-  std::unique_ptr<DecodePeerClient> SpawnPeer(uint32_t block, bool verify, uint64_t max_tokens) {
+  std::unique_ptr<DecodePeerClient> SpawnPeer(uint32_t block, bool verify, uint64_t max_tokens,
+                                              uint32_t timeout_s) {
     PeerOptions o;
+    o.timeout_s = timeout_s;
     o.tokens_per_block = block;
     o.max_tokens = max_tokens;
     o.verify = verify;
@@ -199,7 +202,10 @@ json Latency(Runner& runner, DecodePeerClient& peer, const KvSource& full, uint3
           {"p99_us", Percentile(t, 0.99) * 1e6}};
 }
 
-json Prompt32k(Runner& runner, DecodePeerClient& peer, const KvSource& full, const Options& o) {
+// The prefill simulation (--prefill-seconds) runs only with `simulate_prefill` (the verify-on
+// configuration, as in production): it sleeps for the whole prefill time.
+json Prompt32k(Runner& runner, DecodePeerClient& peer, const KvSource& full, const Options& o,
+               bool simulate_prefill) {
   const uint64_t bytes = BytesForRanges(full.layout, {{0, kPromptTokens}});
   runner.Transfer(peer, full, kPromptTokens, true);  // warm-up
   std::vector<double> t;
@@ -212,7 +218,7 @@ json Prompt32k(Runner& runner, DecodePeerClient& peer, const KvSource& full, con
             {"transfer_s", alone},
             {"per_layer_transfer_s", alone / 6},
             {"gbps", static_cast<double>(bytes) / alone / 1e9}};
-  if (o.prefill_seconds > 0) {
+  if (o.prefill_seconds > 0 && simulate_prefill) {
     double exposed = 0;
     const double total =
         runner.Transfer(peer, full, kPromptTokens, true, o.prefill_seconds / 6, &exposed);
@@ -239,7 +245,8 @@ json RunConfig(const Config& config, const Options& o) {
     std::memset(cache.data(), 0x5a, cache.size());
     for (bool verify : {false, true}) {
       if (verify && (block != 64 || !full_run)) continue;
-      auto peer = runner.SpawnPeer(block, verify, max_tokens);
+      const uint32_t timeout_s = static_cast<uint32_t>(60 + 2 * std::max(0.0, o.prefill_seconds));
+      auto peer = runner.SpawnPeer(block, verify, max_tokens, timeout_s);
       const std::string mode = verify ? "streamed_verify" : "streamed";
       for (uint64_t size : sizes) {
         const uint32_t tokens = TokensFor(size);
@@ -257,7 +264,8 @@ json RunConfig(const Config& config, const Options& o) {
       j[verify ? "latency_verify" : "latency"][std::to_string(block)] =
           Latency(runner, *peer, cache.source(), block, o);
       if (block == 64 && full_run) {
-        j[verify ? "prompt_32k_verify" : "prompt_32k"] = Prompt32k(runner, *peer, cache.source(), o);
+        j[verify ? "prompt_32k_verify" : "prompt_32k"] =
+            Prompt32k(runner, *peer, cache.source(), o, verify);
       }
       runner.Release(*peer);
     }
@@ -338,6 +346,7 @@ std::string Markdown(const json& r, const Options& o) {
       md << "| " << name << " | " << (key == "prompt_32k" ? "off" : "on") << " | "
          << fmt::format("{:.1f} ms | {:.1f} ms | {:.2f}", p["transfer_s"].get<double>() * 1e3,
                         p["per_layer_transfer_s"].get<double>() * 1e3, p["gbps"].get<double>());
+      if (o.prefill_seconds > 0 && !p.contains("prefill_s")) md << " | | | ";
       if (p.contains("prefill_s")) {
         md << fmt::format(" | {:.1f} ms | {:.3f} s | {:.1f} ms", p["per_layer_prefill_s"].get<double>() * 1e3,
                           p["with_prefill_total_s"].get<double>(),
@@ -381,6 +390,7 @@ int Main(int argc, char** argv) {
     } else if (auto v = value("--block")) peer.tokens_per_block = std::stoul(*v);
     else if (auto v = value("--max_tokens")) peer.max_tokens = std::stoull(*v);
     else if (auto v = value("--verify")) peer.verify = *v == "1";
+    else if (auto v = value("--timeout_s")) peer.timeout_s = static_cast<uint32_t>(std::stoul(*v));
     else if (auto v = value("--control")) peer.control = *v;
   }
   if (is_peer) return RunDecodePeer(peer);

@@ -34,6 +34,7 @@ kvtransfer::KvLayout SmallPresetLayout(uint32_t tokens_per_block) {
 std::vector<std::string> PeerArguments(const PeerOptions& o) {
   return {"--peer", fmt::format("--block={}", o.tokens_per_block),
           fmt::format("--max_tokens={}", o.max_tokens), fmt::format("--verify={}", o.verify ? 1 : 0),
+          fmt::format("--timeout_s={}", o.timeout_s),
           "--control=" + o.control};
 }
 
@@ -51,7 +52,7 @@ int RunDecodePeer(const PeerOptions& o) {
   FreeListBlockAllocator allocator(blocks);
   KvReceiverOptions options;
   options.verify_digest = o.verify;
-  options.transfer_timeout = 60s;
+  options.transfer_timeout = std::chrono::seconds(o.timeout_s);
   options.lease = 60s;
   auto receiver = KvReceiver::Create(transport->get(),
                                      ReceiverBlockPool{region->get(), 0, layout, &allocator},

@@ -31,7 +31,8 @@ struct PeerOptions {
   uint32_t tokens_per_block = 64;
   uint64_t max_tokens = 0;  // pool size
   bool verify = false;
-  std::string control;  // ZeroMQ endpoint
+  uint32_t timeout_s = 60;  // transfer timeout: must cover a simulated prefill
+  std::string control;      // ZeroMQ endpoint
 };
 
 // The peer process's main (arguments parsed by the driver's main).
