@@ -86,22 +86,25 @@ Status ParallelContext::CpBroadcast(void* data, int64_t bytes, int root) const {
 
 std::pair<int64_t, int64_t> ReplicaRowRange(const BatchPlan& plan, int n, int index) {
   const int64_t R = plan.n_rows;
-  std::vector<int64_t> group_start(plan.group_size.size() + 1, 0);
-  for (size_t g = 0; g < plan.group_size.size(); ++g) group_start[g + 1] = group_start[g] + plan.group_size[g];
+  // Each row group's rows in this plan (a CP rank holds only part of its prompt's group, so
+  // the extents come from the rows, and tiled-ness from the rows' flags).
+  auto group_extent = [&](int64_t row) {
+    const int32_t g = plan.row_group[static_cast<size_t>(row)];
+    int64_t s = row, e = row + 1;
+    while (s > 0 && plan.row_group[static_cast<size_t>(s - 1)] == g) --s;
+    while (e < R && plan.row_group[static_cast<size_t>(e)] == g) ++e;
+    return std::pair<int64_t, int64_t>{s, e};
+  };
   // Boundary k (0 < k < n): near k*R/n, moved to a group edge when it would leave <= 8 rows of
   // a tiled group on either side.
   auto boundary = [&](int k, int64_t prev) {
-    if (k <= 0) return int64_t{0};
     if (k >= n) return R;
     int64_t b = std::max(prev, k * R / n);
-    if (b >= R) return R;
-    const int64_t g = plan.row_group[static_cast<size_t>(b)];
-    const int64_t s = group_start[g], e = group_start[g + 1];
-    if (plan.group_size[g] > kernels::kGemmSmallMMax) {
-      const int64_t lower = std::max(s, prev);
-      if (b - lower <= kernels::kGemmSmallMMax) b = lower;
-      else if (e - b <= kernels::kGemmSmallMMax) b = e;
-    }
+    if (b >= R || !plan.row_tiled[static_cast<size_t>(b)]) return b;
+    const auto [s, e] = group_extent(b);
+    const int64_t lower = std::max(s, prev);
+    if (b - lower <= kernels::kGemmSmallMMax) b = lower;
+    else if (e - b <= kernels::kGemmSmallMMax) b = e;
     return b;
   };
   int64_t prev = 0, begin = 0;
@@ -110,7 +113,7 @@ std::pair<int64_t, int64_t> ReplicaRowRange(const BatchPlan& plan, int n, int in
     if (k == index) begin = b;
     prev = b;
   }
-  return {index == 0 ? 0 : begin, prev};
+  return {begin, prev};
 }
 
 CommTimer::CommTimer(const ParallelContext* ctx) : ctx_(ctx), start_ns_(ctx ? NowNs() : 0) {}
