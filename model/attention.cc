@@ -131,8 +131,13 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
     for (int64_t t = 0; t < T; ++t) all[t] = static_cast<int32_t>(t);
     kernels::GatherLatent(kv_view, all.data(), T, c_all.data(), kpe_all.data());
     if (plan.stats) plan.stats->kv_bytes_read += T * (kv_view.latent_stride + kv_view.latent_scale_stride + kv_view.kpe_stride);
-    ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
-    kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
+    if (step.cp) {
+      // Each CP rank expands its own keys; the others arrive by all-gather.
+      PDSERVE_RETURN_IF_ERROR(ExpandCpKeys(layer, plan, step, &kv));
+    } else {
+      ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
+      kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
+    }
     pool_->ParallelFor(n_q * H, [&](int64_t b, int64_t e) {
       std::vector<float> p(static_cast<size_t>(K));
       for (int64_t qh = b; qh < e; ++qh) {

@@ -11,7 +11,10 @@
 // the EP partial sums (and the TP o_proj sums when tp > 1).
 #include <cstring>
 
+#include "common/dtype.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/mla_attention.h"
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
@@ -91,6 +94,33 @@ Status Model::GatherCpRecords(int64_t layer, const BatchPlan& plan, const Parall
     PDSERVE_RETURN_IF_ERROR(gather->AllGather(*step.cp, local.data(), all.data()));
   }
   for (int64_t pos = 0; pos < S; ++pos) copy_record(pos, &all[static_cast<size_t>(pos * rec)], true);
+  return Status::Ok();
+}
+
+Status Model::ExpandCpKeys(int64_t layer, const BatchPlan& plan, const ParallelStep& step,
+                           std::vector<float>* kv) const {
+  const ModelConfig& c = config();
+  const LayerWeights& lw = weights_->layer(layer);
+  const int64_t W = lw.kv_b.n_out(), Lkv = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+  const int64_t n = plan.n_rows, S = step.cp->seq_len();
+  // Own positions' latents -> bf16(c Wkv_b^T): n > 8 rows, the tiled path a one-process prefill
+  // of S > 8 rows takes, whose per-row results do not depend on the row count.
+  std::vector<int32_t> own(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) own[r] = static_cast<int32_t>(plan.row_pos[r]);
+  std::vector<float> latent(static_cast<size_t>(n * Lkv)), kpe(static_cast<size_t>(n * dr));
+  std::vector<float> mine(static_cast<size_t>(n * W));
+  kernels::GatherLatent(plan.seqs[0].kv.View(layer), own.data(), n, latent.data(), kpe.data());
+  ApplyLinear(lw.kv_b, latent.data(), n, mine.data(), pool_);
+  std::vector<uint16_t> local(static_cast<size_t>(n * W)), all(static_cast<size_t>(S * W));
+  kernels::RoundToBf16InPlace(mine.data(), n * W);  // the reference's rounding point
+  for (size_t i = 0; i < local.size(); ++i) local[i] = F32ToBf16Bits(mine[i]);  // exact now
+  PDSERVE_ASSIGN_OR_RETURN(comm::CpRecordGather * gather, parallel_->CpGather(static_cast<size_t>(W * 2)));
+  {
+    CommTimer timer(parallel_);
+    PDSERVE_RETURN_IF_ERROR(gather->AllGather(*step.cp, local.data(), all.data()));
+  }
+  kv->resize(static_cast<size_t>(S * W));
+  for (size_t i = 0; i < all.size(); ++i) (*kv)[i] = Bf16ToF32(all[i]);
   return Status::Ok();
 }
 

@@ -106,6 +106,9 @@ class Model {
                  std::vector<int32_t>* topk) const;
   // CP: after this rank wrote its positions' KV records of `layer`, fills in everyone else's.
   Status GatherCpRecords(int64_t layer, const BatchPlan& plan, const ParallelStep& step) const;
+  // CP: kv [S x H*(dn+dv)] = bf16(latent Wkv_b^T) of every prompt position, each CP rank
+  // expanding its own positions and all-gathering the (bf16, so lossless) results.
+  Status ExpandCpKeys(int64_t layer, const BatchPlan& plan, const ParallelStep& step, std::vector<float>* kv) const;
   Status Ffn(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   // Sigmoid router with group-limited top-k over n rows: ids/weights [n x top_k], -1 padded.
   void Route(const LayerWeights& lw, const float* x, int64_t n, const uint8_t* tiled, int32_t* ids,

@@ -69,11 +69,11 @@ LoadOptions ParallelContext::load_options() const {
 }
 
 Result<comm::CpRecordGather*> ParallelContext::CpGather(size_t record_bytes) const {
-  if (!cp_gather_ || cp_gather_->record_bytes() != record_bytes) {
-    cp_gather_.reset();  // collective over the CP group: every CP rank asks for the same size
-    PDSERVE_ASSIGN_OR_RETURN(cp_gather_, comm::CpRecordGather::Create(groups_.cp(), record_bytes));
-  }
-  return cp_gather_.get();
+  for (const auto& g : cp_gathers_)
+    if (g->record_bytes() == record_bytes) return g.get();
+  PDSERVE_ASSIGN_OR_RETURN(auto g, comm::CpRecordGather::Create(groups_.cp(), record_bytes));
+  cp_gathers_.push_back(std::move(g));
+  return cp_gathers_.back().get();
 }
 
 Status ParallelContext::CpBroadcast(void* data, int64_t bytes, int root) const {

@@ -73,8 +73,9 @@ class ParallelContext {
   comm::TensorParallel* tp() const { return tp_.get(); }
   comm::TensorParallel* unit() const { return unit_.get(); }
   comm::TensorParallel* cp_sum() const { return cp_sum_.get(); }
-  // The CP record all-gather for records of `record_bytes` (one per KV layout: re-created,
-  // collectively over the CP group, when the size changes). REQUIRES: plan().cp > 1.
+  // The CP record all-gather for records of `record_bytes` (created on first use, collectively
+  // over the CP group: every CP rank asks for the same sizes in the same order).
+  // REQUIRES: plan().cp > 1.
   Result<comm::CpRecordGather*> CpGather(size_t record_bytes) const;
   // Copies `bytes` from CP rank `root` of this rank's CP group to the others (logits after a
   // CP prefill). REQUIRES: cp_sum() != null.
@@ -95,7 +96,7 @@ class ParallelContext {
   comm::MpiComm unit_comm_, cp_bcast_;
   std::unique_ptr<comm::EpDispatcher> ep_;
   std::unique_ptr<comm::TensorParallel> tp_, unit_, cp_sum_;
-  mutable std::unique_ptr<comm::CpRecordGather> cp_gather_;
+  mutable std::vector<std::unique_ptr<comm::CpRecordGather>> cp_gathers_;
   int64_t dispatch_row_bytes_ = 0;
   mutable double comm_seconds_ = 0;
 };
