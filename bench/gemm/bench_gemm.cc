@@ -245,7 +245,8 @@ void Settle() { std::this_thread::sleep_for(std::chrono::milliseconds(500)); }
 constexpr double kQuietBudgetSeconds = 240;
 struct QuietGate {
   int threads;
-  double best_probe = 0;
+  double best_probe = 0;     // reference: the seed or the best probe seen
+  double best_measured = 0;  // best probe seen
   double waited = 0;
   int contended = 0;  // measurements taken without a quiet probe (budget exhausted)
   bool Wait() {
@@ -253,6 +254,7 @@ struct QuietGate {
     for (;;) {
       const double g = OnThreads(threads, [](int) { return FmaLoopGflops(8'000'000); });
       best_probe = std::max(best_probe, g);
+      best_measured = std::max(best_measured, g);
       if (g >= 0.9 * best_probe) return true;
       if (waited >= kQuietBudgetSeconds) {
         ++contended;
@@ -331,7 +333,7 @@ int Main(int argc, char** argv) {
   double peakn = FmaPeak(threads, rounds);
   Buffer<float> stream_buf(size_t{128} << 20);  // 512 MiB
   const double bw1 = ReadBandwidth(stream_buf, 1, rounds);
-  const double bwn = ReadBandwidth(stream_buf, threads, rounds);
+  double bwn = ReadBandwidth(stream_buf, threads, rounds);
   j["fma_peak_gflops"] = {{"1", peak1}, {std::to_string(threads), peakn}};
   j["read_bw_gbps"] = {{"1", bw1}, {std::to_string(threads), bwn}};
   std::fprintf(stderr, "FMA peak %.1f / %.1f GFLOP/s (1/%d thr), read bw %.1f / %.1f GB/s\n",
@@ -366,7 +368,9 @@ int Main(int argc, char** argv) {
                    bf16 ? static_cast<const void*>(cold_bf16.get())
                         : static_cast<const void*>(cold_f32.get())};
   };
-  QuietGate gate{threads, peakn};
+  // The start-up peak may itself have been measured on a busy machine; N threads should reach
+  // about N times the 1-thread peak.
+  QuietGate gate{threads, std::max(peakn, 0.95 * threads * peak1)};
   // Ours and OpenBLAS measured back to back per row, in alternating order, so both see the
   // same machine; Settle() after OpenBLAS lets its spinning workers go to sleep.
   for (int round = 0; round < rounds; ++round) {
@@ -425,11 +429,15 @@ int Main(int argc, char** argv) {
     }
   }
   j["crossover"] = crossover;
-  // The gate's probes may have seen a quieter machine than the start-up peak measurement.
-  peakn = std::max(peakn, gate.best_probe);
+  // The gate's probes may have seen a quieter machine than the start-up peak measurement (its
+  // seed, 0.95 x threads x the 1-thread peak, is not a measurement: only count real probes).
+  peakn = std::max(peakn, gate.best_measured);
+  gate.Wait();  // and the bandwidth probe again, on a quiet machine
+  bwn = std::max(bwn, ReadBandwidth(stream_buf, threads, rounds));
+  j["read_bw_gbps"][std::to_string(threads)] = bwn;
   j["fma_peak_gflops"][std::to_string(threads)] = peakn;
   j["quiet_gate"] = {{"waited_s", gate.waited}, {"contended_measurements", gate.contended},
-                     {"best_probe_gflops", gate.best_probe}};
+                     {"best_probe_gflops", gate.best_measured}};
 
   // Report.
   nlohmann::json results = nlohmann::json::array();
