@@ -125,6 +125,9 @@ class WorkerAgent {
   size_t live_jobs() const;
   uint64_t router_incarnation() const;
   const WorkerAgentOptions& options() const { return options_; }
+  // The agent's metrics (nullptr without options.metrics_registry); engine-backed services feed
+  // its queue-time and KV-transfer series. Thread-safe (prometheus-cpp).
+  WorkerMetrics* metrics() const { return metrics_.get(); }
 
  private:
   WorkerAgent(WorkerAgentOptions options, WorkerHandler* handler);

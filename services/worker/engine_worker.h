@@ -1,0 +1,151 @@
+// EngineWorker: the engine-backed worker services (docs/services.md). One class serves the
+// three roles of the control plane (docs/control-plane.md) over one engine::Engine:
+//
+//   colocated  Job -> Engine::AddRequest; every engine TokenEvent -> a control TokenEvent.
+//   decode     Job -> Engine::ReserveImport (blocks of a pool that lives in a region registered
+//              with the UCX transport) + KvReceiver::Reserve with exactly those blocks (the
+//              receiver "allocates" them through ImportAllocator) -> KvReserved(descriptor).
+//              When the receiver reports the transfer complete (digest verified) and the router
+//              relayed the first token: KvReceiver::HandOver + Engine::CommitImport; engine
+//              events from output index 1 on -> TokenEvents. A transfer that fails (lease,
+//              deadline, dead prefill, digest) fails the job; its blocks go back to the engine
+//              only when the receiver's quarantine ends (ImportAllocator::Free -> Engine::Abort).
+//   prefill    Job(descriptor) -> Engine::AddRequest(max_tokens 1, hold_kv); when the first token
+//              is sampled, the transfer thread writes the held KV into the decode worker's blocks
+//              (KvSender: Start, Finish = all layers, flush, completion notice, the decode's
+//              verdict), releases the held blocks and sends the first token (index 0). The KV
+//              is written after the whole prefill, not layer by layer: the Engine does not
+//              expose per-layer progress yet (docs/services.md, "what remains").
+//
+// Threading: WorkerHandler calls run on the WorkerAgent's thread and never block (engine and
+// receiver calls only queue work); engine events arrive on the engine's step thread; the
+// decode role runs one receiver-event thread, the prefill role one transfer thread (both
+// std::jthread members stopped in the destructor). `mu_` guards the job table; it is never
+// held while the receiver might call back (ImportAllocator uses its own lock).
+// Ownership: the worker owns the transport, region, receiver/sender and engine (destroyed in
+// the reverse order of their dependencies); the agent is attached after construction and must
+// be detached (SetAgent(nullptr)) or destroyed before the worker.
+// Errors: Create -> the engine's / transport's errors (bad model dir, UCX unavailable).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <prometheus/registry.h>
+
+#include "engine/engine.h"
+#include "kvtransfer/kv_receiver.h"
+#include "kvtransfer/kv_sender.h"
+#include "kvtransfer/transport.h"
+#include "services/common/worker_agent.h"
+#include "services/worker/worker_config.h"
+#include "services/worker/worker_service_metrics.h"
+
+namespace pdserve::services::worker {
+
+class ImportAllocator;
+
+// The engine's block layout as kvtransfer describes it (field-for-field; same bytes).
+// Errors: InvalidArgument when the two layouts would disagree on a block's size.
+Result<kvtransfer::KvLayout> ToTransferLayout(const engine::KvLayout& layout);
+// Model identity (config.json bytes, model name) + KV layout: equal hashes mean any prefill
+// worker may write into any decode worker's blocks.
+uint64_t CompatibilityHash(const std::string& config_json, const std::string& model_name,
+                           const engine::KvLayout& layout);
+
+class EngineWorker final : public WorkerHandler {
+ public:
+  static Result<std::unique_ptr<EngineWorker>> Create(const WorkerServiceConfig& config,
+                                                      std::shared_ptr<prometheus::Registry> registry);
+  ~EngineWorker() override;
+  EngineWorker(const EngineWorker&) = delete;
+  EngineWorker& operator=(const EngineWorker&) = delete;
+
+  // Where events go. Any thread; nullptr detaches (events are then dropped).
+  void SetAgent(WorkerAgent* agent);
+
+  // Registration data for WorkerAgentOptions.
+  WorkerCapacity Capacity() const;
+  uint64_t compat_hash() const { return compat_hash_; }
+  std::string transfer_address() const;
+
+  Status StartJob(const JobMsg& job) override;
+  Status CommitFirstToken(const FirstTokenMsg& first) override;
+  void AbortJob(uint64_t request_id, std::string_view reason) override;
+  WorkerLoad CurrentLoad() override;
+
+ private:
+  struct Job {
+    JobMsg msg;
+    engine::RequestId engine_id = 0;
+    bool ended = false;                 // the finishing event was sent
+    // decode
+    bool transfer_done = false;
+    std::optional<int32_t> first_token;
+    bool committed = false;
+    std::chrono::steady_clock::time_point reserved_at{};
+    // prefill
+    std::optional<kvtransfer::KvDescriptor> descriptor;
+    int32_t token = -1;
+    engine::FinishReason engine_reason = engine::FinishReason::kNone;
+    TokenLogprob logprob;
+  };
+
+  EngineWorker(const WorkerServiceConfig& config, std::shared_ptr<prometheus::Registry> registry);
+  Status Init();
+  engine::SamplingParams ToSampling(const SamplingSpec& spec) const;
+  void OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev);
+  void Send(TokenEventMsg ev);
+  // Ends a job with an error / abort event (once); mu_ held.
+  void EndLocked(Job& job, FinishReason finish, const Status& error);
+  // decode
+  Status StartDecode(const JobMsg& job);
+  // Hands the imported KV to the engine once the transfer is verified and the first token is
+  // here. Never called with mu_ held (it calls the receiver).
+  void TryCommit(uint64_t request_id);
+  void AbortDecode(std::unique_lock<std::mutex>& lock, Job& job);
+  void ReceiverLoop(std::stop_token stop);
+  void OnImportFreed(uint64_t request_id);
+  // prefill
+  Status StartPrefill(const JobMsg& job);
+  // The prefill's single engine event (mu_ held; may erase the job).
+  void PrefillSampled(Job& job, const engine::TokenEvent& ev);
+  void AbortPrefill(std::unique_lock<std::mutex>& lock, Job& job);
+  void TransferLoop(std::stop_token stop);
+  void RunTransfer(uint64_t request_id);
+
+  const WorkerServiceConfig config_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ServiceMetrics> metrics_;
+  uint64_t compat_hash_ = 0;
+  kvtransfer::KvLayout transfer_layout_;
+
+  std::mutex agent_mu_;
+  WorkerAgent* agent_ = nullptr;
+
+  // Destruction order matters: threads first, then the engine (it aborts what is left), then
+  // receiver/sender, region and transport.
+  std::unique_ptr<kvtransfer::Transport> transport_;
+  std::unique_ptr<kvtransfer::LocalRegion> region_;
+  std::unique_ptr<ImportAllocator> allocator_;
+  std::unique_ptr<kvtransfer::KvReceiver> receiver_;
+  std::unique_ptr<kvtransfer::KvSender> sender_;
+  std::unique_ptr<engine::Engine> engine_;
+
+  std::mutex mu_;
+  std::condition_variable_any cv_;                 // transfer queue
+  std::unordered_map<uint64_t, Job> jobs_;         // by router request id
+  std::deque<uint64_t> transfers_;                 // prefill: first token sampled, KV to send
+
+  std::jthread receiver_thread_;
+  std::jthread transfer_thread_;
+};
+
+}  // namespace pdserve::services::worker

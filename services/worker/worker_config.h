@@ -1,0 +1,49 @@
+// WorkerServiceConfig: everything an engine-backed worker process (pdserve-colocated,
+// pdserve-prefill, pdserve-decode, pdserve-worker --role R) is configured with. Defaults are the
+// member initializers; an optional YAML file (`--config FILE`, section `worker:`) overrides
+// them, and command-line flags override the file (docs/services.md lists every key and flag).
+//
+// Thread-safety: value type.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "services/common/control_messages.h"
+#include "services/common/process_util.h"
+
+namespace pdserve::services::worker {
+
+struct WorkerServiceConfig {
+  WorkerRole role = WorkerRole::kColocated;
+  std::string router = "tcp://127.0.0.1:7000";
+  std::string worker_id = "worker-0";
+  std::string model_name = "pdserve";
+  std::string model_dir;                 // required
+  int threads = 0;                       // engine compute threads (0: PDSERVE_NUM_THREADS / default)
+  double kv_cache_gib = 0.25;            // the paged KV pool
+  int64_t block_tokens = 64;
+  int64_t max_seqs = 0;                  // scheduler batch limit (0: engine default)
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = 0;                  // 0: ephemeral
+  std::string ready_file;                // {"metrics_port", "pid"} once up
+  std::chrono::milliseconds drain_timeout{10000};
+  std::chrono::milliseconds register_retry{250};
+  // KV transfer (prefill / decode): UCX transports ("" = UCX_TLS / UCX_NET_DEVICES from the
+  // environment), the decode side's reservation lease and transfer timeout.
+  std::string ucx_tls;
+  std::string ucx_net_devices;
+  std::chrono::milliseconds kv_lease{30000};
+  std::chrono::milliseconds kv_transfer_timeout{10000};
+  std::string log_level;
+};
+
+// Parses argv (flags as in docs/services.md). `fixed_role` is the role of a role-named binary
+// (pdserve-prefill ...); --role must then be absent or equal. Errors: InvalidArgument naming
+// the flag or key; NotFound for a missing --config file.
+Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::optional<WorkerRole> fixed_role);
+
+}  // namespace pdserve::services::worker

@@ -1,0 +1,90 @@
+#include "services/worker/worker_main.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+#include "services/common/metrics.h"
+#include "services/common/process_util.h"
+#include "services/common/worker_agent.h"
+#include "services/worker/engine_worker.h"
+#include "services/worker/worker_config.h"
+
+namespace pdserve::services::worker {
+
+int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
+  const std::string name = fixed_role ? std::string("pdserve-") + WorkerRoleName(*fixed_role) : "pdserve-worker";
+  auto fail = [&name](const Status& s) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), s.ToString().c_str());
+    return 2;
+  };
+  try {
+    auto config = ParseWorkerConfig(argc, argv, fixed_role);
+    if (!config.ok()) return fail(config.status());
+    const WorkerServiceConfig& c = config.value();
+    if (!c.log_level.empty()) SetLogLevel(c.log_level);
+    auto log = GetLogger("worker");
+
+    auto registry = std::make_shared<prometheus::Registry>();
+    auto exposer = MetricsExposer::Start(c.metrics_host + ":" + std::to_string(c.metrics_port), registry);
+    if (!exposer.ok()) return fail(exposer.status());
+    auto worker = EngineWorker::Create(c, registry);
+    if (!worker.ok()) return fail(worker.status());
+    EngineWorker* w = worker.value().get();
+
+    WorkerAgentOptions ao;
+    ao.router_address = c.router;
+    ao.worker_id = c.worker_id;
+    ao.role = c.role;
+    ao.model_name = c.model_name;
+    ao.compat_hash = w->compat_hash();
+    ao.http_address = exposer.value()->address();
+    ao.transfer_address = w->transfer_address();
+    ao.capacity = w->Capacity();
+    ao.register_retry = c.register_retry;
+    ao.metrics_registry = registry;
+    auto agent = WorkerAgent::Start(ao, w);
+    if (!agent.ok()) return fail(agent.status());
+    WorkerAgent* a = agent.value().get();
+    w->SetAgent(a);
+    if (!c.ready_file.empty()) {
+      nlohmann::json ready = {{"metrics_port", exposer.value()->port()}, {"pid", getpid()}};
+      Status s = WriteFileAtomically(c.ready_file, ready.dump());
+      if (!s.ok()) return fail(s);
+    }
+    log->info("{} {} up: router {}, metrics on http://{}/metrics", name, c.worker_id, c.router,
+              exposer.value()->address());
+
+    int exit_code = 0;
+    while (true) {
+      const int sig = WaitForTerminationSignal(std::chrono::milliseconds(100));
+      const auto state = a->state();
+      if (state == WorkerAgent::State::kRefused) {
+        log->error("registration refused: {}", a->refusal().ToString());
+        exit_code = 3;
+        break;
+      }
+      if (state == WorkerAgent::State::kDeregistered) break;  // drained on the router's request
+      if (sig != 0) {
+        log->info("signal {}: draining (up to {} ms)", sig, c.drain_timeout.count());
+        a->BeginDrain(c.drain_timeout);
+        a->WaitForExit(c.drain_timeout + std::chrono::seconds(6));
+        break;
+      }
+    }
+    // The agent first (no handler call after its destructor), then the engine and transport.
+    agent.value().reset();
+    worker.value().reset();
+    log->info("{} {} stopped", name, c.worker_id);
+    return exit_code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: unexpected exception: %s\n", name.c_str(), e.what());
+    return 2;
+  }
+}
+
+}  // namespace pdserve::services::worker
