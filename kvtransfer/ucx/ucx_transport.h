@@ -117,6 +117,9 @@ class UcxTransport final : public Transport {
   std::shared_ptr<Peer> GetPeer(const std::string& address, Status* error);
   bool Pump(Peer& peer);
   bool IssueRma(const std::shared_ptr<Peer>& peer, const std::shared_ptr<Batch>& batch);
+  // WriteProtocol::kActiveMessage: one message carries up to max_am_chunk_bytes, gathering
+  // consecutive ops (an iov) so that streamed layers of small blocks make few large messages.
+  bool IssueAmWrite(const std::shared_ptr<Peer>& peer, const std::shared_ptr<Batch>& batch);
   bool PumpMessages(const std::shared_ptr<Peer>& peer);
   void FinishBatchIfDone(const std::shared_ptr<Batch>& batch);
   void FinishMessage(const std::shared_ptr<Message>& message, const Status& status);
@@ -138,6 +141,7 @@ class UcxTransport final : public Transport {
   static ucs_status_t OnAmWrite(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
   static constexpr uint16_t kAmWriteId = kMaxChannels;
+  static constexpr size_t kMaxAmWriteEntries = 256;  // header 4 KB (UCX 1.13 allows ~8 KB)
 
   const UcxTransportOptions options_;
   std::unique_ptr<UcxContext> context_;

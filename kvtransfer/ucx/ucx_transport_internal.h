@@ -61,11 +61,16 @@ struct UcxTransport::Message {
 };
 
 struct UcxTransport::OpContext {
+  OpContext(UcxTransport* t, std::shared_ptr<Batch> b, std::shared_ptr<Message> m, uint64_t n)
+      : transport(t), batch(std::move(b)), message(std::move(m)), length(n) {}
   UcxTransport* transport;
   std::shared_ptr<Batch> batch;
   std::shared_ptr<Message> message;
   uint64_t length;
-  uint64_t header = 0;  // active-message writes: the remote address
+  // Active-message writes: the header ([u32 n][n x (u64 address, u64 length)], little
+  // endian) and the pieces' local buffers, sent as one UCP iov message.
+  std::vector<uint8_t> header;
+  std::vector<ucp_dt_iov_t> iov;
 };
 
 struct UcxTransport::Closing {

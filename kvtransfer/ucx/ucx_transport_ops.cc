@@ -33,8 +33,8 @@ bool UcxTransport::Pump(Peer& peer) {
 }
 
 bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared_ptr<Batch>& b) {
-  const bool as_message = peer->am_writes && b->kind == RmaKind::kWrite;
-  if (b->rkey == nullptr && !as_message) {
+  if (peer->am_writes && b->kind == RmaKind::kWrite) return IssueAmWrite(peer, b);
+  if (b->rkey == nullptr) {
     auto it = peer->rkeys.find(b->region.packed_key);
     if (it == peer->rkeys.end()) {
       auto key = UcxRemoteKey::Unpack(peer->ep.get(), b->region.packed_key);
@@ -48,8 +48,7 @@ bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared
     b->rkey = it->second->get();
   }
   const RmaOp& op = b->ops[b->next_op];
-  const uint64_t chunk = as_message ? options_.max_am_chunk_bytes : options_.max_chunk_bytes;
-  const uint64_t length = std::min(chunk, op.length - b->next_offset);
+  const uint64_t length = std::min(options_.max_chunk_bytes, op.length - b->next_offset);
   if (length == 0) {
     b->next_op++;
     b->next_offset = 0;
@@ -63,14 +62,7 @@ bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared
   uint8_t* local = static_cast<uint8_t*>(op.local) + b->next_offset;
   const uint64_t remote = op.remote_address + b->next_offset;
   ucs_status_ptr_t request;
-  if (as_message) {
-    // Header: the little-endian remote address (kept alive by the batch until completion).
-    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_AM_SEND_FLAG_EAGER;
-    ctx->header = remote;
-    request = ucp_am_send_nbx(peer->ep->get(), kAmWriteId, &ctx->header, sizeof(ctx->header),
-                              local, length, &param);
-  } else if (b->kind == RmaKind::kWrite) {
+  if (b->kind == RmaKind::kWrite) {
     request = ucp_put_nbx(peer->ep->get(), local, length, remote, b->rkey, &param);
   } else {
     request = ucp_get_nbx(peer->ep->get(), local, length, remote, b->rkey, &param);
@@ -86,6 +78,67 @@ bool UcxTransport::IssueRma(const std::shared_ptr<Peer>& peer, const std::shared
   } else if (UCS_PTR_IS_ERR(request)) {
     b->status = FromUcsStatus(UCS_PTR_STATUS(request),
                               b->kind == RmaKind::kWrite ? "ucp_put_nbx" : "ucp_get_nbx");
+    delete ctx;
+  } else {
+    b->inflight++;
+    peer->inflight++;
+    counters_.inflight_ops++;
+  }
+  return true;
+}
+
+bool UcxTransport::IssueAmWrite(const std::shared_ptr<Peer>& peer,
+                                const std::shared_ptr<Batch>& b) {
+  const uint64_t chunk = options_.max_am_chunk_bytes;
+  auto* ctx = new OpContext{this, b, nullptr, 0};
+  std::vector<std::pair<uint64_t, uint64_t>> entries;  // (remote address, length)
+  uint64_t total = 0;
+  while (b->next_op < b->ops.size() && entries.size() < kMaxAmWriteEntries && total < chunk) {
+    const RmaOp& op = b->ops[b->next_op];
+    const uint64_t remaining = op.length - b->next_offset;
+    if (remaining == 0) {
+      b->next_op++;
+      b->next_offset = 0;
+      continue;
+    }
+    const uint64_t take = std::min(remaining, chunk - total);
+    if (take < remaining && !entries.empty()) break;  // only a message's first op is split
+    entries.emplace_back(op.remote_address + b->next_offset, take);
+    ctx->iov.push_back(ucp_dt_iov_t{static_cast<uint8_t*>(op.local) + b->next_offset, take});
+    total += take;
+    b->next_offset += take;
+    if (b->next_offset == op.length) {
+      b->next_op++;
+      b->next_offset = 0;
+    }
+  }
+  if (entries.empty()) {
+    delete ctx;
+    return true;
+  }
+  ctx->length = total;
+  ctx->header.resize(4 + 16 * entries.size());
+  const uint32_t count = static_cast<uint32_t>(entries.size());
+  std::memcpy(ctx->header.data(), &count, 4);  // x86-64: little endian
+  for (size_t i = 0; i < entries.size(); ++i) {
+    std::memcpy(ctx->header.data() + 4 + 16 * i, &entries[i].first, 8);
+    std::memcpy(ctx->header.data() + 12 + 16 * i, &entries[i].second, 8);
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
+  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  param.datatype = ucp_dt_make_iov();  // UCX gathers the pieces itself: no staging copy
+  param.cb.send = &UcxTransport::OnRmaDone;
+  param.user_data = ctx;
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(peer->ep->get(), kAmWriteId, ctx->header.data(), ctx->header.size(),
+                      ctx->iov.data(), ctx->iov.size(), &param);
+  if (request == nullptr) {
+    b->bytes += total;
+    delete ctx;
+  } else if (UCS_PTR_IS_ERR(request)) {
+    b->status = FromUcsStatus(UCS_PTR_STATUS(request), "ucp_am_send_nbx (write)");
     delete ctx;
   } else {
     b->inflight++;
@@ -257,24 +310,44 @@ ucs_status_t UcxTransport::OnAmWrite(void* arg, const void* header, size_t heade
                                      void* data, size_t length,
                                      const ucp_am_recv_param_t* param) {
   auto* self = static_cast<UcxTransport*>(arg);
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || header_length != sizeof(uint64_t)) {
+  auto reject = [&](std::string_view why) {
     self->counters_.rejected_writes++;
-    GetLogger("kvtransfer")->warn("dropping a malformed active-message write");
+    GetLogger("kvtransfer")->warn("dropping an active-message write: {}", why);
     return UCS_OK;
+  };
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return reject("rendezvous");
+  const auto* h = static_cast<const uint8_t*>(header);
+  uint32_t count = 0;
+  if (header_length < 4) return reject("short header");
+  std::memcpy(&count, h, 4);
+  if (count == 0 || count > kMaxAmWriteEntries || header_length != 4 + 16ull * count) {
+    return reject("malformed header");
   }
-  uint64_t address;
-  std::memcpy(&address, header, sizeof(address));
-  // The receiver's own check: the target must lie inside memory registered here.
-  for (const auto& [id, region] : self->regions_) {
-    if (RangeWithin(address, length, reinterpret_cast<uint64_t>(region->data()),
-                    region->size())) {
-      std::memcpy(reinterpret_cast<void*>(address), data, length);
-      return UCS_OK;
+  // The receiver's own check, before any byte is written: every piece must lie inside memory
+  // registered here, and the pieces must account for the payload exactly.
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t address, size;
+    std::memcpy(&address, h + 4 + 16 * i, 8);
+    std::memcpy(&size, h + 12 + 16 * i, 8);
+    if (size > length - sum) return reject("pieces exceed the payload");
+    sum += size;
+    bool inside = false;
+    for (const auto& [id, region] : self->regions_) {
+      inside |= RangeWithin(address, size, reinterpret_cast<uint64_t>(region->data()),
+                            region->size());
     }
+    if (!inside) return reject(fmt::format("{:#x}+{} is outside every registered region", address, size));
   }
-  self->counters_.rejected_writes++;
-  GetLogger("kvtransfer")->warn("dropping a {}-byte write to {:#x}: outside every registered region",
-                                length, address);
+  if (sum != length) return reject("pieces do not cover the payload");
+  const auto* src = static_cast<const uint8_t*>(data);
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t address, size;
+    std::memcpy(&address, h + 4 + 16 * i, 8);
+    std::memcpy(&size, h + 12 + 16 * i, 8);
+    std::memcpy(reinterpret_cast<void*>(address), src, size);
+    src += size;
+  }
   return UCS_OK;
 }
 

@@ -119,6 +119,61 @@ TEST_P(UcxTransportTest, OutOfRangeOpsAreRejectedBeforeAnyWrite) {
   EXPECT_EQ(a_->Stats().pending_batches, 0u);
 }
 
+TEST_P(UcxTransportTest, ManySmallScatteredWrites) {
+  // 2000 writes of 1..300 bytes in one batch (active-message mode gathers them).
+  const uint64_t size = 4 << 20;
+  auto region = b_->AllocateRegion(size);
+  ASSERT_TRUE(region.ok());
+  std::memset((*region)->data(), 0, size);
+  const RemoteRegionDesc desc = (*region)->remote_desc();
+  std::mt19937_64 rng(9);
+  std::vector<uint8_t> src(size);
+  for (auto& x : src) x = static_cast<uint8_t>(rng() | 1);
+  std::vector<RmaOp> ops;
+  for (uint64_t i = 0; i < 2000; ++i) {
+    const uint64_t offset = i * 2048;
+    ops.push_back({src.data() + offset, desc.base_address + offset, 1 + rng() % 300});
+  }
+  ASSERT_TRUE(SubmitAndWait(*a_, RmaKind::kWrite, b_->address(), desc, ops).ok());
+  auto flushed = std::make_shared<std::promise<Status>>();
+  ASSERT_TRUE(a_->SendMessage(b_->address(), 4, "x", true, Clock::now() + 5s,
+                              [flushed](const Status& st) { flushed->set_value(st); })
+                  .ok());
+  ASSERT_EQ(flushed->get_future().wait_for(10s), std::future_status::ready);
+  // The last write is visible once the receiver processed it: wait for it, then compare all.
+  const RmaOp& last = ops.back();
+  const uint8_t* dst = (*region)->data();
+  const Deadline deadline = Clock::now() + 5s;
+  while (dst[last.remote_address - desc.base_address + last.length - 1] == 0 &&
+         Clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  for (const RmaOp& op : ops) {
+    const uint64_t offset = op.remote_address - desc.base_address;
+    ASSERT_EQ(std::memcmp(dst + offset, src.data() + offset, op.length), 0) << offset;
+    ASSERT_EQ(dst[offset + op.length], 0) << "wrote past " << offset;
+  }
+}
+
+TEST_P(UcxTransportTest, ReceiverRejectsWritesOutsideItsMemory) {
+  if (GetParam() != "tcp") GTEST_SKIP() << "only active-message writes are checked by the receiver";
+  auto region = b_->AllocateRegion(1 << 16);
+  ASSERT_TRUE(region.ok());
+  std::memset((*region)->data(), 0, 1 << 16);
+  // A descriptor that claims more than was registered: the writer's check passes, the
+  // receiver's does not, and nothing is written.
+  RemoteRegionDesc lying = (*region)->remote_desc();
+  lying.length = 1 << 20;
+  std::vector<uint8_t> src(4096, 7);
+  ASSERT_TRUE(SubmitAndWait(*a_, RmaKind::kWrite, b_->address(), lying,
+                            {{src.data(), lying.base_address + (1 << 16) - 100, 4096}})
+                  .ok());
+  const Deadline deadline = Clock::now() + 5s;
+  while (b_->Stats().rejected_writes == 0 && Clock::now() < deadline) std::this_thread::yield();
+  EXPECT_EQ(b_->Stats().rejected_writes, 1u);
+  EXPECT_EQ((*region)->data()[(1 << 16) - 100], 0);
+}
+
 TEST_P(UcxTransportTest, RegisteredUserMemoryWorks) {
   std::vector<uint8_t> memory(1 << 20, 0);
   auto region = b_->RegisterRegion(memory.data(), memory.size());
