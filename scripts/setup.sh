@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git ca-certificates
+  build-essential cmake ninja-build pkg-config git ca-certificates curl
   libzmq3-dev cppzmq-dev capnproto libcapnp-dev
   libopenmpi-dev openmpi-bin
   libibverbs-dev librdmacm-dev rdma-core libucx-dev ucx-utils
