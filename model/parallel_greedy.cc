@@ -55,10 +55,25 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
   std::vector<std::unique_ptr<SequenceKvCache>> caches(n);
   std::vector<std::vector<float>> logits(n, std::vector<float>(static_cast<size_t>(cfg.vocab_size)));
   std::vector<bool> prefilled(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    if (prompts[i].empty()) return Status::InvalidArgument("RunGreedyDp: empty prompt " + std::to_string(i));
+  // Requests are checked before the first step: a forward that fails on one rank would leave
+  // its EP peers waiting inside an exchange, whereas a failed vote stops every rank.
+  Status bad;
+  for (size_t i = 0; i < n && bad.ok(); ++i) {
+    if (prompts[i].empty()) bad = Status::InvalidArgument("RunGreedyDp: empty prompt " + std::to_string(i));
+    for (int32_t t : prompts[i])
+      if (bad.ok() && (t < 0 || t >= cfg.vocab_size))
+        bad = Status::InvalidArgument("prompt " + std::to_string(i) + ": token id " + std::to_string(t) +
+                                      " outside the vocabulary [0, " + std::to_string(cfg.vocab_size) + ")");
+    if (bad.ok() && static_cast<int64_t>(prompts[i].size()) + max_new[i] > cfg.max_position_embeddings)
+      bad = Status::InvalidArgument("prompt " + std::to_string(i) + ": " + std::to_string(prompts[i].size()) + " + " +
+                                    std::to_string(max_new[i]) + " tokens exceed max_position_embeddings " +
+                                    std::to_string(cfg.max_position_embeddings));
     runs[i].prompt = prompts[i];
     caches[i] = std::make_unique<SequenceKvCache>(cfg);
+  }
+  if (!bad.ok()) {
+    (void)coordinator->Sync({.stop = true, .failed = true});
+    return bad;
   }
   auto done = [&](size_t i) { return static_cast<int64_t>(runs[i].output.size()) >= max_new[i]; };
   DpRunStats local;

@@ -11,7 +11,8 @@
 //                others still decode, so the EP collectives never deadlock.
 //
 // Every rank of the instance must call the same driver; the ranks of one unit pass the same
-// prompts. Greedy = argmax, lowest id on ties; no stop on EOS (like RunGreedy).
+// prompts. RunGreedyDp checks every request before the first step and, for a bad one, votes
+// "failed" so that every rank stops (kAborted elsewhere) instead of waiting in an exchange. Greedy = argmax, lowest id on ties; no stop on EOS (like RunGreedy).
 // Errors: those of the model calls; kAborted from RunGreedyDp when another rank failed.
 // Threading: the caller's thread (MPI_THREAD_FUNNELED).
 #pragma once

@@ -296,6 +296,22 @@ TEST_F(ParallelModelTest, IdleDpRankRunsDummySteps) {
   for (int r = 1; r < W; ++r) EXPECT_EQ(rounds[r], rounds[0]);
 }
 
+// A bad request on one DP rank stops every rank (its own error there, kAborted elsewhere)
+// instead of leaving the others blocked in an EP exchange.
+TEST_F(ParallelModelTest, BadRequestOnOneRankStopsEveryRank) {
+  const int W = WorldSize(), me = WorldRank();
+  Instance in = Make({.cp = 1, .dp = W, .ep = W, .tp = 1}, dir_->path());
+  ASSERT_TRUE(AllRanks(in.model != nullptr));
+  auto coordinator = comm::DpCoordinator::Create(in.groups->world());
+  ASSERT_TRUE(coordinator.ok());
+  auto prompt = Prompt(12, me, ref_->config().vocab_size);
+  if (me == W - 1) prompt[3] = static_cast<int32_t>(ref_->config().vocab_size) + 5;
+  auto got = RunGreedyDp(*in.model, coordinator->get(), {prompt}, {4});
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), me == W - 1 ? StatusCode::kInvalidArgument : StatusCode::kAborted)
+      << got.status().ToString();
+}
+
 TEST_F(ParallelModelTest, MisconfiguredPlanFailsOnEveryRank) {
   const int W = WorldSize();
   auto world = comm::MpiComm::World();
