@@ -27,7 +27,7 @@ constexpr int kRowsForM[5] = {0, 4, 4, 4, 3};
 constexpr int kMaxRows = 4;
 constexpr int kGroupM = 4;
 
-// Rows of x per thread chunk below which splitting is not worth a ParallelFor hand-off
+// Work (MACs) per thread chunk below which splitting is not worth a ParallelFor hand-off
 // (~32K MACs, a few microseconds).
 constexpr int64_t kMinMacsPerChunk = 32768;
 

@@ -1,15 +1,19 @@
-// The prefill path of Gemm: m is large enough that the FMA units, not memory, set the pace.
+// The tiled path of Gemm (m > kGemmSmallMMax): the FMA units, not memory, set the pace.
 //
-// The output is cut into a few near-equal tasks per thread (rows of x x weight rows), handed to
-// the pool. A task takes its weight rows kNcMax at a time and walks k in blocks of kKc; per block
-// it converts and transposes those weight rows into a thread-local panel buffer laid out
+// Two variants, chosen by m, giving the same bits: each output is one sequential fp32 FMA chain
+// over k = 0 .. n_in-1 (partial sums written after a k block are reloaded exactly), so results
+// are independent of the variant, the task split and m.
+//
+// GemmTiledPanels (large m): the output is cut into a few balanced tasks per thread (rows of x x
+// weight rows). A task takes its weight rows kNcMax at a time and walks k in blocks of kKc; per
+// block it converts and transposes those rows into a thread-local panel buffer laid out
 // [panel of 16 rows][k][16] (fp32, zero-padded past the last row), then for every 6 rows of x
-// runs the 6x16 microkernel over each panel:
-// 12 ymm accumulators, per k two panel loads and six broadcasts of x straight from x's rows (x is
-// not packed: its 6 x kKc block sits in L1 while the panels stream from L2); the last rows of a
-// task use a microkernel with fewer rows.
-// Each output is one sequential fp32 FMA chain over k (the microkernel reloads the partial sum
-// written after the previous k block), so results are independent of the task split.
+// runs the 6x16 microkernel over each panel: 12 ymm accumulators, per k two panel loads and six
+// broadcasts of x straight from x's rows (x is not packed: its 6 x kKc block sits in L1 while the
+// panels stream from L2). The last rows use a microkernel with fewer rows.
+//
+// GemmTiledPackX (moderate m): x is packed once per call and the weights are broadcast in place
+// (see below): packing W would cost about as much as the m FMAs each weight gets.
 #include <algorithm>
 #include <array>
 #include <cmath>
