@@ -24,6 +24,7 @@
 #include "comm/testing/mpi_test_util.h"
 #include "common/dtype.h"
 #include "common/mapped_file.h"
+#include "model/convert.h"
 #include "model/parallel.h"
 #include "model/parallel_greedy.h"
 #include "model/test_util.h"
@@ -141,15 +142,18 @@ class ParallelModelTest : public ::testing::Test {
     EXPECT_EQ(got.output, want.output) << what;
     ASSERT_EQ(got.step_logits.size(), want.step_logits.size()) << what;
     double worst = 1.0;
-    int64_t bitwise = 0;
+    int64_t bitwise = 0, first_diff = -1;
     const int64_t steps = static_cast<int64_t>(got.step_logits.size()) / V;
     for (int64_t s = 0; s < steps; ++s) {
       worst = std::min(worst, Cosine(&got.step_logits[s * V], &want.step_logits[s * V], V));
-      bitwise += std::memcmp(&got.step_logits[s * V], &want.step_logits[s * V], V * 4) == 0;
+      const bool same = std::memcmp(&got.step_logits[s * V], &want.step_logits[s * V], V * 4) == 0;
+      bitwise += same;
+      if (!same && first_diff < 0) first_diff = s;
     }
     EXPECT_GE(worst, kMinCos) << what;
-    std::printf("[rank %d] %s: %lld steps, min cos %.9f, %lld/%lld steps bitwise\n", WorldRank(), what.c_str(),
-                static_cast<long long>(steps), worst, static_cast<long long>(bitwise), static_cast<long long>(steps));
+    std::printf("[rank %d] %s: %lld steps, min cos %.9f, %lld/%lld steps bitwise%s\n", WorldRank(), what.c_str(),
+                static_cast<long long>(steps), worst, static_cast<long long>(bitwise), static_cast<long long>(steps),
+                first_diff < 0 ? "" : (" (first difference at step " + std::to_string(first_diff) + ")").c_str());
   }
 
   static GreedyRun Reference(const std::vector<int32_t>& prompt, int64_t max_new, const Model* model = nullptr) {
@@ -294,6 +298,38 @@ TEST_F(ParallelModelTest, IdleDpRankRunsDummySteps) {
   // Every rank ran as many EP rounds: one per MoE layer per step with work anywhere.
   const auto rounds = comm::testing::AllGather(in.ctx->ep()->rounds());
   for (int r = 1; r < W; ++r) EXPECT_EQ(rounds[r], rounds[0]);
+}
+
+// A W8A8 checkpoint converted with --ep-size = world: each rank opens only its own index and
+// shards (its experts + the shared tensors) and matches the single-process W8A8 model. TP is
+// refused for W8A8 (o_proj cannot be column-sharded) on every rank, at load.
+TEST_F(ParallelModelTest, W8A8RankShardsMatchSingleProcess) {
+  const int W = WorldSize(), me = WorldRank();
+  testing::TempDir d("par_w8");
+  ConvertOptions co;
+  co.in_dir = dir_->path();
+  co.out_dir = d / "w8";
+  co.ep_size = W;
+  co.pool = pool_;
+  ASSERT_TRUE(AllRanks(Convert(co).ok()));
+  auto w8_ref = Model::Load(co.out_dir, pool_);
+  ASSERT_TRUE(AllRanks(w8_ref.ok()));
+  Instance in = Make({.cp = 1, .dp = W, .ep = W, .tp = 1}, co.out_dir);
+  ASSERT_TRUE(AllRanks(in.model != nullptr));
+  const auto prompt = Prompt(21 + 4 * me, 60 + me, ref_->config().vocab_size);
+  auto got = RunGreedy(*in.model, prompt, kSteps);
+  ASSERT_TRUE(AllRanks(got.ok()));
+  ExpectMatches(*got, Reference(prompt, kSteps, w8_ref->get()), "w8a8 rank shards ep=" + std::to_string(W));
+
+  auto world = comm::MpiComm::World();
+  auto groups = comm::ProcessGroups::Create(*world, {.cp = 1, .dp = W / 2, .ep = W, .tp = 2}, PlanDimsOf(ref_->config()));
+  ASSERT_TRUE(groups.ok());
+  auto ctx = ParallelContext::Create(**groups, ref_->config());
+  ASSERT_TRUE(ctx.ok());
+  auto tp_model = Model::Load(co.out_dir, pool_, ctx->get());
+  EXPECT_FALSE(tp_model.ok());
+  EXPECT_NE(tp_model.status().message().find("cannot be sharded by input columns"), std::string::npos)
+      << tp_model.status().ToString();
 }
 
 // A bad request on one DP rank stops every rank (its own error there, kAborted elsewhere)
