@@ -42,6 +42,18 @@ Status SubmitAndWait(Transport& t, RmaKind kind, const std::string& peer,
 
 class UcxTransportTest : public ::testing::TestWithParam<std::string> {
  protected:
+  // Sends a flush-ordered message from a_ and waits until b_'s handler ran: from then on the
+  // writes a_ issued before are visible to b_ (the completion-notice guarantee).
+  void FlushAndWaitForDelivery() {
+    auto delivered = std::make_shared<std::promise<void>>();
+    ASSERT_TRUE(b_->RegisterClient(5, [delivered](std::string_view, std::string_view) {
+                     delivered->set_value();
+                   }, nullptr).ok());
+    ASSERT_TRUE(a_->SendMessage(b_->address(), 5, "flush", true, Clock::now() + 5s, nullptr).ok());
+    EXPECT_EQ(delivered->get_future().wait_for(10s), std::future_status::ready);
+    b_->UnregisterClient(5);
+  }
+
   void SetUp() override {
     // UCX's tcp transport enumerates interfaces through /sys/class/net; a root without sysfs
     // (a bare chroot) has no usable tcp device at all.
@@ -141,19 +153,8 @@ TEST_P(UcxTransportTest, ManySmallScatteredWrites) {
     ops.push_back({src.data() + offset, desc.base_address + offset, 1 + rng() % 300});
   }
   ASSERT_TRUE(SubmitAndWait(*a_, RmaKind::kWrite, b_->address(), desc, ops).ok());
-  auto flushed = std::make_shared<std::promise<Status>>();
-  ASSERT_TRUE(a_->SendMessage(b_->address(), 4, "x", true, Clock::now() + 5s,
-                              [flushed](const Status& st) { flushed->set_value(st); })
-                  .ok());
-  ASSERT_EQ(flushed->get_future().wait_for(10s), std::future_status::ready);
-  // The last write is visible once the receiver processed it: wait for it, then compare all.
-  const RmaOp& last = ops.back();
+  FlushAndWaitForDelivery();
   const uint8_t* dst = (*region)->data();
-  const Deadline deadline = Clock::now() + 5s;
-  while (dst[last.remote_address - desc.base_address + last.length - 1] == 0 &&
-         Clock::now() < deadline) {
-    std::this_thread::yield();
-  }
   for (const RmaOp& op : ops) {
     const uint64_t offset = op.remote_address - desc.base_address;
     ASSERT_EQ(std::memcmp(dst + offset, src.data() + offset, op.length), 0) << offset;
@@ -188,14 +189,7 @@ TEST_P(UcxTransportTest, RegisteredUserMemoryWorks) {
   ASSERT_TRUE(SubmitAndWait(*a_, RmaKind::kWrite, b_->address(), (*region)->remote_desc(),
                             {{src.data(), (*region)->remote_desc().base_address + 512, 4096}})
                   .ok());
-  // Make the write visible (flush) before looking.
-  std::promise<void> flushed;
-  ASSERT_TRUE(a_->SendMessage(b_->address(), 4, "x", true, Clock::now() + 5s,
-                              [&](const Status&) { flushed.set_value(); })
-                  .ok());
-  ASSERT_EQ(flushed.get_future().wait_for(10s), std::future_status::ready);
-  const Deadline deadline = Clock::now() + 5s;
-  while (memory[512 + 4095] != 0x5a && Clock::now() < deadline) std::this_thread::yield();
+  FlushAndWaitForDelivery();
   EXPECT_EQ(memory[512], 0x5a);
   EXPECT_EQ(memory[512 + 4095], 0x5a);
   EXPECT_EQ(memory[511], 0);
