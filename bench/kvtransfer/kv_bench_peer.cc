@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include <fmt/format.h>
@@ -108,7 +109,7 @@ int RunDecodePeer(const PeerOptions& o) {
 }
 
 DecodePeerClient::DecodePeerClient(pid_t pid, const std::string& control)
-    : pid_(pid), socket_(context_, zmq::socket_type::req) {
+    : pid_(pid), control_(control), socket_(context_, zmq::socket_type::req) {
   socket_.set(zmq::sockopt::linger, 0);
   socket_.connect(control);
 }
@@ -158,12 +159,17 @@ DecodePeerClient::~DecodePeerClient() {
   socket_.send(zmq::buffer(quit), zmq::send_flags::dontwait);
   zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
   zmq::poll(&item, 1, 5s);
-  for (int i = 0; i < 500; ++i) {  // up to 5 s for a clean exit
-    if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-    std::this_thread::sleep_for(10ms);
+  bool exited = false;
+  for (int i = 0; i < 500 && !exited; ++i) {  // up to 5 s for a clean exit
+    exited = waitpid(pid_, nullptr, WNOHANG) == pid_;
+    if (!exited) std::this_thread::sleep_for(10ms);
   }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
+  if (!exited) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  // ZeroMQ leaves ipc socket files behind.
+  if (control_.rfind("ipc://", 0) == 0) std::filesystem::remove(control_.substr(6));
 }
 
 }  // namespace pdserve::bench::kv

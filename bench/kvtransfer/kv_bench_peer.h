@@ -52,6 +52,7 @@ class DecodePeerClient {
  private:
   DecodePeerClient(pid_t pid, const std::string& control);
   pid_t pid_;
+  std::string control_;
   zmq::context_t context_;
   zmq::socket_t socket_;
   std::string address_;  // the peer's transport address (from its first descriptor)

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
@@ -70,12 +71,22 @@ class KvTransferMpTest : public ::testing::TestWithParam<std::string> {
     return env;
   }
 
+  // A fresh ZeroMQ ipc endpoint; its socket file is removed when the test ends (a killed
+  // decode process cannot remove it itself).
   std::string NewControlEndpoint() {
     static std::atomic<int> counter{0};
     const char* tmp = std::getenv("TMPDIR");
-    return "ipc://" + std::string(tmp ? tmp : "/tmp") + "/pdserve-kvmp-" +
-           std::to_string(getpid()) + "-" + std::to_string(counter++) + ".ipc";
+    const std::string path = std::string(tmp ? tmp : "/tmp") + "/pdserve-kvmp-" +
+                             std::to_string(getpid()) + "-" + std::to_string(counter++) + ".ipc";
+    ipc_files_.push_back(path);
+    return "ipc://" + path;
   }
+
+  void TearDown() override {
+    for (const std::string& path : ipc_files_) std::filesystem::remove(path);
+  }
+
+  std::vector<std::string> ipc_files_;
 
   std::unique_ptr<ChildProcess> Spawn(std::vector<std::string> args) {
     auto child = ChildProcess::Spawn(KV_PEER_PATH, args, Env());
