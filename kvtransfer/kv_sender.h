@@ -21,7 +21,9 @@
 //    looks dead (kUnavailable / kDeadlineExceeded) and no other request uses it.
 //
 // Threading: methods may be called from any thread (one thread per request at a time is
-// expected). One internal std::jthread handles incoming messages and deadlines.
+// expected). Acks and aborts from the decode side are handled on the transport's thread; one
+// internal std::jthread handles deadlines and peer failures. WriteLayers plans and hashes on
+// the caller's thread (about 1 ms per 26 MB layer).
 // Ownership: the transport is borrowed and must outlive the sender; the source blocks must
 // stay valid and unchanged until Finish/Abort returns.
 // Errors from Start: kInvalidArgument (bad descriptor or source), kDeadlineExceeded (its lease
