@@ -3,9 +3,11 @@
 // Two code paths, picked by m (the number of activation rows) only:
 //   * m <= kGemmSmallMMax ("decode"): every weight row is streamed once; all m rows of x are
 //     FMA'd against it in 8-lane accumulators, horizontally summed at the end. Memory-bound.
-//   * larger m ("prefill"): (m, n_out) tiles; per tile and k-block the weight panel is converted
-//     (bf16 -> fp32) and transposed into a small thread-local buffer, and a 6x16 register-blocked
-//     AVX2 FMA microkernel walks it. Compute-bound.
+//   * larger m ("prefill", tiled): AVX2 FMA microkernels with 12 ymm accumulators. For 12 <= m <= 128
+//     x is packed once per call and weights are broadcast in place (bf16 widened on the fly);
+//     otherwise weight panels (bf16 -> fp32, transposed) go through a 256 KiB thread-local
+//     buffer per (128 weight rows x 512 k) block. Compute-bound.
+//   See docs/kernels-gemm.md for the design and measured figures.
 // The weight matrix stays in its [n_out, n_in] row-major layout (it may be an mmap'd checkpoint):
 // kernels never modify it and never copy it whole.
 //
@@ -19,7 +21,9 @@
 //
 // Threading: work is split through ThreadPool::ParallelFor (the calling thread takes part);
 // pool == nullptr runs on the calling thread. Kernels never start threads, never log, and never
-// allocate per call except for growing a reused thread-local scratch buffer the first times.
+// allocate per call except for growing reused thread-local scratch the first times (on the
+// calling thread: m * n_in floats of packed or realigned x; on every thread: 256 KiB of panels).
+// Safe to call concurrently from several threads with different pools (or none).
 #pragma once
 
 #include <cstdint>
