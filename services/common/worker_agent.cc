@@ -352,6 +352,7 @@ void WorkerAgent::OnMessage(std::string_view payload) {
     }
     if (metrics_) metrics_->registrations.Increment();
     SetState(State::kRegistered);
+    first_seq_of_registration_ = heartbeat_seq_ + 1;
     next_heartbeat_ = now;
     log->info("worker {} registered with router {} (incarnation {:x}, heartbeat {} ms)", options_.worker_id,
               options_.router_address, ack->router_incarnation, heartbeat_interval_.count());
@@ -367,6 +368,7 @@ void WorkerAgent::OnMessage(std::string_view payload) {
     last_router_contact_ = now;
     const State s = state();
     if (s != State::kRegistered && s != State::kDraining) return;
+    if (hb->seq < first_seq_of_registration_) return;  // answers a heartbeat of an earlier registration
     if (!hb->known || hb->router_incarnation != router_incarnation()) {
       log->warn("worker {}: the router no longer knows this worker (restarted or timed us out): registering again",
                 options_.worker_id);

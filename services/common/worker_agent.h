@@ -169,6 +169,9 @@ class WorkerAgent {
   std::chrono::steady_clock::time_point drain_deadline_{};
   bool drain_aborted_ = false;
   uint64_t heartbeat_seq_ = 0;
+  // Heartbeats numbered below this were sent before the current registration: their acks
+  // describe a registration that no longer exists and are ignored.
+  uint64_t first_seq_of_registration_ = 1;
 
   std::unique_ptr<ControlChannel> channel_;  // last: its thread stops before the rest goes
 };
