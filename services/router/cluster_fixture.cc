@@ -46,7 +46,7 @@ Status TestCluster::StartRouter(const std::vector<std::string>& extra_args, int 
   const std::string control =
       control_port > 0 ? "tcp://127.0.0.1:" + std::to_string(control_port) : std::string("tcp://127.0.0.1:*");
   std::vector<std::string> argv = {kBin + "/pdserve-router", "--port", "0", "--control", control, "--ready-file", ready,
-                                   "--heartbeat-interval-ms", "100", "--heartbeat-timeout-ms", "800",
+                                   "--heartbeat-interval-ms", "100", "--heartbeat-timeout-ms", "1500",
                                    "--model-name", "pdserve"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   auto child = ChildProcess::Spawn(argv, dir_ + "/router.log");
