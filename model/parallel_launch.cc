@@ -37,8 +37,10 @@ namespace {
 
 // Moves each prompt's dump data from the leader of its unit to world rank 0 (point to point on
 // a duplicate of the world communicator, so no helper's traffic can match it). Both sides know
-// every array's size from the config, the prompt length and the output length; a mismatch is
-// an error on both sides, never a short read. `local[i]` is set on prompt i's owner.
+// every array's size from the config, the prompt length and the output length, so rank 0
+// receives into buffers of the right size; a sender whose arrays have other sizes (a bug) still
+// sends that many bytes and then fails, so rank 0 never waits for bytes that are not coming.
+// `local[i]` is set on prompt i's owner. Collective over the world (the Dup).
 Status SendRunsToRankZero(const comm::MpiComm& world_comm, const comm::ParallelPlan& plan, const ModelConfig& c,
                           const std::vector<std::vector<int32_t>>& prompts,
                           const std::vector<std::vector<int32_t>>& outputs, const std::vector<GreedyRun*>& local,
@@ -61,9 +63,6 @@ Status SendRunsToRankZero(const comm::MpiComm& world_comm, const comm::ParallelP
       run->prompt = prompts[i];
       run->output = outputs[i];
     }
-    // Both sides size every array as expected (the receiver to receive into it; on the sender
-    // this is a no-op unless a bug made a size differ, which is reported after sending, so that
-    // rank 0 never waits for bytes that are not coming).
     struct Field { void* data; size_t bytes; const char* name; };
     std::vector<Field> fields;
     Status mismatch;
