@@ -100,12 +100,16 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   for (int64_t s = 0; s < plan.n_seqs(); ++s) {
     const BatchSequence& sq = plan.seqs[s];
     if (!sq.options) continue;
-    const int64_t Sq = sq.n_tokens, r0 = plan.seq_row[s];
-    if (sq.options->forced_topk)
-      std::copy(sq.options->forced_topk->begin() + layer * Sq * K, sq.options->forced_topk->begin() + (layer + 1) * Sq * K,
-                topk.begin() + r0 * K);
-    if (sq.options->trace)
-      std::copy(topk.begin() + r0 * K, topk.begin() + (r0 + Sq) * K, sq.options->trace->topk.begin() + layer * Sq * K);
+    // Row r holds position row_pos[r] (in a CP prefill not every position of the sequence is
+    // here): forced selections and the trace are indexed by the position within the call.
+    const int64_t Sq = sq.n_tokens;
+    for (int64_t r = plan.seq_row[s]; r < plan.seq_row[s + 1]; ++r) {
+      const int64_t i = plan.row_pos[r] - sq.start;
+      if (sq.options->forced_topk)
+        std::copy_n(sq.options->forced_topk->begin() + (layer * Sq + i) * K, K, topk.begin() + r * K);
+      if (sq.options->trace)
+        std::copy_n(topk.begin() + r * K, K, sq.options->trace->topk.begin() + (layer * Sq + i) * K);
+    }
   }
 
   std::vector<float> o(static_cast<size_t>(S * H * dv));
@@ -341,8 +345,8 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
     const BatchSequence& sq = plan.seqs[s];
     if (!sq.options || !sq.options->trace) continue;
     const int64_t Sq = sq.n_tokens, T = sq.start + Sq;
-    for (int64_t i = 0; i < Sq; ++i) {
-      const int64_t r = plan.seq_row[s] + i;
+    for (int64_t r = plan.seq_row[s]; r < plan.seq_row[s + 1]; ++r) {
+      const int64_t i = plan.row_pos[r] - sq.start;
       std::copy(scores.begin() + score_off[r], scores.begin() + score_off[r + 1],
                 sq.options->trace->index_scores.begin() + (layer * Sq + i) * T);
     }

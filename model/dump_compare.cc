@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <iomanip>
 #include <sstream>
@@ -28,8 +29,22 @@ double Cosine(const float* a, const float* b, int64_t n, bool finite_only) {
   return ab / std::sqrt(aa * bb);
 }
 
+// |A ∩ B| and max(|A|, |B|) of two -1 padded selection rows of K entries.
+std::pair<int64_t, int64_t> SetOverlap(const int32_t* ra, const int32_t* rb, int64_t K) {
+  std::set<int32_t> sa, sb;
+  for (int64_t k = 0; k < K; ++k) {
+    if (ra[k] >= 0) sa.insert(ra[k]);
+    if (rb[k] >= 0) sb.insert(rb[k]);
+  }
+  int64_t same = 0;
+  for (int32_t x : sa) same += static_cast<int64_t>(sb.count(x));
+  return {same, static_cast<int64_t>(std::max(sa.size(), sb.size()))};
+}
+
 struct Dump {
   NpyArray hidden, index_scores, topk, step_logits;
+  bool has_topk_decode = false;
+  NpyArray topk_decode;
   std::vector<int32_t> output;
 };
 
@@ -39,6 +54,12 @@ Result<Dump> LoadDump(const std::string& dir) {
   PDSERVE_ASSIGN_OR_RETURN(d.index_scores, ReadNpy(dir + "/index_scores.npy"));
   PDSERVE_ASSIGN_OR_RETURN(d.topk, ReadNpy(dir + "/topk.npy"));
   PDSERVE_ASSIGN_OR_RETURN(d.step_logits, ReadNpy(dir + "/step_logits.npy"));
+  if (std::filesystem::exists(dir + "/topk_decode.npy")) {  // optional: older dumps lack it
+    PDSERVE_ASSIGN_OR_RETURN(d.topk_decode, ReadNpy(dir + "/topk_decode.npy"));
+    if (d.topk_decode.shape.size() != 3 || d.topk_decode.descr != "<i4")
+      return Status::InvalidArgument("topk_decode.npy is not int32 [steps-1, layers, index_topk]", dir);
+    d.has_topk_decode = true;
+  }
   PDSERVE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(dir + "/index.json"));
   auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.contains("output_tokens") || !j["output_tokens"].is_array())
@@ -92,15 +113,10 @@ Result<CompareReport> CompareDumps(const std::string& dir_a, const std::string& 
     if (c.index_cos < th.index_cos) fail(name + " index-score cos " + std::to_string(c.index_cos));
     int64_t same = 0, total = 0;
     for (int64_t i = 0; i < S; ++i) {
-      const int32_t* ra = a.topk.i32() + (layer * S + i) * K;
-      const int32_t* rb = b.topk.i32() + (layer * S + i) * K;
-      std::set<int32_t> sa, sb;
-      for (int64_t k = 0; k < K; ++k) {
-        if (ra[k] >= 0) sa.insert(ra[k]);
-        if (rb[k] >= 0) sb.insert(rb[k]);
-      }
-      for (int32_t x : sa) same += sb.count(x);
-      total += static_cast<int64_t>(std::max(sa.size(), sb.size()));
+      const auto [n_same, n_total] =
+          SetOverlap(a.topk.i32() + (layer * S + i) * K, b.topk.i32() + (layer * S + i) * K, K);
+      same += n_same;
+      total += n_total;
     }
     c.topk_overlap = total ? double(same) / double(total) : 1.0;
     if (c.topk_overlap < th.topk_overlap) fail(name + " top-k overlap " + std::to_string(c.topk_overlap));
@@ -113,11 +129,32 @@ Result<CompareReport> CompareDumps(const std::string& dir_a, const std::string& 
     r.step_logits_cos.push_back(c);
     if (r.first_token_mismatch < 0 && a.output[static_cast<size_t>(s)] != b.output[static_cast<size_t>(s)]) {
       r.first_token_mismatch = s;
-      fail("greedy token differs at step " + std::to_string(s));
+      if (th.min_agreeing_steps < 0 || s < th.min_agreeing_steps)
+        fail("greedy token differs at step " + std::to_string(s));
     }
     // Logits after a diverged token compare different sequences: only check up to it.
     if ((r.first_token_mismatch < 0 || s <= r.first_token_mismatch) && c < th.logits_cos)
       fail("step " + std::to_string(s) + " logits cos " + std::to_string(c));
+  }
+  if (a.has_topk_decode && b.has_topk_decode) {
+    if (a.topk_decode.shape[1] != b.topk_decode.shape[1] || a.topk_decode.shape[2] != b.topk_decode.shape[2])
+      return Status::InvalidArgument("topk_decode.npy layers or index_topk differ between the dumps");
+    // Row j is the step that consumed output token j: the same input on both sides while
+    // tokens 0..j agree.
+    int64_t rows_ok = std::min(a.topk_decode.shape[0], b.topk_decode.shape[0]);
+    rows_ok = std::min(rows_ok, r.steps_compared - 1);
+    if (r.first_token_mismatch >= 0) rows_ok = std::min(rows_ok, r.first_token_mismatch);
+    const int64_t per_row = a.topk_decode.shape[1] * a.topk_decode.shape[2], Kd = a.topk_decode.shape[2];
+    int64_t same = 0, total = 0;
+    for (int64_t j = 0; j < std::max<int64_t>(rows_ok, 0) * per_row; j += Kd) {
+      const auto [n_same, n_total] = SetOverlap(a.topk_decode.i32() + j, b.topk_decode.i32() + j, Kd);
+      same += n_same;
+      total += n_total;
+    }
+    r.decode_steps_compared = std::max<int64_t>(rows_ok, 0);
+    r.decode_topk_overlap = total ? double(same) / double(total) : 1.0;
+    if (r.decode_topk_overlap < th.decode_topk_overlap)
+      fail("decode top-k overlap " + std::to_string(r.decode_topk_overlap));
   }
   return r;
 }
@@ -137,6 +174,8 @@ std::string CompareReport::ToString() const {
   o << "step logits cos:";
   for (double c : step_logits_cos) o << " " << std::setprecision(7) << c;
   o << "\n";
+  if (decode_steps_compared > 0)
+    o << "decode top-k overlap " << decode_topk_overlap << " over " << decode_steps_compared << " steps\n";
   if (first_token_mismatch >= 0) o << "first diverging greedy token: step " << first_token_mismatch << "\n";
   else o << "greedy tokens agree over " << steps_compared << " steps\n";
   o << (passed ? "PASS" : "FAIL: " + first_failure) << "\n";

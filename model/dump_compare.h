@@ -2,8 +2,9 @@
 // the Python reference writes the same), for `pdserve compare` and the golden tests.
 //
 // Reports, per layer, the cos-sim and max |a-b| of the hidden states, the cos-sim of the
-// finite index scores and the top-k set overlap; per greedy step the logits cos-sim; and the
-// first step whose greedy token differs. Passes when every figure meets its threshold.
+// finite index scores and the top-k set overlap; per greedy step the logits cos-sim; the top-k
+// overlap of the decode steps; and the first step whose greedy token differs. Passes when
+// every figure meets its threshold.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -19,6 +20,13 @@ struct CompareThresholds {
   double logits_cos = 0.999;
   double topk_overlap = 0.99;
   double index_cos = 0.9999;  // rounding-level differences stay above 0.99999
+  // Decode-step selections (topk_decode.npy, when both dumps have it), over the steps before
+  // the first diverging greedy token.
+  double decode_topk_overlap = 0.99;
+  // Greedy tokens must agree over the first `min_agreeing_steps` steps (-1: every compared
+  // step). Past a divergence the two dumps decode different sequences: logits and decode
+  // selections are compared only up to it.
+  int64_t min_agreeing_steps = -1;
 };
 
 struct LayerComparison {
@@ -32,6 +40,8 @@ struct CompareReport {
   std::vector<double> step_logits_cos;
   int64_t first_token_mismatch = -1;  // -1: greedy tokens agree over the common steps
   int64_t steps_compared = 0;
+  double decode_topk_overlap = 1;     // over decode_steps_compared steps x layers
+  int64_t decode_steps_compared = 0;  // 0 when a dump has no topk_decode.npy
   bool passed = true;
   std::string first_failure;          // e.g. "layer 2 hidden cos 0.93 < 0.999"
   // A human-readable table.

@@ -21,7 +21,8 @@
 
 namespace pdserve::model {
 
-Status Model::ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits) const {
+Status Model::ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,
+                        ForwardTrace* trace) const {
   if (cache->n_tokens() != 0) return Status::InvalidArgument("ForwardCp needs an empty cache (a whole prompt)");
   BatchSequence q;
   q.tokens = tokens;
@@ -29,6 +30,9 @@ Status Model::ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache
   q.start = 0;
   q.grouping = RowGrouping::kChunk;
   q.logits = logits;
+  ForwardOptions options;
+  options.trace = trace;
+  if (trace) q.options = &options;
   PDSERVE_RETURN_IF_ERROR(Validate(q));
   cache->Resize(S);
   q.kv = cache->Ref();
@@ -38,8 +42,8 @@ Status Model::ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache
 }
 
 Status Model::ForwardCp(const BatchSequence& seq) const {
-  if (seq.start != 0 || seq.grouping != RowGrouping::kChunk || seq.options)
-    return Status::InvalidArgument("a CP prefill is a whole prompt: start 0, kChunk grouping, no trace/forced top-k");
+  if (seq.start != 0 || seq.grouping != RowGrouping::kChunk || (seq.options && seq.options->forced_topk))
+    return Status::InvalidArgument("a CP prefill is a whole prompt: start 0, kChunk grouping, no forced top-k");
   PDSERVE_RETURN_IF_ERROR(Validate(seq));
   if (seq.kv.capacity_tokens < seq.n_tokens)
     return Status::InvalidArgument("KV capacity " + std::to_string(seq.kv.capacity_tokens) + " < " +
@@ -66,7 +70,36 @@ Status Model::ForwardCp(const BatchSequence& seq) const {
   step.cp = &split;
   // The TP peers of a CP rank hold its rows identically: they share its MoE dispatch.
   if (parallel_->plan().ep > 1) step.replicas = parallel_->tp();
-  return RunPlan(plan.seqs, plan, step);
+  PDSERVE_RETURN_IF_ERROR(RunPlan(plan.seqs, plan, step));
+  if (seq.options && seq.options->trace) PDSERVE_RETURN_IF_ERROR(GatherCpTrace(plan, step, seq.options->trace));
+  return Status::Ok();
+}
+
+Status Model::GatherCpTrace(const BatchPlan& plan, const ParallelStep& step, ForwardTrace* trace) const {
+  const ModelConfig& c = config();
+  const int64_t L = c.num_hidden_layers, D = c.hidden_size, K = c.index_topk, S = step.cp->seq_len();
+  // One record per position: its hidden rows (L+1 x D), index-score rows (L x S), top-k rows
+  // (L x K), 4-byte words each; every rank packs its own positions, the gather orders them.
+  const int64_t words = (L + 1) * D + L * S + L * K;
+  PDSERVE_ASSIGN_OR_RETURN(comm::CpRecordGather * gather, parallel_->CpGather(static_cast<size_t>(words * 4)));
+  std::vector<uint32_t> local(static_cast<size_t>(plan.n_rows * words)), all(static_cast<size_t>(S * words));
+  auto move_record = [&](int64_t pos, uint32_t* rec, bool to_trace) {
+    auto field = [&](void* base, int64_t n) {
+      if (to_trace) std::memcpy(base, rec, static_cast<size_t>(n * 4));
+      else std::memcpy(rec, base, static_cast<size_t>(n * 4));
+      rec += n;
+    };
+    for (int64_t l = 0; l <= L; ++l) field(&trace->hidden[static_cast<size_t>((l * S + pos) * D)], D);
+    for (int64_t l = 0; l < L; ++l) field(&trace->index_scores[static_cast<size_t>((l * S + pos) * S)], S);
+    for (int64_t l = 0; l < L; ++l) field(&trace->topk[static_cast<size_t>((l * S + pos) * K)], K);
+  };
+  for (int64_t r = 0; r < plan.n_rows; ++r) move_record(plan.row_pos[r], &local[static_cast<size_t>(r * words)], false);
+  {
+    CommTimer timer(parallel_);
+    PDSERVE_RETURN_IF_ERROR(gather->AllGather(*step.cp, local.data(), all.data()));
+  }
+  for (int64_t pos = 0; pos < S; ++pos) move_record(pos, &all[static_cast<size_t>(pos * words)], true);
+  return Status::Ok();
 }
 
 Status Model::GatherCpRecords(int64_t layer, const BatchPlan& plan, const ParallelStep& step) const {

@@ -20,11 +20,11 @@ int32_t Argmax(const std::vector<float>& v) {
 }  // namespace
 
 Result<GreedyRun> RunGreedy(const Model& model, const std::vector<int32_t>& prompt, int64_t max_new,
-                            const std::vector<int32_t>* forced_topk) {
+                            const std::vector<int32_t>* forced_topk, const KvCacheFormats& kv) {
   const ModelConfig& cfg = model.config();
   GreedyRun run;
   run.prompt = prompt;
-  SequenceKvCache cache(cfg);
+  SequenceKvCache cache(cfg, 64, kv.latent, kv.index);
   std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
   ForwardOptions opt;
   opt.trace = &run.prefill;

@@ -28,11 +28,18 @@ struct GreedyRun {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
+// The storage formats of a run's KV cache (model/kv_layout.h); the default is the reference's
+// (fp8 latent, fp8 indexer keys). int8 latent = the C8 cache, int8 index = the A8C8 indexer.
+struct KvCacheFormats {
+  KvLatentFormat latent = KvLatentFormat::kFp8Blockwise;
+  KvIndexFormat index = KvIndexFormat::kFp8;
+};
+
 // Greedy decoding (argmax, lowest id on ties) of max_new tokens; no stop on EOS.
 // forced_topk, when non-null ([L, S, K]), replaces the prompt's indexer selections.
 // Errors: those of Model::Forward.
 Result<GreedyRun> RunGreedy(const Model& model, const std::vector<int32_t>& prompt, int64_t max_new,
-                            const std::vector<int32_t>* forced_topk = nullptr);
+                            const std::vector<int32_t>* forced_topk = nullptr, const KvCacheFormats& kv = {});
 
 // Writes `run` in the dump layout above. Errors: Internal on I/O failure.
 Status WriteDump(const std::string& dir, const ModelConfig& config, const GreedyRun& run);

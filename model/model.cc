@@ -124,8 +124,8 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
       const BatchSequence& q = seqs[s];
       ForwardTrace* tr = q.options ? q.options->trace : nullptr;
       if (!tr) continue;
-      std::copy_n(sum.begin() + plan.seq_row[s] * D, q.n_tokens * D,
-                  tr->hidden.begin() + slot * q.n_tokens * D);
+      for (int64_t r = plan.seq_row[s]; r < plan.seq_row[s + 1]; ++r)  // by position (CP: not all here)
+        std::copy_n(sum.begin() + r * D, D, tr->hidden.begin() + (slot * q.n_tokens + plan.row_pos[r] - q.start) * D);
     }
   };
 

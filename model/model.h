@@ -85,14 +85,17 @@ class Model {
   Status ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats = nullptr) const;
 
   // Context-parallel prefill of a whole prompt (model/forward_cp.cc): every CP rank of the unit
-  // calls it with the same `seq` (tokens [0, S), start 0, kChunk, no options); each computes the
-  // positions comm::CpSplit gives it, every rank's KV ends up holding the full prompt, and
-  // seq.logits (when set) receives the last position's logits on every CP rank. Without CP (or
-  // for prompts too short to give every CP rank > 8 rows) it is ForwardBatch on every rank.
-  // Errors: those of ForwardBatch; InvalidArgument for start != 0, options or kPerRow.
+  // calls it with the same `seq` (tokens [0, S), start 0, kChunk, no forced top-k); each computes
+  // the positions comm::CpSplit gives it, every rank's KV ends up holding the full prompt, and
+  // seq.logits (when set) receives the last position's logits on every CP rank. A trace in
+  // seq.options (every CP rank passes one, or none does: it is gathered collectively) receives
+  // the whole prompt's trace on every CP rank. Without CP (or for prompts too short to give
+  // every CP rank > 8 rows) it is ForwardBatch on every rank.
+  // Errors: those of ForwardBatch; InvalidArgument for start != 0, forced top-k or kPerRow.
   Status ForwardCp(const BatchSequence& seq) const;
   // The same for a SequenceKvCache (must be empty), like Forward.
-  Status ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits) const;
+  Status ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,
+                   ForwardTrace* trace = nullptr) const;
 
   const ParallelContext* parallel() const { return parallel_; }
 
@@ -108,6 +111,9 @@ class Model {
   Status GatherCpRecords(int64_t layer, const BatchPlan& plan, const ParallelStep& step) const;
   // CP: kv [S x H*(dn+dv)] = bf16(latent Wkv_b^T) of every prompt position, each CP rank
   // expanding its own positions and all-gathering the (bf16, so lossless) results.
+  // CP: after RunPlan filled this rank's positions of `trace`, fills in everyone else's (every
+  // CP rank ends with the whole prompt's trace, laid out as a single-process Forward's).
+  Status GatherCpTrace(const BatchPlan& plan, const ParallelStep& step, ForwardTrace* trace) const;
   Status ExpandCpKeys(int64_t layer, const BatchPlan& plan, const ParallelStep& step, std::vector<float>* kv) const;
   Status Ffn(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   // Sigmoid router with group-limited top-k over n rows: ids/weights [n x top_k], -1 padded.

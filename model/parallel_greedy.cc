@@ -46,7 +46,8 @@ Result<GreedyRun> RunGreedyCp(const Model& model, const std::vector<int32_t>& pr
 
 Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinator* coordinator,
                                            const std::vector<std::vector<int32_t>>& prompts,
-                                           const std::vector<int64_t>& max_new, DpRunStats* stats) {
+                                           const std::vector<int64_t>& max_new, DpRunStats* stats,
+                                           const DpRunOptions& options) {
   if (prompts.size() != max_new.size()) return Status::InvalidArgument("RunGreedyDp: one max_new per prompt");
   const ModelConfig& cfg = model.config();
   const bool cp_prefill = model.parallel() && model.parallel()->plan().cp > 1;
@@ -55,6 +56,14 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
   std::vector<std::unique_ptr<SequenceKvCache>> caches(n);
   std::vector<std::vector<float>> logits(n, std::vector<float>(static_cast<size_t>(cfg.vocab_size)));
   std::vector<bool> prefilled(n, false);
+  // Traces (options.trace): the prefill's into runs[i].prefill, each decode step's into
+  // step_traces[i], whose selections are appended to runs[i].topk_decode.
+  std::vector<ForwardTrace> step_traces(options.trace ? n : 0);
+  std::vector<ForwardOptions> prefill_opts(options.trace ? n : 0), step_opts(options.trace ? n : 0);
+  for (size_t i = 0; i < prefill_opts.size(); ++i) {
+    prefill_opts[i].trace = &runs[i].prefill;
+    step_opts[i].trace = &step_traces[i];
+  }
   // Requests are checked before the first step: a forward that fails on one rank would leave
   // its EP peers waiting inside an exchange, whereas a failed vote stops every rank.
   Status bad;
@@ -69,7 +78,7 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
                                     std::to_string(max_new[i]) + " tokens exceed max_position_embeddings " +
                                     std::to_string(cfg.max_position_embeddings));
     runs[i].prompt = prompts[i];
-    caches[i] = std::make_unique<SequenceKvCache>(cfg);
+    caches[i] = std::make_unique<SequenceKvCache>(cfg, 64, options.kv.latent, options.kv.index);
   }
   if (!bad.ok()) {
     (void)coordinator->Sync({.stop = true, .failed = true});
@@ -115,7 +124,8 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
     if (prefill && cp_prefill) {
       const size_t i = members[0];
       PDSERVE_RETURN_IF_ERROR(model.ForwardCp(prompts[i].data(), static_cast<int64_t>(prompts[i].size()),
-                                              caches[i].get(), logits[i].data()));
+                                              caches[i].get(), logits[i].data(),
+                                              options.trace ? &runs[i].prefill : nullptr));
     } else {
       std::vector<BatchSequence> seqs(members.size());
       for (size_t k = 0; k < members.size(); ++k) {
@@ -133,10 +143,14 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
           q.grouping = RowGrouping::kPerRow;
         }
         q.logits = logits[i].data();
+        if (options.trace) q.options = prefill ? &prefill_opts[i] : &step_opts[i];
         cache.Resize(q.start + q.n_tokens);
         q.kv = cache.Ref();
       }
       PDSERVE_RETURN_IF_ERROR(model.ForwardBatch(seqs));
+      if (options.trace && !prefill)
+        for (size_t i : members)
+          runs[i].topk_decode.insert(runs[i].topk_decode.end(), step_traces[i].topk.begin(), step_traces[i].topk.end());
     }
     for (size_t i : members) sample(i);
     ++local.forward_steps;

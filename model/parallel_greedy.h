@@ -37,10 +37,19 @@ struct DpRunStats {
   int64_t decode_steps = 0;
 };
 
+struct DpRunOptions {
+  // Record what a dump needs (GreedyRun::prefill and topk_decode, model/greedy_run.h) on every
+  // rank of the unit. Must be the same on every rank of the instance (the CP prefill gathers
+  // its trace collectively).
+  bool trace = false;
+  KvCacheFormats kv;  // the caches' storage formats
+};
+
 // runs[i] for prompts[i] (max_new[i] tokens each; 0 is allowed). With cp > 1 each prompt's
 // prefill is a CP prefill taking one step of its own.
 Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinator* coordinator,
                                            const std::vector<std::vector<int32_t>>& prompts,
-                                           const std::vector<int64_t>& max_new, DpRunStats* stats = nullptr);
+                                           const std::vector<int64_t>& max_new, DpRunStats* stats = nullptr,
+                                           const DpRunOptions& options = {});
 
 }  // namespace pdserve::model

@@ -1,12 +1,14 @@
 #include "model/parallel_launch.h"
 
 #include <chrono>
+#include <climits>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/dp_coordinator.h"
 #include "comm/mpi_comm.h"
+#include "comm/mpi_status.h"
 #include "comm/process_groups.h"
 #include "comm/tensor_parallel.h"
 #include "model/parallel.h"
@@ -30,6 +32,74 @@ Result<comm::ParallelPlan> ParsePlanString(const std::string& text) {
   }
   return comm::ParallelPlan::FromJson(j, "--plan");
 }
+
+namespace {
+
+// Moves each prompt's dump data from the leader of its unit to world rank 0 (point to point on
+// a duplicate of the world communicator, so no helper's traffic can match it). Both sides know
+// every array's size from the config, the prompt length and the output length, so rank 0
+// receives into buffers of the right size; a sender whose arrays have other sizes (a bug) still
+// sends that many bytes and then fails, so rank 0 never waits for bytes that are not coming.
+// `local[i]` is set on prompt i's owner. Collective over the world (the Dup).
+Status SendRunsToRankZero(const comm::MpiComm& world_comm, const comm::ParallelPlan& plan, const ModelConfig& c,
+                          const std::vector<std::vector<int32_t>>& prompts,
+                          const std::vector<std::vector<int32_t>>& outputs, const std::vector<GreedyRun*>& local,
+                          std::vector<GreedyRun>* at_root) {
+  PDSERVE_ASSIGN_OR_RETURN(comm::MpiComm world, world_comm.Dup());
+  const int64_t L = c.num_hidden_layers, D = c.hidden_size, K = c.index_topk, V = c.vocab_size;
+  const int me = world.rank();
+  if (me == 0) at_root->resize(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int owner = comm::ProcessGroups::WorldRankOf(plan, 0, static_cast<int>(i % plan.dp), 0);
+    if (me != 0 && me != owner) continue;
+    const int64_t S = static_cast<int64_t>(prompts[i].size()), steps = static_cast<int64_t>(outputs[i].size());
+    if (me == 0 && owner == 0) {
+      (*at_root)[i] = std::move(*local[i]);
+      continue;
+    }
+    GreedyRun recv;
+    GreedyRun* run = me == 0 ? &recv : local[i];
+    if (me == 0) {
+      run->prompt = prompts[i];
+      run->output = outputs[i];
+    }
+    struct Field { void* data; size_t bytes; const char* name; };
+    std::vector<Field> fields;
+    Status mismatch;
+    auto add = [&](auto& vec, int64_t n, const char* name) {
+      if (me != 0 && static_cast<int64_t>(vec.size()) != n && mismatch.ok())
+        mismatch = Status::Internal("dump of prompt " + std::to_string(i) + ": " + name + " holds " +
+                                    std::to_string(vec.size()) + " values, expected " + std::to_string(n));
+      vec.resize(static_cast<size_t>(n));
+      fields.push_back({vec.data(), vec.size() * 4, name});
+    };
+    add(run->prefill.hidden, (L + 1) * S * D, "hidden");
+    add(run->prefill.index_scores, L * S * S, "index_scores");
+    add(run->prefill.topk, L * S * K, "topk");
+    add(run->step_logits, steps * V, "step_logits");
+    add(run->topk_decode, std::max<int64_t>(steps - 1, 0) * L * K, "topk_decode");
+    int tag = 0;
+    for (const Field& f : fields) {
+      // Known on both sides before any message: both refuse together.
+      if (f.bytes > static_cast<size_t>(INT_MAX))
+        return Status::InvalidArgument(std::string("dump array ") + f.name + " of prompt " + std::to_string(i) +
+                                       " exceeds 2 GiB; dump a shorter prompt");
+      const int count = static_cast<int>(f.bytes);
+      if (me == 0) {
+        PDSERVE_MPI_RETURN_IF_ERROR(MPI_Recv(f.data, count, MPI_BYTE, owner, tag, world.get(), MPI_STATUS_IGNORE),
+                                    "MPI_Recv (dump to rank 0)");
+      } else {
+        PDSERVE_MPI_RETURN_IF_ERROR(MPI_Send(f.data, count, MPI_BYTE, 0, tag, world.get()), "MPI_Send (dump to rank 0)");
+      }
+      ++tag;
+    }
+    PDSERVE_RETURN_IF_ERROR(mismatch);
+    if (me == 0) (*at_root)[i] = std::move(recv);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& opt) {
   ParallelGenerateResult result;
@@ -64,7 +134,11 @@ Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& o
       mine_index.push_back(i);
     }
   PDSERVE_ASSIGN_OR_RETURN(auto coordinator, comm::DpCoordinator::Create(groups->world()));
-  PDSERVE_ASSIGN_OR_RETURN(auto runs, RunGreedyDp(**model, coordinator.get(), mine, max_new, &result.stats));
+  DpRunOptions run_options;
+  run_options.trace = opt.dumps;
+  run_options.kv = opt.kv;
+  PDSERVE_ASSIGN_OR_RETURN(auto runs,
+                           RunGreedyDp(**model, coordinator.get(), mine, max_new, &result.stats, run_options));
   result.comm_seconds = ctx->comm_seconds();
 
   // Every rank contributes a fixed-size block: its unit's outputs (ids as exact floats) when it
@@ -82,6 +156,13 @@ Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& o
     const int owner = comm::ProcessGroups::WorldRankOf(opt.plan, 0, static_cast<int>(i % dp), 0);
     for (int64_t t = 0; t < M; ++t)
       result.outputs[i].push_back(static_cast<int32_t>(gathered[static_cast<size_t>((owner * n + i) * M + t)]));
+  }
+  if (opt.dumps) {
+    std::vector<GreedyRun*> local(static_cast<size_t>(n), nullptr);
+    if (leader)
+      for (size_t k = 0; k < runs.size(); ++k) local[mine_index[k]] = &runs[k];
+    PDSERVE_RETURN_IF_ERROR(SendRunsToRankZero(groups->world(), opt.plan, config, opt.prompts, result.outputs, local,
+                                               &result.runs));
   }
   return result;
 }

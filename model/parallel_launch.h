@@ -5,7 +5,11 @@
 // here, on every rank, with the reason), loads its share of the model, and runs RunGreedyDp
 // (model/parallel_greedy.h): prompt i belongs to DP unit i % dp; a unit with cp > 1 prefills
 // each of its prompts with a CP prefill. The outputs are then collected so that every rank
-// holds every prompt's tokens, in prompt order (rank 0 prints them).
+// holds every prompt's tokens, in prompt order (rank 0 prints them). With `dumps`, every rank
+// records what an accuracy dump needs (model/greedy_run.h) and each prompt's run is sent from
+// its unit's leader (cp 0, tp 0) to world rank 0, which returns them in `runs`: the same shapes
+// and layout as the single-process RunGreedy (a CP prefill's trace is gathered over the CP
+// ranks first, model.h ForwardCp).
 //
 // REQUIRES: MPI initialized (comm::MpiEnvironment) with world size cp * dp * tp.
 // Errors: kInvalidArgument for a bad plan (every rank), empty prompts or bad ids; load errors;
@@ -28,10 +32,13 @@ struct ParallelGenerateOptions {
   std::vector<std::vector<int32_t>> prompts;
   int64_t max_new = 16;
   int threads = 1;  // compute threads per rank
+  bool dumps = false;
+  KvCacheFormats kv;
 };
 
 struct ParallelGenerateResult {
   std::vector<std::vector<int32_t>> outputs;  // per prompt, on every rank
+  std::vector<GreedyRun> runs;                // per prompt, world rank 0 only, with `dumps`
   int world_rank = 0;
   std::string describe;                       // this rank's place ("world 1/4 cp 0/1 ...")
   DpRunStats stats;                           // this rank's driver counters

@@ -43,6 +43,7 @@ constexpr double kMinCos = 0.9999;
 double Cosine(const float* a, const float* b, int64_t n) {
   double ab = 0, aa = 0, bb = 0;
   for (int64_t i = 0; i < n; ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+  if (aa == 0 && bb == 0) return 1.0;  // e.g. an all-zero row of relu'd index scores on both sides
   return ab / std::sqrt(aa * bb);
 }
 
@@ -213,6 +214,42 @@ TEST_F(ParallelModelTest, CpPrefillMatchesSingleProcess) {
     auto got_short = RunGreedyCp(*in.model, short_prompt, 8);
     ASSERT_TRUE(AllRanks(got_short.ok()));
     ExpectMatches(*got_short, Reference(short_prompt, 8), plan.ToString() + " short prompt");
+  }
+}
+
+// A traced CP prefill (what `generate --plan --dump-dir` records): every CP rank ends with the
+// whole prompt's trace in the single-process layout, each position filled by its owner rank.
+TEST_F(ParallelModelTest, CpPrefillTraceIsTheWholePromptOnEveryRank) {
+  const int W = WorldSize();
+  const ModelConfig& c = ref_->config();
+  const int64_t L = c.num_hidden_layers, D = c.hidden_size;
+  for (int64_t len : {int64_t{83}, int64_t{13}}) {  // 13: too short for CP, replicated prefill
+    const auto prompt = Prompt(len, 5, c.vocab_size);
+    ForwardTrace want;
+    {
+      SequenceKvCache cache(c);
+      std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+      ForwardOptions o;
+      o.trace = &want;
+      ASSERT_TRUE(ref_->Forward(prompt.data(), len, &cache, logits.data(), o).ok());
+    }
+    Instance in = Make({.cp = W, .dp = 1, .ep = W, .tp = 1}, dir_->path());
+    ASSERT_TRUE(AllRanks(in.model != nullptr));
+    SequenceKvCache cache(c);
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    ForwardTrace got;
+    ASSERT_TRUE(AllRanks(in.model->ForwardCp(prompt.data(), len, &cache, logits.data(), &got).ok()));
+    ASSERT_EQ(got.hidden.size(), static_cast<size_t>((L + 1) * len * D));
+    ASSERT_EQ(got.index_scores.size(), want.index_scores.size());
+    EXPECT_EQ(got.topk, want.topk) << "prompt of " << len;
+    for (int64_t l = 0; l <= L; ++l)
+      for (int64_t p = 0; p < len; ++p)  // per position: a position left unfilled would be all zeros
+        ASSERT_GE(Cosine(&got.hidden[(l * len + p) * D], &want.hidden[(l * len + p) * D], D), kMinCos)
+            << "hidden row " << l << " position " << p << ", prompt of " << len;
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t p = 0; p < len; ++p)  // causal scores, keys [0, p]
+        ASSERT_GE(Cosine(&got.index_scores[(l * len + p) * len], &want.index_scores[(l * len + p) * len], p + 1), kMinCos)
+            << "index scores layer " << l << " position " << p << ", prompt of " << len;
   }
 }
 

@@ -1,13 +1,20 @@
 // `pdserve generate --model DIR (--prompt-ids 0,15,7 | --prompt TEXT [--tokenizer DIR])
 //  --max-new-tokens N [--dump-logits F.npy]
-//  [--dump-dir DIR] [--force-topk topk.npy] [--threads N] [--plan cp=2,ep=2 | --plan-file F]`:
+//  [--dump-dir DIR] [--force-topk topk.npy] [--threads N] [--plan cp=2,ep=2 | --plan-file F]
+//  [--kv-format fp8|bf16|int8] [--index-format fp8|int8] [--test-numerics-fault NAME[@RANK]]`:
 // greedy decoding. Prints {"prompt_tokens":[...],"output_tokens":[...]} as one JSON line.
 //
 // Under mpirun with a parallel plan (docs/parallel.md) the model runs across the ranks; rank 0
 // prints the JSON. --prompt-ids may then list several prompts separated by ';' (prompt i goes to
 // DP unit i % dp), one JSON line each. MPI is initialized only with a plan or under mpirun, so
 // the single-process command needs no MPI launcher. A bad plan stops every rank at start with
-// "rank r/n: generate: ..." and exit status 1.
+// "rank r/n: generate: ..." and exit status 1. --dump-dir works under a plan too: the dumps are
+// gathered to rank 0, which writes DIR (one prompt) or DIR/prompt-<i> (several), in the
+// single-process layout (model/greedy_run.h); --dump-logits and --force-topk are single-process.
+// --kv-format / --index-format pick the KV cache's latent and indexer-key storage (int8 = the
+// C8 latent cache / the A8C8 indexer, docs/quantization.md). --test-numerics-fault is for the
+// accuracy tests only: it switches on a deliberately broken forward (model/test_hooks.h;
+// "indexer-rope-interleaved"), on every rank or, with @RANK, on that world rank alone.
 #include <cstdio>
 #include <cstdlib>
 
@@ -17,7 +24,9 @@
 #include "comm/mpi_status.h"
 #include "common/npy.h"
 #include "model/greedy_run.h"
+#include "model/kv_layout.h"
 #include "model/parallel_launch.h"
+#include "model/test_hooks.h"
 #include "services/cli/command.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_paths.h"
@@ -48,14 +57,47 @@ bool UnderMpiLauncher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
+Result<model::KvCacheFormats> ParseKvFormats(const Args& args) {
+  model::KvCacheFormats kv;
+  PDSERVE_ASSIGN_OR_RETURN(kv.latent, model::ParseLatentFormat(args.GetOr("kv-format", "fp8")));
+  PDSERVE_ASSIGN_OR_RETURN(kv.index, model::ParseIndexFormat(args.GetOr("index-format", "fp8")));
+  return kv;
+}
+
+// --test-numerics-fault NAME[@RANK]: switches the fault on in this process when RANK is absent
+// or equals `world_rank`.
+Status ApplyTestFault(const Args& args, int world_rank) {
+  auto spec = args.Get("test-numerics-fault");
+  if (!spec) return Status::Ok();
+  std::string name = *spec;
+  int rank = -1;
+  if (const size_t at = name.find('@'); at != std::string::npos) {
+    char* end = nullptr;
+    const long r = std::strtol(name.c_str() + at + 1, &end, 10);
+    if (at + 1 == name.size() || *end != '\0' || r < 0)
+      return Status::InvalidArgument("--test-numerics-fault: '" + *spec + "' wants NAME or NAME@RANK");
+    rank = static_cast<int>(r);
+    name.resize(at);
+  }
+  if (name != "indexer-rope-interleaved")
+    return Status::InvalidArgument("--test-numerics-fault: unknown fault '" + name + "' (indexer-rope-interleaved)");
+  if (rank < 0 || rank == world_rank) model::TEST_SetNumericsFault(model::NumericsFault::kIndexerRopeInterleaved);
+  return Status::Ok();
+}
+
 Status GenerateParallel(const Args& args, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
                         tokenizer::Tokenizer* tok) {
-  for (const char* unsupported : {"dump-logits", "dump-dir", "force-topk"})
+  for (const char* unsupported : {"dump-logits", "force-topk"})
     if (args.Has(unsupported))
       return Status::InvalidArgument(std::string("--") + unsupported + " is single-process only (no --plan)");
   model::ParallelGenerateOptions o;
   o.model_dir = dir;
   o.prompts = prompts;
+  o.dumps = args.Has("dump-dir");
+  PDSERVE_ASSIGN_OR_RETURN(o.kv, ParseKvFormats(args));
+  int world_rank = 0;
+  PDSERVE_MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
+  PDSERVE_RETURN_IF_ERROR(ApplyTestFault(args, world_rank));
   if (auto file = args.Get("plan-file")) {
     PDSERVE_ASSIGN_OR_RETURN(o.plan, comm::ParallelPlan::LoadFile(*file));
   } else if (auto text = args.Get("plan")) {
@@ -67,6 +109,12 @@ Status GenerateParallel(const Args& args, const std::string& dir, const std::vec
   o.threads = static_cast<int>(std::max<int64_t>(1, threads));
   PDSERVE_ASSIGN_OR_RETURN(model::ParallelGenerateResult r, model::ParallelGenerate(o));
   if (r.world_rank != 0) return Status::Ok();
+  if (auto dump = args.Get("dump-dir")) {
+    PDSERVE_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::ModelConfig::Load(dir + "/config.json"));
+    for (size_t i = 0; i < prompts.size(); ++i)
+      PDSERVE_RETURN_IF_ERROR(model::WriteDump(prompts.size() == 1 ? *dump : *dump + "/prompt-" + std::to_string(i),
+                                               cfg, r.runs[i]));
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     nlohmann::json j = {{"prompt_tokens", prompts[i]}, {"output_tokens", r.outputs[i]}};
     if (tok) {
@@ -124,6 +172,8 @@ Status Generate(const Args& args) {
 
   std::vector<int32_t> forced;
   const std::vector<int32_t>* forced_topk = nullptr;
+  PDSERVE_ASSIGN_OR_RETURN(model::KvCacheFormats kv, ParseKvFormats(args));
+  PDSERVE_RETURN_IF_ERROR(ApplyTestFault(args, 0));
   if (auto f = args.Get("force-topk")) {
     PDSERVE_ASSIGN_OR_RETURN(NpyArray arr, ReadNpy(*f));
     if (arr.descr != "<i4" || arr.shape != std::vector<int64_t>{L, S, K})
@@ -131,7 +181,7 @@ Status Generate(const Args& args) {
     forced.assign(arr.i32(), arr.i32() + arr.numel());
     forced_topk = &forced;
   }
-  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk));
+  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk, kv));
   if (auto f = args.Get("dump-logits"))
     PDSERVE_RETURN_IF_ERROR(WriteNpyF32(*f, run.prefill_logits.data(), {cfg.vocab_size}));
   if (auto dir = args.Get("dump-dir")) PDSERVE_RETURN_IF_ERROR(model::WriteDump(*dir, cfg, run));
@@ -154,7 +204,8 @@ Status Generate(const Args& args) {
 
 int RunGenerate(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, {"model", "prompt", "prompt-ids", "tokenizer", "max-new-tokens", "dump-logits", "dump-dir",
-                                 "force-topk", "threads", "plan", "plan-file"},
+                                 "force-topk", "threads", "plan", "plan-file", "kv-format", "index-format",
+                                 "test-numerics-fault"},
                           {"timing"});
   if (!args.ok()) return ReportStatus("generate", args.status());
   if (!args->Has("plan") && !args->Has("plan-file") && !UnderMpiLauncher())
