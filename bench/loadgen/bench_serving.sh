@@ -80,7 +80,7 @@ if [ "$what" = soak ] || [ "$what" = all ]; then
   if start_cluster disaggregated; then
     "$bin/pdserve-loadgen" --ready-file "$run_dir/disaggregated.ready" "${loadgen_common[@]}" --mode soak \
       --streams "${SOAK_STREAMS:-1000}" --seconds "${SOAK_SECONDS:-300}" --dataset random --num-requests 4096 \
-      --input-len 64 --output-len 32 --timeout-s 600 --rss-growth-limit-mib "${SOAK_RSS_LIMIT_MIB:-64}" \
+      --input-len 32 --output-len 32 --timeout-s 600 --rss-growth-limit-mib "${SOAK_RSS_LIMIT_MIB:-64}" \
       --name serving_soak --label "disaggregated, ${SOAK_STREAMS:-1000} streams" >"$run_dir/soak.log" 2>&1 || status=1
     grep -E '^\||PASS|FAIL|Soak' "$results/serving_soak.md" 2>/dev/null || tail -5 "$run_dir/soak.log"
     stop_cluster

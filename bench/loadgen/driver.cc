@@ -94,7 +94,11 @@ SoakResult RunSoak(const Target& target, const std::vector<RequestSpec>& specs, 
   sampler.join();
   sample();  // after every stream ended
   for (auto& s : result.rss) ComputeRssGrowth(&s);
-  for (auto& v : per_stream) result.records.insert(result.records.end(), v.begin(), v.end());
+  for (auto& v : per_stream) {
+    result.completed_per_stream.push_back(
+        static_cast<int>(std::count_if(v.begin(), v.end(), [](const RequestRecord& r) { return r.ok; })));
+    result.records.insert(result.records.end(), v.begin(), v.end());
+  }
   return result;
 }
 

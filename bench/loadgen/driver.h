@@ -48,6 +48,7 @@ struct SoakOptions {
 struct SoakResult {
   std::vector<RequestRecord> records;  // every request started, finished or not
   std::vector<RssSeries> rss;
+  std::vector<int> completed_per_stream;  // requests each stream completed (ok)
   double duration_s = 0;
 };
 

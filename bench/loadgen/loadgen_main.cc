@@ -12,6 +12,7 @@
 //
 // --ready-file reads pdserve-launch's ready file: the router's port and every process's pid
 // (the soak watches them all). Results go to bench/results/<name>.{json,md}.
+#include <algorithm>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -162,13 +163,16 @@ int main(int argc, char** argv) {
     out["soak"] = SoakJson(r, s);
     out["soak"]["streams"] = streams;
     out["soak"]["rss_growth_limit_mib"] = rss_limit_mib;
-    bool pass = s.failed == 0 && s.completed >= static_cast<size_t>(streams);
+    const int idle_streams = static_cast<int>(
+        std::count(r.completed_per_stream.begin(), r.completed_per_stream.end(), 0));
+    out["soak"]["streams_without_a_completed_request"] = idle_streams;
+    bool pass = s.failed == 0 && idle_streams == 0;
     char b[512];
     std::snprintf(b, sizeof(b),
-                  "Soak: %d concurrent streams for %.0f s: %zu requests, %zu completed, %zu failed; %.1f req/s, %.0f "
+                  "Soak: %d concurrent streams for %.0f s: %zu requests, %zu completed, %zu failed; %d streams without a completed request; %.1f req/s, %.0f "
                   "output tok/s; TTFT p99 %.1f ms, TPOT p99 %.2f ms.\n\n| process | RSS after warm-up MiB | max RSS "
                   "in the last quarter MiB | growth MiB |\n|---|---|---|---|\n",
-                  streams, r.duration_s, s.requests, s.completed, s.failed, s.request_throughput,
+                  streams, r.duration_s, s.requests, s.completed, s.failed, idle_streams, s.request_throughput,
                   s.output_token_throughput, s.ttft.p99 * 1e3, s.tpot.p99 * 1e3);
     md += b;
     for (const auto& series : r.rss) {

@@ -83,6 +83,8 @@ TEST(LoadgenSoak, StreamsCompleteAndMemoryStaysFlat) {
     }
   }
   EXPECT_EQ(completed, res.records.size()) << "first failure: " << first_error;
+  ASSERT_EQ(res.completed_per_stream.size(), static_cast<size_t>(kStreams));
+  for (int k = 0; k < kStreams; ++k) EXPECT_GE(res.completed_per_stream[static_cast<size_t>(k)], 1) << "stream " << k;
   // Each stream ran back-to-back requests of ~0.5 s for 20 s.
   EXPECT_GE(res.records.size(), static_cast<size_t>(kStreams) * 5);
   ASSERT_EQ(res.rss.size(), 3u);
