@@ -9,8 +9,9 @@
 #   short requests decode), a request-rate sweep; writes bench/results/serving_{disaggregated,
 #   colocated}.{json,md}, serving_compare.md and PNG plots (python3-matplotlib).
 # soak: SOAK_STREAMS (1000) concurrent streams for SOAK_SECONDS (300) through the
-#   disaggregated topology, sampling every process's RSS; writes bench/results/serving_soak.*
-#   and exits 1 unless every stream completed and memory stayed flat.
+#   SOAK_TOPOLOGY (disaggregated; soak-relaxed: the same with a 10 s heartbeat timeout), sampling
+#   every process's RSS; writes bench/results/serving_soak_<topology>.* and exits 1 unless
+#   every stream completed and memory stayed flat.
 #
 # Knobs (environment): RATES (request rates, default "1,2,3,4"), NUM_REQUESTS (120),
 # INPUT_LEN / OUTPUT_LEN (64 / 128, +-50%), LONG_LEN (1024), LONG_FRACTION (0.2),
@@ -77,12 +78,13 @@ fi
 
 if [ "$what" = soak ] || [ "$what" = all ]; then
   echo "== serving soak: ${SOAK_STREAMS:-1000} streams for ${SOAK_SECONDS:-300} s"
-  if start_cluster disaggregated; then
-    "$bin/pdserve-loadgen" --ready-file "$run_dir/disaggregated.ready" "${loadgen_common[@]}" --mode soak \
+  soak_topology=${SOAK_TOPOLOGY:-disaggregated}
+  if start_cluster "$soak_topology"; then
+    "$bin/pdserve-loadgen" --ready-file "$run_dir/$soak_topology.ready" "${loadgen_common[@]}" --mode soak \
       --streams "${SOAK_STREAMS:-1000}" --seconds "${SOAK_SECONDS:-300}" --dataset random --num-requests 4096 \
       --input-len 32 --output-len 32 --timeout-s 600 --rss-growth-limit-mib "${SOAK_RSS_LIMIT_MIB:-64}" \
-      --name serving_soak --label "disaggregated, ${SOAK_STREAMS:-1000} streams" >"$run_dir/soak.log" 2>&1 || status=1
-    grep -E '^\||PASS|FAIL|Soak' "$results/serving_soak.md" 2>/dev/null || tail -5 "$run_dir/soak.log"
+      --name "serving_soak_$soak_topology" --label "$soak_topology, ${SOAK_STREAMS:-1000} streams" >"$run_dir/soak.log" 2>&1 || status=1
+    grep -E '^\||PASS|FAIL|Soak' "$results/serving_soak_$soak_topology.md" 2>/dev/null || tail -5 "$run_dir/soak.log"
     stop_cluster
   else
     status=1
