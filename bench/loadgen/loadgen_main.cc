@@ -6,6 +6,7 @@
 //                   [--long-input-len N] [--long-output-len N] [--long-fraction F]
 //                   [--request-rates 1,2,inf] [--concurrency 0,16] [--warmup N]
 //                   [--slo-ttft-ms T] [--slo-tpot-ms T] [--seed S] [--label L] [--name NAME]
+//                   (exit 1 when a sweep point completed no request)
 //   pdserve-loadgen --mode soak --streams 1000 --seconds 300 [--watch name=pid,...]
 //                   [--rss-growth-limit-mib M] ...            (exit 1 unless every stream
 //                   completed and no watched RSS grew past the limit)
@@ -221,5 +222,8 @@ int main(int argc, char** argv) {
   for (const auto& p : points)
     for (const auto& e : p.all.first_errors) md += "\nerror: " + e + "\n";
   pdserve::bench::WriteResults(name, out, md);
+  // A point where nothing completed means the target is broken, not slow: fail the run.
+  for (const auto& p : points)
+    if (p.all.completed == 0) return 1;
   return 0;
 }
