@@ -67,7 +67,6 @@ int main(int argc, char** argv) {
     if (!a.emplace(key, argv[++i]).second) return Fail("--" + key + " given twice");
   }
   auto str = [&](const char* k, const char* def) { return a.count(k) ? a[k] : std::string(def); };
-  double dbl_err = 0;
   std::string bad;
   auto num = [&](const char* k, double def) {
     if (!a.count(k)) return def;
@@ -76,7 +75,6 @@ int main(int argc, char** argv) {
     if (end == a[k].c_str() || *end) bad = k;
     return v;
   };
-  (void)dbl_err;
 
   Target target;
   target.model = str("model", "pdserve");
