@@ -41,6 +41,13 @@ struct ControlChannelOptions {
   std::string endpoint;
   std::chrono::milliseconds tick_interval{50};
   std::string name = "control";  // in log lines
+  // ROUTER only: called on the owner thread when a message cannot be delivered because the
+  // peer is gone (its connection closed: ZMQ_ROUTER_MANDATORY's EHOSTUNREACH). Front-ends use
+  // it to abort the requests of a client that disappeared (services/router/request_api_server.h).
+  std::function<void(std::string_view peer)> on_unreachable = nullptr;
+  // > 0: ZMTP heartbeats on every connection (ZMQ_HEARTBEAT_IVL, timeout 3x): a peer whose
+  // host vanished without closing its TCP connection is disconnected after that long.
+  int zmtp_heartbeat_ms = 0;
 };
 
 class ControlChannel {
