@@ -208,6 +208,7 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
         on_message_(std::string_view(), frames[0]);
       }
     }
+    if (options_.on_wake) options_.on_wake();
     if (on_tick_ && std::chrono::steady_clock::now() >= next_tick) {
       on_tick_(std::chrono::steady_clock::now());
       next_tick = std::chrono::steady_clock::now() + options_.tick_interval;

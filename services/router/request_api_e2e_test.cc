@@ -12,6 +12,7 @@
 #include "services/client/request_client.h"
 #include "services/common/request_api_codec.h"
 #include "services/router/cluster_fixture.h"
+#include "services/router/router_server.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_paths.h"
 
@@ -466,6 +467,46 @@ TEST(RequestApiE2eTest, WorkersViewListsRolesAndPlacements) {
   const std::string m = HttpGet(c.http_port(), "/metrics").body;
   EXPECT_NE(m.find("pdserve_router_placements_total{dp_rank=\"any\",role=\"decode\",worker=\"d0\"} 3"), std::string::npos)
       << m;
+}
+
+TEST(RequestApiE2eTest, InProcessShutdownEndsStreamsWithAnError) {
+  RouterConfig config;
+  config.port = 0;
+  config.control_endpoint = "tcp://127.0.0.1:*";
+  config.request_endpoint = "tcp://127.0.0.1:*";
+  config.heartbeat_interval = 100ms;
+  config.heartbeat_timeout = 800ms;
+  auto server = RouterServer::Start(config);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ASSERT_FALSE((*server)->request_endpoint().empty());
+  const std::string dir = services::testing::MakeTempDir("pdserve-zmq-inproc");
+  auto worker = services::testing::ChildProcess::Spawn(
+      {std::string(PDSERVE_BIN_DIR) + "/pdserve-echo-worker", "--router", (*server)->control_endpoint(), "--worker-id",
+       "w0", "--register-retry-ms", "50", "--token-delay-us", "5000"},
+      dir + "/w0.log");
+  ASSERT_TRUE(worker.ok());
+  ASSERT_TRUE(WaitFor([&] { return (*server)->core().Health().ready; }, 10s)) << (*worker)->Log();
+  auto client = RequestClient::Connect((*server)->request_endpoint()).value();
+  api::Submit s;
+  s.model = "pdserve";
+  s.prompt_ids = Prompt(7);
+  s.sampling.max_tokens = 6;
+  auto d = client->Generate(s);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tokens.size(), 6u);
+  // A long stream is open when the server goes away: it ends with a 503, promptly.
+  Status result;
+  std::thread stream([&] {
+    s.sampling.max_tokens = 8000;
+    auto r = client->Generate(s);
+    result = r.status();
+  });
+  ASSERT_TRUE(WaitFor([&] { return (*server)->core().outstanding() == 1; }, 5s));
+  const auto t0 = std::chrono::steady_clock::now();
+  server->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  stream.join();
+  EXPECT_EQ(result.code(), StatusCode::kUnavailable) << result.ToString();
 }
 
 }  // namespace

@@ -95,43 +95,42 @@ Result<std::unique_ptr<RequestApiServer>> RequestApiServer::Start(Context contex
   if (!context.config || !context.tokenizer || !context.chat_template || !context.core || !context.metrics)
     return Status::InvalidArgument("RequestApiServer needs every part of its context");
   std::unique_ptr<RequestApiServer> server(new RequestApiServer(context));
-  std::shared_ptr<Mailbox> mailbox = server->mailbox_;
+  RequestApiServer* self = server.get();
   services::ControlChannelOptions co;
   co.kind = services::ControlChannelOptions::Kind::kRouterBind;
   co.endpoint = context.config->request_endpoint;
-  co.tick_interval = std::chrono::milliseconds(1000);
+  co.tick_interval = context.config->disconnect_poll;
   co.name = "request-api";
   co.zmtp_heartbeat_ms = static_cast<int>(context.config->request_keepalive.count());
-  co.on_unreachable = [mailbox](std::string_view peer) {
-    {
-      std::lock_guard<std::mutex> lock(mailbox->mu);
-      mailbox->inbox.push_back({std::string(peer), {}, true, Clock::now()});
-    }
-    mailbox->cv.notify_one();
-  };
-  auto on_message = [mailbox](std::string_view peer, std::string_view payload) {
-    const auto arrival = Clock::now();
-    {
-      std::lock_guard<std::mutex> lock(mailbox->mu);
-      mailbox->inbox.push_back({std::string(peer), std::string(payload), false, arrival});
-    }
-    mailbox->cv.notify_one();
-  };
-  PDSERVE_ASSIGN_OR_RETURN(server->channel_, services::ControlChannel::Start(co, on_message));
-  RequestApiServer* self = server.get();
-  server->pump_ = std::jthread([self](std::stop_token st) { self->Run(st); });
+  // The handlers run on the channel's thread, which starts before channel_ is assigned: they
+  // reach the channel through the mailbox, set under its lock below.
+  co.on_unreachable = [self](std::string_view peer) { self->DropPeer(std::string(peer)); };
+  co.on_wake = [self] { self->OnWake(); };
+  std::unique_lock<std::mutex> lock(server->mailbox_->mu);
+  PDSERVE_ASSIGN_OR_RETURN(
+      server->channel_,
+      services::ControlChannel::Start(
+          co, [self](std::string_view peer, std::string_view payload) { self->OnMessage(peer, payload); },
+          [self](Clock::time_point now) { self->Timers(now); }));
+  server->mailbox_->channel = server->channel_.get();
+  server->channel_for_handlers_ = server->channel_.get();
+  lock.unlock();
   GetLogger("router")->info("ZeroMQ request API on {}", server->channel_->endpoint());
   return server;
 }
 
 RequestApiServer::~RequestApiServer() {
+  if (!channel_) return;
+  // The channel thread owns the sessions: ask it to end them (503 to each client, abort to
+  // the workers) and wait until it did, then stop the channel (its linger sends the replies).
   {
-    std::lock_guard<std::mutex> lock(mailbox_->mu);
+    std::unique_lock<std::mutex> lock(mailbox_->mu);
     mailbox_->stop = true;
+    channel_->Wake();
+    mailbox_->cv.wait_for(lock, std::chrono::seconds(5), [&] { return mailbox_->stopped; });
+    mailbox_->channel = nullptr;  // listeners no longer wake it
   }
-  mailbox_->cv.notify_all();
-  if (pump_.joinable()) pump_.join();
-  channel_.reset();  // after the pump's last replies were queued
+  channel_.reset();
 }
 
 void RequestApiServer::Send(const std::string& peer, const api::Message& message) {
@@ -142,34 +141,27 @@ void RequestApiServer::Send(const std::string& peer, const api::Message& message
     return;
   }
   last_sent_[peer] = Clock::now();
-  channel_->Send(peer, std::move(bytes).value());
+  channel_for_handlers_->Send(peer, std::move(bytes).value());
 }
 
 void RequestApiServer::SendError(const std::string& peer, uint64_t client_id, const ApiError& e) {
   Send(peer, api::Error{client_id, static_cast<uint32_t>(e.http_status), e.type, e.code, e.param, e.message});
 }
 
-void RequestApiServer::Run(std::stop_token stop) {
-  std::deque<Inbound> inbox;
-  std::vector<uint64_t> ready;
-  const auto poll = ctx_.config->disconnect_poll;
-  while (!stop.stop_requested()) {
-    {
-      std::unique_lock<std::mutex> lock(mailbox_->mu);
-      mailbox_->cv.wait_for(lock, poll, [&] {
-        return mailbox_->stop || !mailbox_->inbox.empty() || !mailbox_->ready.empty();
-      });
-      if (mailbox_->stop) break;
-      inbox.swap(mailbox_->inbox);
-      ready.swap(mailbox_->ready);
-    }
-    for (auto& in : inbox) Handle(in);
-    inbox.clear();
-    for (uint64_t key : ready) Drain(key);
-    ready.clear();
-    Timers(Clock::now());
+void RequestApiServer::OnWake() {
+  bool stop;
+  {
+    std::lock_guard<std::mutex> lock(mailbox_->mu);
+    ready_.swap(mailbox_->ready);
+    stop = mailbox_->stop && !mailbox_->stopped;
   }
-  // Shutdown: every request of this front ends with a 503, as HTTP streams do.
+  for (uint64_t key : ready_) Drain(key);
+  ready_.clear();
+  if (stop) Shutdown();
+}
+
+void RequestApiServer::Shutdown() {
+  // Every request of this front ends with a 503, as HTTP streams do.
   const ApiError e = ApiError::Unavailable("the router is shutting down", "shutting_down");
   for (auto& [key, s] : sessions_) {
     s.gen->Cancel("router shutting down");
@@ -178,26 +170,36 @@ void RequestApiServer::Run(std::stop_token stop) {
   }
   sessions_.clear();
   by_client_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mailbox_->mu);
+    mailbox_->stopped = true;
+  }
+  mailbox_->cv.notify_all();
 }
 
-void RequestApiServer::Handle(Inbound& in) {
-  if (in.unreachable) return DropPeer(in.peer);
-  auto decoded = api::DecodeMessage(in.payload);
+void RequestApiServer::OnMessage(std::string_view peer_view, std::string_view payload) {
+  const auto arrival = Clock::now();
+  const std::string peer(peer_view);
+  {
+    std::lock_guard<std::mutex> lock(mailbox_->mu);
+    if (mailbox_->stop) return SendError(peer, 0, ApiError::Unavailable("the router is shutting down", "shutting_down"));
+  }
+  auto decoded = api::DecodeMessage(payload);
   if (!decoded.ok()) {
     ctx_.metrics->request_api_malformed.Increment();
-    GetLogger("router")->debug("request API: malformed message ({} bytes): {}", in.payload.size(),
+    GetLogger("router")->debug("request API: malformed message ({} bytes): {}", payload.size(),
                                decoded.status().ToString());
-    return SendError(in.peer, 0,
+    return SendError(peer, 0,
                      ApiError::BadRequest("the message is not a valid request API message: " +
                                               decoded.status().message(),
                                           {}, "malformed_message"));
   }
   api::Message& msg = decoded.value();
-  if (auto* submit = std::get_if<api::Submit>(&msg)) return HandleSubmit(in.peer, std::move(*submit), in.arrival);
-  if (auto* abort = std::get_if<api::Abort>(&msg)) return HandleAbort(in.peer, *abort);
-  if (auto* ping = std::get_if<api::Ping>(&msg)) return Send(in.peer, api::Pong{ping->nonce});
+  if (auto* submit = std::get_if<api::Submit>(&msg)) return HandleSubmit(peer, std::move(*submit), arrival);
+  if (auto* abort = std::get_if<api::Abort>(&msg)) return HandleAbort(peer, *abort);
+  if (auto* ping = std::get_if<api::Ping>(&msg)) return Send(peer, api::Pong{ping->nonce});
   ctx_.metrics->request_api_malformed.Increment();
-  SendError(in.peer, 0,
+  SendError(peer, 0,
             ApiError::BadRequest(fmt::format("'{}' is a message the router sends, not one it accepts (send submit, "
                                              "abort or ping)",
                                              api::MessageName(msg)),
@@ -243,11 +245,9 @@ void RequestApiServer::HandleSubmit(const std::string& peer, api::Submit m, Cloc
   std::weak_ptr<Mailbox> weak = mailbox_;
   request->SetListener([weak, key] {
     if (auto mb = weak.lock()) {
-      {
-        std::lock_guard<std::mutex> lock(mb->mu);
-        mb->ready.push_back(key);
-      }
-      mb->cv.notify_one();
+      std::lock_guard<std::mutex> lock(mb->mu);
+      mb->ready.push_back(key);
+      if (mb->channel) mb->channel->Wake();
     }
   });
   Send(peer, api::Accepted{m.request_id, tag, prep.prompt_tokens, request->max_tokens()});
@@ -332,8 +332,6 @@ void RequestApiServer::Drain(uint64_t key) {
 }
 
 void RequestApiServer::Timers(Clock::time_point now) {
-  if (now < next_scan_) return;
-  next_scan_ = now + ctx_.config->disconnect_poll;
   std::vector<uint64_t> expired;
   std::map<std::string, bool> peers;
   for (auto& [key, s] : sessions_) {

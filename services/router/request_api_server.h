@@ -5,11 +5,11 @@
 // strings, max_tokens), metrics (the same pdserve_router_* series and outcomes) and error
 // codes (ApiError; each error reply carries the HTTP status the HTTP API would have sent).
 //
-// Threads: a ControlChannel (a ROUTER socket at router.request_endpoint and its owner thread)
-// does the socket I/O only; one pump std::jthread owns every request of this front: it
-// decodes and validates submissions, submits them, drains each request's events when its
-// ActiveRequest signals (ActiveRequest::SetListener: no thread waits per request), sends
-// outputs, and runs the timers (first-token and request deadlines, client keepalive probes).
+// Threads: one. A ControlChannel (a ROUTER socket at router.request_endpoint) and its owner
+// thread do everything of this front: decode and validate submissions, submit them, drain each
+// request's events when its ActiveRequest signals (ActiveRequest::SetListener wakes the channel:
+// no thread waits per request, no hop between an I/O thread and a worker thread), send outputs,
+// and run the timers (first-token and request deadlines, client keepalive probes) on its tick.
 //
 // A client that disappears: sending to it fails (its connection is closed; ROUTER_MANDATORY)
 // and the channel reports the peer unreachable; its requests are cancelled on every worker.
@@ -78,19 +78,15 @@ class RequestApiServer {
 
  private:
   using Clock = std::chrono::steady_clock;
-  struct Inbound {
-    std::string peer;
-    std::string payload;
-    bool unreachable = false;  // the peer is gone (payload empty)
-    Clock::time_point arrival;
-  };
-  // Shared with ActiveRequest listeners, which may outlive the server by a moment.
+  // Shared with ActiveRequest listeners (control thread), which may outlive the server by a
+  // moment: they queue the key and wake the channel while it exists.
   struct Mailbox {
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<Inbound> inbox;
-    std::vector<uint64_t> ready;  // session keys with events
-    bool stop = false;
+    std::vector<uint64_t> ready;            // session keys with events
+    services::ControlChannel* channel = nullptr;
+    bool stop = false;                      // the destructor asks the channel thread to finish
+    bool stopped = false;                   // ... and it did
   };
   struct Session {
     std::string peer;
@@ -101,8 +97,10 @@ class RequestApiServer {
   };
 
   explicit RequestApiServer(Context context);
-  void Run(std::stop_token stop);
-  void Handle(Inbound& in);
+  // Channel-thread handlers.
+  void OnMessage(std::string_view peer, std::string_view payload);
+  void OnWake();
+  void Shutdown();
   void HandleSubmit(const std::string& peer, services::api::Submit submit, Clock::time_point arrival);
   void HandleAbort(const std::string& peer, const services::api::Abort& abort);
   void DropPeer(const std::string& peer);
@@ -116,15 +114,18 @@ class RequestApiServer {
   const Context ctx_;
   std::shared_ptr<Mailbox> mailbox_ = std::make_shared<Mailbox>();
 
-  // Pump thread only.
+  // Channel thread only.
   std::unordered_map<uint64_t, Session> sessions_;
   std::map<std::pair<std::string, uint64_t>, uint64_t> by_client_;
   std::unordered_map<std::string, Clock::time_point> last_sent_;  // peers with sessions
   uint64_t next_key_ = 1;
-  Clock::time_point next_scan_{};
 
-  std::unique_ptr<services::ControlChannel> channel_;
-  std::jthread pump_;  // last: stopped first
+  std::vector<uint64_t> ready_;  // scratch
+
+  std::unique_ptr<services::ControlChannel> channel_;  // last: its thread stops first
+  // The same channel for the handlers: valid until the channel's destructor has joined its
+  // thread (channel_ itself is already null while it does).
+  services::ControlChannel* channel_for_handlers_ = nullptr;
 };
 
 }  // namespace pdserve::router
