@@ -4,7 +4,7 @@ namespace pdserve::router {
 
 void ActiveRequest::Push(RequestEvent event) {
   if (event.received == std::chrono::steady_clock::time_point{}) event.received = std::chrono::steady_clock::now();
-  std::function<void()> listener;
+  std::shared_ptr<const std::function<void()>> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ended_) return;
@@ -13,12 +13,12 @@ void ActiveRequest::Push(RequestEvent event) {
     listener = listener_;
   }
   cv_.notify_all();
-  if (listener) listener();
+  if (listener) (*listener)();
 }
 
 void ActiveRequest::SetListener(std::function<void()> listener) {
   std::lock_guard<std::mutex> lock(mu_);
-  listener_ = std::move(listener);
+  listener_ = listener ? std::make_shared<const std::function<void()>>(std::move(listener)) : nullptr;
 }
 
 bool ActiveRequest::WaitEvents(std::chrono::steady_clock::time_point until, std::vector<RequestEvent>* out) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -72,7 +73,7 @@ class ActiveRequest {
   std::condition_variable cv_;
   std::deque<RequestEvent> events_;
   bool ended_ = false;  // a finishing event was pushed
-  std::function<void()> listener_;
+  std::shared_ptr<const std::function<void()>> listener_;  // shared: Push copies it per event
 };
 
 }  // namespace pdserve::router
