@@ -126,6 +126,10 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
     if (s.ok()) s = SetIntOption(socket.sock, ZMQ_SNDHWM, 0, "ZMQ_SNDHWM");
     if (s.ok()) s = SetIntOption(socket.sock, ZMQ_RCVHWM, 0, "ZMQ_RCVHWM");
     if (s.ok() && is_router) s = SetIntOption(socket.sock, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY");
+    if (s.ok() && options_.zmtp_heartbeat_ms > 0) {
+      s = SetIntOption(socket.sock, ZMQ_HEARTBEAT_IVL, options_.zmtp_heartbeat_ms, "ZMQ_HEARTBEAT_IVL");
+      if (s.ok()) s = SetIntOption(socket.sock, ZMQ_HEARTBEAT_TIMEOUT, 3 * options_.zmtp_heartbeat_ms, "ZMQ_HEARTBEAT_TIMEOUT");
+    }
     if (s.ok() && !is_router) {
       s = SetIntOption(socket.sock, ZMQ_IMMEDIATE, 1, "ZMQ_IMMEDIATE");
       if (s.ok()) s = SetIntOption(socket.sock, ZMQ_RECONNECT_IVL, 100, "ZMQ_RECONNECT_IVL");
@@ -167,8 +171,10 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
         sent = zmq_send(socket.sock, payload.data(), payload.size(), ZMQ_DONTWAIT) >= 0;
       }
       if (!sent) {
+        const int err = zmq_errno();
         dropped_.fetch_add(1, std::memory_order_relaxed);
-        log->debug("{}: dropped a message ({})", options_.name, zmq_strerror(zmq_errno()));
+        log->debug("{}: dropped a message ({})", options_.name, zmq_strerror(err));
+        if (is_router && err == EHOSTUNREACH && options_.on_unreachable) options_.on_unreachable(peer);
       }
     }
     outgoing.clear();
@@ -202,6 +208,7 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
         on_message_(std::string_view(), frames[0]);
       }
     }
+    if (options_.on_wake) options_.on_wake();
     if (on_tick_ && std::chrono::steady_clock::now() >= next_tick) {
       on_tick_(std::chrono::steady_clock::now());
       next_tick = std::chrono::steady_clock::now() + options_.tick_interval;

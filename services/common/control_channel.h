@@ -15,7 +15,8 @@
 // (ZMQ_IMMEDIATE): the control plane never replays stale heartbeats or token events to a
 // router that restarted; workers notice the silence and register again.
 //
-// Thread-safety: Send, endpoint, dropped_messages: any thread. Destruction: not from a handler.
+// Thread-safety: Send, Wake, endpoint, dropped_messages: any thread. Destruction: not from a
+// handler.
 #pragma once
 
 #include <atomic>
@@ -41,6 +42,17 @@ struct ControlChannelOptions {
   std::string endpoint;
   std::chrono::milliseconds tick_interval{50};
   std::string name = "control";  // in log lines
+  // ROUTER only: called on the owner thread when a message cannot be delivered because the
+  // peer is gone (its connection closed: ZMQ_ROUTER_MANDATORY's EHOSTUNREACH). Front-ends use
+  // it to abort the requests of a client that disappeared (services/router/request_api_server.h).
+  std::function<void(std::string_view peer)> on_unreachable = nullptr;
+  // > 0: ZMTP heartbeats on every connection (ZMQ_HEARTBEAT_IVL, timeout 3x): a peer whose
+  // host vanished without closing its TCP connection is disconnected after that long.
+  int zmtp_heartbeat_ms = 0;
+  // Called on the owner thread after every wake-up (Wake(), a Send(), a message, a tick), after
+  // the received messages were handled: lets a front drive its own work on this thread -- and
+  // send from it -- without a thread hop per event (services/router/request_api_server.h).
+  std::function<void()> on_wake = nullptr;
 };
 
 class ControlChannel {
@@ -60,6 +72,8 @@ class ControlChannel {
 
   // Queues one message (peer ignored on a DEALER). Never blocks on the network.
   void Send(std::string peer, std::string payload);
+  // Wakes the owner thread (runs on_wake soon). Any thread; cheap (an eventfd write).
+  void Wake();
 
   // The endpoint actually bound/connected ("tcp://127.0.0.1:41234").
   const std::string& endpoint() const { return endpoint_; }
@@ -69,7 +83,6 @@ class ControlChannel {
  private:
   ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick);
   void Run(std::stop_token stop, std::function<void(Status, std::string)> ready);
-  void Wake();
 
   const ControlChannelOptions options_;
   const MessageHandler on_message_;

@@ -4,13 +4,21 @@ namespace pdserve::router {
 
 void ActiveRequest::Push(RequestEvent event) {
   if (event.received == std::chrono::steady_clock::time_point{}) event.received = std::chrono::steady_clock::now();
+  std::shared_ptr<const std::function<void()>> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ended_) return;
     ended_ = event.finishing();
     events_.push_back(std::move(event));
+    listener = listener_;
   }
   cv_.notify_all();
+  if (listener) (*listener)();
+}
+
+void ActiveRequest::SetListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = listener ? std::make_shared<const std::function<void()>>(std::move(listener)) : nullptr;
 }
 
 bool ActiveRequest::WaitEvents(std::chrono::steady_clock::time_point until, std::vector<RequestEvent>* out) {

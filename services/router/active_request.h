@@ -12,6 +12,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -53,6 +55,13 @@ class ActiveRequest {
 
   bool ended() const;
 
+  // Optional: called after every queued event (outside the lock, on the pushing thread), so a
+  // front that multiplexes many requests on one thread (request_api_server.h) learns which
+  // request has output without a thread blocked in WaitEvents per request. It runs under
+  // RouterCore's lock: it must not block or call into RouterCore. Events queued before it was
+  // set are the caller's to check.
+  void SetListener(std::function<void()> listener);
+
  private:
   const uint64_t id_;
   const std::string tag_;
@@ -64,6 +73,7 @@ class ActiveRequest {
   std::condition_variable cv_;
   std::deque<RequestEvent> events_;
   bool ended_ = false;  // a finishing event was pushed
+  std::shared_ptr<const std::function<void()>> listener_;  // shared: Push copies it per event
 };
 
 }  // namespace pdserve::router

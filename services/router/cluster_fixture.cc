@@ -56,6 +56,7 @@ Status TestCluster::StartRouter(const std::vector<std::string>& extra_args, int 
   PDSERVE_ASSIGN_OR_RETURN(nlohmann::json r, WaitReadyFile(ready, router_.get(), 20s));
   http_port_ = r["http_port"].get<int>();
   control_endpoint_ = r["control_endpoint"].get<std::string>();
+  request_endpoint_ = r.value("request_endpoint", std::string());
   return Status::Ok();
 }
 

@@ -44,6 +44,8 @@ class TestCluster {
 
   int http_port() const { return http_port_; }
   const std::string& control_endpoint() const { return control_endpoint_; }
+  // The ZeroMQ request API endpoint (with --request-endpoint; else empty).
+  const std::string& request_endpoint() const { return request_endpoint_; }
   services::testing::ChildProcess* router() { return router_.get(); }
   const std::string& dir() const { return dir_; }
   // Every child's log, for failure messages.
@@ -57,6 +59,7 @@ class TestCluster {
   std::map<std::string, int> metrics_ports_;
   int http_port_ = 0;
   std::string control_endpoint_;
+  std::string request_endpoint_;
   int router_starts_ = 0;
 };
 

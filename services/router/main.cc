@@ -6,6 +6,8 @@
 //                  [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N]
 //                  [--request-timeout-ms N] [--first-token-timeout-ms N]
 //                  [--max-body-bytes N] [--ready-file PATH] [--log-level L]
+//                  [--request-endpoint tcp://HOST:PORT] [--request-keepalive-ms N]
+//                  (the ZeroMQ request API, docs/request-api.md)
 // --config reads the `router:` section of a YAML file (docs/configuration.md); flags override
 // it. Runs until SIGINT / SIGTERM, then stops cleanly (exit 0).
 #include <cstdio>
@@ -28,7 +30,7 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
                    {"config", "host", "port", "control", "model-name", "tokenizer", "mode", "prefill-policy",
                     "decode-policy", "colocated-policy", "heartbeat-interval-ms", "heartbeat-timeout-ms",
                     "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "ready-file", "log-level",
-                    "http-threads"},
+                    "http-threads", "request-endpoint", "request-keepalive-ms"},
                    {}));
   RouterConfig c;
   if (auto path = cl.Get("config")) {
@@ -54,10 +56,12 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
   PDSERVE_RETURN_IF_ERROR(ms("heartbeat-timeout-ms", &c.heartbeat_timeout));
   PDSERVE_RETURN_IF_ERROR(ms("request-timeout-ms", &c.request_timeout));
   PDSERVE_RETURN_IF_ERROR(ms("first-token-timeout-ms", &c.first_token_timeout));
+  PDSERVE_RETURN_IF_ERROR(ms("request-keepalive-ms", &c.request_keepalive));
   PDSERVE_ASSIGN_OR_RETURN(c.max_body_bytes, cl.GetInt("max-body-bytes", c.max_body_bytes));
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, cl.GetInt("http-threads", c.http_threads));
   c.http_threads = static_cast<int>(threads);
   c.ready_file = cl.GetOr("ready-file", c.ready_file);
+  c.request_endpoint = cl.GetOr("request-endpoint", c.request_endpoint);
   if (c.routing.mode != "auto" && c.routing.mode != "disaggregated" && c.routing.mode != "colocated")
     return Status::InvalidArgument("--mode must be auto, disaggregated or colocated");
   PDSERVE_RETURN_IF_ERROR(c.Validate());

@@ -8,7 +8,8 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
                                        "heartbeat_interval_ms", "heartbeat_timeout_ms", "request_timeout_ms",
                                        "first_token_timeout_ms", "default_max_tokens", "max_body_bytes",
                                        "max_outstanding_requests", "http_threads", "compat_hash",
-                                       "disconnect_poll_ms", "admin_api", "ready_file"}));
+                                       "disconnect_poll_ms", "admin_api", "ready_file", "request_endpoint",
+                                       "request_keepalive_ms"}));
   PDSERVE_RETURN_IF_ERROR(s.Get("host", &c.host));
   int64_t port = c.port;
   PDSERVE_RETURN_IF_ERROR(s.Get("port", &port));
@@ -42,6 +43,8 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.Get("disconnect_poll_ms", &c.disconnect_poll));
   PDSERVE_RETURN_IF_ERROR(s.Get("admin_api", &c.admin_api));
   PDSERVE_RETURN_IF_ERROR(s.Get("ready_file", &c.ready_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("request_endpoint", &c.request_endpoint));
+  PDSERVE_RETURN_IF_ERROR(s.Get("request_keepalive_ms", &c.request_keepalive));
   PDSERVE_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -68,6 +71,10 @@ Status RouterConfig::Validate() const {
   if (max_outstanding_requests == 0) return Status::InvalidArgument("router.max_outstanding_requests must be > 0");
   if (http_threads < 2 || http_threads > 4096) return Status::InvalidArgument("router.http_threads must be in [2, 4096]");
   if (disconnect_poll.count() <= 0) return Status::InvalidArgument("router.disconnect_poll_ms must be > 0");
+  if (!request_endpoint.empty() && request_endpoint.rfind("tcp://", 0) != 0 && request_endpoint.rfind("ipc://", 0) != 0)
+    return Status::InvalidArgument("router.request_endpoint must be empty (off), tcp://HOST:PORT or ipc://PATH");
+  if (request_keepalive.count() < 10 || request_keepalive.count() > 3600000)
+    return Status::InvalidArgument("router.request_keepalive_ms must be in [10, 3600000]");
   return Status::Ok();
 }
 

@@ -42,6 +42,12 @@ struct RouterConfig {
   std::chrono::milliseconds disconnect_poll{50};  // how often waits check for a gone client
   bool admin_api = true;              // GET /admin/workers, POST /admin/drain
   std::string ready_file;             // when set: JSON {http_port, control_endpoint} after start
+  // ZeroMQ request API (docs/request-api.md): a ROUTER socket clients connect a DEALER to;
+  // empty: off. "tcp://HOST:*" picks a free port (see the ready file's request_endpoint).
+  std::string request_endpoint;
+  // Silence towards a client with requests in flight after which the router probes it (and
+  // ZMTP heartbeat interval): a client that is gone is noticed within about this long.
+  std::chrono::milliseconds request_keepalive{1000};
 
   // Errors: InvalidArgument naming the key.
   static Result<RouterConfig> FromYaml(const services::YamlSection& section);

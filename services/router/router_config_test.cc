@@ -25,6 +25,19 @@ router:
   EXPECT_EQ(c->routing.decode_policy, "kv_capacity_aware");  // default kept
   EXPECT_EQ(c->heartbeat_timeout.count(), 1000);
   EXPECT_EQ(c->max_body_bytes, 8 << 20);
+  EXPECT_EQ(c->request_endpoint, "");  // the ZeroMQ request API is off by default
+  EXPECT_EQ(c->request_keepalive.count(), 1000);
+}
+
+TEST(RouterConfigTest, RequestApi) {
+  auto root = services::YamlSection::Parse("request_endpoint: tcp://127.0.0.1:7100\nrequest_keepalive_ms: 250\n").value();
+  auto c = RouterConfig::FromYaml(root);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->request_endpoint, "tcp://127.0.0.1:7100");
+  EXPECT_EQ(c->request_keepalive.count(), 250);
+  auto bad = [](const char* yaml) { return RouterConfig::FromYaml(services::YamlSection::Parse(yaml).value()).status(); };
+  EXPECT_NE(bad("request_endpoint: localhost:7100").message().find("router.request_endpoint"), std::string::npos);
+  EXPECT_NE(bad("request_keepalive_ms: 0").message().find("router.request_keepalive_ms"), std::string::npos);
 }
 
 TEST(RouterConfigTest, Errors) {

@@ -157,6 +157,8 @@ Result<std::shared_ptr<ActiveRequest>> RouterCore::Submit(SubmitSpec spec) {
   services::RequestLog("router", spec.tag)
       .Debug("request {:x}: {} prompt tokens, max_tokens {} -> {}{}", id, prompt_tokens, out.max_tokens,
              out.worker->id, disaggregated ? " (decode), prefill " + prefill.worker->id : std::string());
+  metrics_->CountPlacement(out.worker->role, out.worker->id, std::nullopt);
+  if (disaggregated) metrics_->CountPlacement(prefill.worker->role, prefill.worker->id, std::nullopt);
   SendLocked(out.worker->peer, job);
   routes_.emplace(id, std::move(route));
   return request;
@@ -402,6 +404,13 @@ nlohmann::json RouterCore::WorkersJson() const {
          std::chrono::duration_cast<std::chrono::milliseconds>(now - w->last_seen).count()},
     });
   }
+  return out;
+}
+
+std::vector<WorkerEntry> RouterCore::WorkerSnapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerEntry> out;
+  for (const WorkerEntry* w : registry_.All()) out.push_back(*w);
   return out;
 }
 

@@ -91,6 +91,8 @@ class RouterCore {
 
   ClusterHealth Health() const;
   nlohmann::json WorkersJson() const;
+  // A copy of every registered worker's entry (GET /v1/workers: workers_view.h).
+  std::vector<WorkerEntry> WorkerSnapshot() const;
   // Sends Drain to a worker and stops routing to it. Errors: NotFound.
   Status DrainWorker(const std::string& worker_id, uint32_t timeout_ms);
 

@@ -58,6 +58,11 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
                          .Help("Control-plane messages dropped as malformed")
                          .Register(*registry)
                          .Add({})),
+      request_api_malformed(prometheus::BuildCounter()
+                                .Name("pdserve_router_request_api_malformed_total")
+                                .Help("ZeroMQ request API messages refused as malformed or of a wrong kind")
+                                .Register(*registry)
+                                .Add({})),
       registry_(registry),
       requests_(prometheus::BuildCounter()
                     .Name("pdserve_router_requests_total")
@@ -74,7 +79,11 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
       kv_blocks_(prometheus::BuildGauge()
                      .Name("pdserve_router_worker_kv_blocks")
                      .Help("KV blocks of each worker from its last heartbeat, by state")
-                     .Register(*registry)) {
+                     .Register(*registry)),
+      placements_(prometheus::BuildCounter()
+                      .Name("pdserve_router_placements_total")
+                      .Help("Jobs placed on each worker (and DP rank, when the router pins one)")
+                      .Register(*registry)) {
   // Create every low-cardinality series up front so dashboards see zeros, not gaps.
   for (auto o : {RequestOutcome::kOk, RequestOutcome::kClientError, RequestOutcome::kRejected,
                  RequestOutcome::kUnavailable, RequestOutcome::kTimeout, RequestOutcome::kCancelled,
@@ -117,6 +126,15 @@ void RouterMetrics::ForgetWorker(const std::string& worker) {
   kv_blocks_.Remove(it->second.first);
   kv_blocks_.Remove(it->second.second);
   kv_series_.erase(it);
+}
+
+void RouterMetrics::CountPlacement(services::WorkerRole role, const std::string& worker,
+                                   std::optional<uint32_t> dp_rank) {
+  placements_
+      .Add({{"role", services::WorkerRoleName(role)},
+            {"worker", worker},
+            {"dp_rank", dp_rank ? std::to_string(*dp_rank) : std::string("any")}})
+      .Increment();
 }
 
 }  // namespace pdserve::router

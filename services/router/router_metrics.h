@@ -18,6 +18,10 @@
 //   pdserve_router_worker_removals_total{role,reason}  timeout | deregister | replaced
 //   pdserve_router_worker_kv_blocks{role,worker,state}  last heartbeat's free/used blocks
 //   pdserve_router_control_errors_total           control messages dropped as malformed
+//   pdserve_router_placements_total{role,worker,dp_rank}  jobs the router placed on each worker
+//                                                 (dp_rank "any": the worker picks the rank)
+//   pdserve_router_request_api_malformed_total    ZeroMQ request API messages refused as
+//                                                 malformed or of a wrong kind
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe; UpdateWorkerKv is called from the
 // control thread only.
@@ -25,6 +29,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -53,6 +58,8 @@ class RouterMetrics {
   // Sets (free, used) for a worker; Forget removes its series when it leaves.
   void UpdateWorkerKv(services::WorkerRole role, const std::string& worker, int64_t free, int64_t total);
   void ForgetWorker(const std::string& worker);
+  // One job placed on `worker` (nullopt rank: the router did not pin a DP rank).
+  void CountPlacement(services::WorkerRole role, const std::string& worker, std::optional<uint32_t> dp_rank);
 
   prometheus::Histogram& ttft;
   prometheus::Histogram& inter_token_latency;
@@ -63,6 +70,7 @@ class RouterMetrics {
   prometheus::Counter& prompt_tokens;
   prometheus::Counter& generation_tokens;
   prometheus::Counter& control_errors;
+  prometheus::Counter& request_api_malformed;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -70,6 +78,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>& removals_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
+  prometheus::Family<prometheus::Counter>& placements_;
   std::mutex mu_;  // kv_series_
   std::map<std::string, std::pair<prometheus::Gauge*, prometheus::Gauge*>> kv_series_;  // worker -> free, used
 };

@@ -19,6 +19,8 @@
 #include "services/router/generation_session.h"
 #include "services/router/openai_request.h"
 #include "services/router/openai_response.h"
+#include "services/router/request_api_server.h"
+#include "services/router/workers_view.h"
 #include "tokenizer/tokenizer_paths.h"
 
 namespace pdserve::router {
@@ -159,8 +161,14 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   log->info("serving model '{}' on http://{}:{} (control {}, routing {}: prefill {}, decode {}, colocated {})",
             c.model_name, c.host, s->port_, s->core_->control_endpoint(), c.routing.mode, c.routing.prefill_policy,
             c.routing.decode_policy, c.routing.colocated_policy);
+  if (!c.request_endpoint.empty()) {
+    RequestApiServer::Context rc{&s->config_, s->tokenizer_.get(), &*s->chat_template_, s->core_.get(),
+                                 s->metrics_.get()};
+    PDSERVE_ASSIGN_OR_RETURN(s->request_api_, RequestApiServer::Start(rc));
+  }
   if (!c.ready_file.empty()) {
     json ready = {{"http_port", s->port_}, {"control_endpoint", s->core_->control_endpoint()}, {"pid", getpid()}};
+    if (s->request_api_) ready["request_endpoint"] = s->request_api_->endpoint();
     PDSERVE_RETURN_IF_ERROR(services::WriteFileAtomically(c.ready_file, ready.dump()));
   }
   return s;
@@ -173,8 +181,11 @@ RouterServer::~RouterServer() {
   if (http_) http_->stop();  // stops accepting; waits for handlers, which see stopping_
   if (listener_.joinable()) listener_.join();
   http_.reset();
+  request_api_.reset();
   core_.reset();
 }
+
+std::string RouterServer::request_endpoint() const { return request_api_ ? request_api_->endpoint() : std::string(); }
 
 void RouterServer::ReplyError(httplib::Response& res, const ApiError& error, bool count) {
   res.status = error.http_status;
@@ -200,6 +211,10 @@ void RouterServer::InstallRoutes() {
       res.set_content(DumpJson(json{{"workers", core_->WorkersJson()}}), "application/json");
     });
     h.Post("/admin/drain", [this](const httplib::Request& req, httplib::Response& res) { HandleDrain(req, res); });
+    h.Get("/v1/workers", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(DumpJson(WorkersView(core_->WorkerSnapshot(), Clock::now(), config_.heartbeat_interval)),
+                      "application/json");
+    });
   }
   // Everything httplib answers by itself (unknown path 404, body too large 413, bad request
   // line 400, ...) still gets an OpenAI-shaped body.

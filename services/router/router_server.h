@@ -9,6 +9,8 @@
 //                                                503 otherwise
 //   GET  /metrics                                Prometheus text (router_metrics.h)
 //   GET  /admin/workers, POST /admin/drain {"worker_id": ..., "timeout_ms": ...}
+//   GET  /v1/workers                             workers_view.h (with router.admin_api)
+// With router.request_endpoint it also serves the ZeroMQ request API (request_api_server.h).
 //
 // A generation request: parse and validate, apply the chat template, tokenize, Submit to
 // RouterCore (routing + dispatch), then wait for the first token or the first error before
@@ -49,6 +51,7 @@ namespace pdserve::router {
 
 enum class ApiEndpoint;
 struct ApiError;
+class RequestApiServer;
 
 class RouterServer {
  public:
@@ -62,6 +65,8 @@ class RouterServer {
 
   int http_port() const { return port_; }
   const std::string& control_endpoint() const { return core_->control_endpoint(); }
+  // The ZeroMQ request API's bound endpoint (docs/request-api.md); empty when it is off.
+  std::string request_endpoint() const;
   RouterCore& core() { return *core_; }
   RouterMetrics& metrics() { return *metrics_; }
   const RouterConfig& config() const { return config_; }
@@ -81,6 +86,7 @@ class RouterServer {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RouterCore> core_;
+  std::unique_ptr<RequestApiServer> request_api_;  // router.request_endpoint; before core_ dies
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> request_counter_{0};

@@ -1,0 +1,140 @@
+#include "services/client/request_client.h"
+
+#include <zmq.h>
+
+#include <variant>
+
+namespace pdserve::client {
+
+namespace api = services::api;
+using Clock = std::chrono::steady_clock;
+
+void RequestClient::ContextDeleter::operator()(void* context) const { zmq_ctx_term(context); }
+void RequestClient::SocketDeleter::operator()(void* socket) const { zmq_close(socket); }
+
+namespace {
+Status ZmqStatus(const char* what) { return Status::Internal(std::string(what) + ": " + zmq_strerror(zmq_errno())); }
+}  // namespace
+
+Status StatusFromApiError(const api::Error& e) {
+  std::string msg = e.message;
+  std::string detail = e.type;
+  if (!e.code.empty()) detail += ", code " + e.code;
+  if (!e.param.empty()) detail += ", param " + e.param;
+  msg += " [" + detail + "]";
+  switch (e.http_status) {
+    case 400: return Status::InvalidArgument(msg);
+    case 404: return Status::NotFound(msg);
+    case 413:
+    case 429: return Status::ResourceExhausted(msg);
+    case 503: return Status::Unavailable(msg);
+    case 504: return Status::DeadlineExceeded(msg);
+    default: return Status::Internal(msg);
+  }
+}
+
+Result<std::unique_ptr<RequestClient>> RequestClient::Connect(const std::string& endpoint, ClientOptions options) {
+  if (endpoint.empty()) return Status::InvalidArgument("the request API endpoint is empty");
+  std::unique_ptr<RequestClient> c(new RequestClient());
+  c->options_ = options;
+  c->context_.reset(zmq_ctx_new());
+  if (!c->context_) return ZmqStatus("zmq_ctx_new");
+  c->socket_.reset(zmq_socket(c->context_.get(), ZMQ_DEALER));
+  if (!c->socket_) return ZmqStatus("zmq_socket");
+  const int zero = 0, unlimited = 0;
+  zmq_setsockopt(c->socket_.get(), ZMQ_LINGER, &zero, sizeof(zero));
+  zmq_setsockopt(c->socket_.get(), ZMQ_RCVHWM, &unlimited, sizeof(unlimited));
+  zmq_setsockopt(c->socket_.get(), ZMQ_SNDHWM, &unlimited, sizeof(unlimited));
+  if (zmq_connect(c->socket_.get(), endpoint.c_str()) != 0)
+    return Status::InvalidArgument("cannot connect to '" + endpoint + "': " + zmq_strerror(zmq_errno()));
+  return c;
+}
+
+RequestClient::~RequestClient() {
+  socket_.reset();
+  context_.reset();
+}
+
+Status RequestClient::SendRaw(const std::string& bytes) {
+  if (zmq_send(socket_.get(), bytes.data(), bytes.size(), 0) < 0) return ZmqStatus("zmq_send");
+  return Status::Ok();
+}
+
+Status RequestClient::Send(const api::Message& message) {
+  PDSERVE_ASSIGN_OR_RETURN(std::string bytes, api::EncodeMessage(message));
+  return SendRaw(bytes);
+}
+
+Result<api::Message> RequestClient::Receive(std::chrono::milliseconds timeout) {
+  zmq_pollitem_t item = {socket_.get(), 0, ZMQ_POLLIN, 0};
+  const int n = zmq_poll(&item, 1, static_cast<long>(timeout.count()));
+  if (n < 0) return ZmqStatus("zmq_poll");
+  if (n == 0) return Status::DeadlineExceeded("no message from the router within " + std::to_string(timeout.count()) + " ms");
+  zmq_msg_t msg;
+  zmq_msg_init(&msg);
+  if (zmq_msg_recv(&msg, socket_.get(), 0) < 0) {
+    zmq_msg_close(&msg);
+    return ZmqStatus("zmq_msg_recv");
+  }
+  std::string bytes(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+  const bool more = zmq_msg_more(&msg);
+  zmq_msg_close(&msg);
+  while (more) {  // the API sends single frames; drop any extra
+    zmq_msg_t extra;
+    zmq_msg_init(&extra);
+    const int rc = zmq_msg_recv(&extra, socket_.get(), 0);
+    const bool again = rc >= 0 && zmq_msg_more(&extra);
+    zmq_msg_close(&extra);
+    if (!again) break;
+  }
+  auto decoded = api::DecodeMessage(bytes);
+  if (decoded.ok()) {
+    if (auto* e = std::get_if<api::Error>(&decoded.value())) last_error_ = *e;
+  }
+  return decoded;
+}
+
+Status RequestClient::Ping(std::chrono::milliseconds timeout) {
+  const uint64_t nonce = next_id_++;
+  PDSERVE_RETURN_IF_ERROR(Send(api::Ping{nonce}));
+  const auto until = Clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) return Status::DeadlineExceeded("no pong from the router");
+    PDSERVE_ASSIGN_OR_RETURN(api::Message m, Receive(left));
+    if (auto* p = std::get_if<api::Pong>(&m); p && p->nonce == nonce) return Status::Ok();
+  }
+}
+
+Result<Completion> RequestClient::Generate(api::Submit request, const OutputCallback& on_output) {
+  if (request.request_id == 0) request.request_id = next_id_++;
+  const uint64_t id = request.request_id;
+  PDSERVE_RETURN_IF_ERROR(Send(request));
+  Completion out;
+  bool aborting = false;
+  while (true) {
+    PDSERVE_ASSIGN_OR_RETURN(api::Message m, Receive(options_.timeout));
+    if (auto* a = std::get_if<api::Accepted>(&m)) {
+      if (a->request_id == id) out.tag = a->tag;
+    } else if (auto* o = std::get_if<api::Output>(&m)) {
+      if (o->request_id != id) continue;  // a previous request's late event
+      out.tokens.insert(out.tokens.end(), o->tokens.begin(), o->tokens.end());
+      out.text += o->text;
+      if (on_output && !aborting && !on_output(*o) && !o->finishing()) {
+        aborting = true;
+        PDSERVE_RETURN_IF_ERROR(Send(api::Abort{id, "aborted by the client"}));
+      }
+      if (o->finishing()) {
+        out.finish = o->finish;
+        out.prompt_tokens = o->prompt_tokens;
+        out.completion_tokens = o->completion_tokens;
+        return out;
+      }
+    } else if (auto* e = std::get_if<api::Error>(&m)) {
+      if (e->request_id == id || e->request_id == 0) return StatusFromApiError(*e);
+    }
+    // pong, keepalive: nothing to do
+  }
+}
+
+}  // namespace pdserve::client

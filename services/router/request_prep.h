@@ -1,0 +1,45 @@
+// Request preparation shared by the router's fronts (HTTP: router_server.h; ZeroMQ:
+// request_api_server.h): from a validated ParsedRequest (openai_request.h) to what
+// RouterCore::Submit and GenerationSession need -- model check, chat template, tokenization
+// (BOS for text prompts), vocabulary check of token-id prompts, stop tokens (EOS unless
+// ignore_eos), deadline -- and the error mapping of a refused Submit. Both fronts therefore
+// accept, refuse and word errors identically.
+//
+// Thread-safety: pure functions over const inputs (the tokenizer is thread-safe for reads).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "services/router/api_error.h"
+#include "services/router/generation_session.h"
+#include "services/router/openai_request.h"
+#include "services/router/router_config.h"
+#include "services/router/router_core.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pdserve::router {
+
+struct PreparedRequest {
+  SubmitSpec spec;
+  GenerationSession::Options session;
+  uint32_t prompt_tokens = 0;
+};
+
+// A new request tag ("cmpl-..." / "chatcmpl-..."), unique per router process.
+std::string NewRequestTag(bool chat);
+
+// Errors: the ApiError to send (404 model_not_found, 400 naming "prompt" / "messages").
+std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokenizer::Tokenizer& tokenizer,
+                                       const tokenizer::ChatTemplate& chat_template, ParsedRequest& request,
+                                       const std::string& tag, std::chrono::steady_clock::time_point arrival,
+                                       PreparedRequest* out);
+
+// The ApiError for a Submit that RouterCore refused (context_length_exceeded, no_workers, 429).
+ApiError SubmitError(const Status& status, const std::string& tag, bool chat);
+
+}  // namespace pdserve::router

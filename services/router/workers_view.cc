@@ -1,0 +1,44 @@
+#include "services/router/workers_view.h"
+
+namespace pdserve::router {
+
+nlohmann::json WorkersView(const std::vector<WorkerEntry>& workers, std::chrono::steady_clock::time_point now,
+                           std::chrono::milliseconds heartbeat_interval) {
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  nlohmann::json data = nlohmann::json::array();
+  for (const WorkerEntry& w : workers) {
+    const auto silent = duration_cast<milliseconds>(now - w.last_seen);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : w.load.ranks)
+      ranks.push_back({{"dp_rank", r.rank}, {"running", r.running}, {"waiting", r.waiting},
+                       {"kv_blocks_free", r.kv_blocks_free}});
+    data.push_back({
+        {"id", w.id},
+        {"role", services::WorkerRoleName(w.role)},
+        {"state", w.draining ? "draining" : "ready"},
+        {"health", silent > 2 * heartbeat_interval ? "late" : "healthy"},
+        {"last_heartbeat_ms_ago", silent.count()},
+        {"uptime_s", duration_cast<std::chrono::seconds>(now - w.registered_at).count()},
+        {"address", {{"metrics", w.http_address}, {"transfer", !w.transfer_address.empty()}}},
+        {"load",
+         {{"running", w.load.running},
+          {"waiting", w.load.waiting},
+          {"queued_tokens", w.load.queued_tokens},
+          {"kv_blocks_free", w.load.kv_blocks_free},
+          {"kv_blocks_total", w.load.kv_blocks_total},
+          {"outstanding_requests", w.outstanding_requests},
+          {"outstanding_tokens", w.outstanding_tokens}}},
+        {"dp_ranks", w.capacity.dp_ranks},
+        {"ranks", std::move(ranks)},
+        {"capacity",
+         {{"max_context_tokens", w.capacity.max_context_tokens},
+          {"max_batch", w.capacity.max_batch},
+          {"block_tokens", w.capacity.block_tokens}}},
+        {"model", w.model_name},
+    });
+  }
+  return {{"object", "list"}, {"data", std::move(data)}};
+}
+
+}  // namespace pdserve::router
