@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -147,13 +148,29 @@ Status Launcher::WaitReady() {
   httplib::Client cli("127.0.0.1", http_port_);
   cli.set_connection_timeout(std::chrono::seconds(2));
   cli.set_read_timeout(std::chrono::seconds(2));
+  // Ready means every configured worker registered, not only the router's minimum (one prefill
+  // and one decode): whoever waits on the ready file may count on the whole topology.
+  std::map<std::string, int64_t> expected;
+  for (const WorkerGroupConfig& g : config_.workers) expected[services::WorkerRoleName(g.role)] += g.count;
+  std::string last_seen = "no answer";
   while (Clock::now() < deadline) {
     if (!PollOnce(std::chrono::milliseconds(100))) return Status::Aborted("while waiting for the cluster");
     auto r = cli.Get("/health");
-    if (r && r->status == 200) return Status::Ok();
+    if (!r) continue;
+    last_seen = r->body;
+    if (r->status != 200) continue;
+    const nlohmann::json health = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+    bool all = health.is_object() && health.contains("workers") && health["workers"].is_object();
+    for (const auto& [role, count] : expected) {
+      if (!all) break;
+      const auto& n = health["workers"][role];
+      all = n.is_number_integer() && n.get<int64_t>() >= count;
+    }
+    if (all) return Status::Ok();
   }
-  return Status::DeadlineExceeded(fmt::format("the cluster was not ready within {} ms (GET /health)",
-                                              config_.ready_timeout.count()));
+  return Status::DeadlineExceeded(fmt::format(
+      "the cluster was not ready within {} ms: GET /health did not list every configured worker (last answer: {})",
+      config_.ready_timeout.count(), last_seen));
 }
 
 int Launcher::Shutdown(int code) {
