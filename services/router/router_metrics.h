@@ -18,6 +18,10 @@
 //   pdserve_router_worker_removals_total{role,reason}  timeout | deregister | replaced
 //   pdserve_router_worker_kv_blocks{role,worker,state}  last heartbeat's free/used blocks
 //   pdserve_router_control_errors_total           control messages dropped as malformed
+//   pdserve_router_migrations_total{role,outcome}  requests whose attempt failed on a worker of
+//                                                 `role`: migrated (a new attempt started), or
+//                                                 failed: limit (router.max_migrations),
+//                                                 no_worker, deadline
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe; UpdateWorkerKv is called from the
 // control thread only.
@@ -27,6 +31,7 @@
 #include <mutex>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -49,6 +54,7 @@ class RouterMetrics {
 
   void CountRequest(RequestOutcome outcome);
   void CountRemoval(services::WorkerRole role, const std::string& reason);
+  void CountMigration(services::WorkerRole role, std::string_view outcome);
   void SetWorkers(services::WorkerRole role, size_t ready, size_t draining);
   // Sets (free, used) for a worker; Forget removes its series when it leaves.
   void UpdateWorkerKv(services::WorkerRole role, const std::string& worker, int64_t free, int64_t total);
@@ -68,6 +74,7 @@ class RouterMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& removals_;
+  prometheus::Family<prometheus::Counter>& migrations_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
   std::mutex mu_;  // kv_series_
