@@ -190,6 +190,10 @@ bool EchoEngine::Step(Job& job, Clock::time_point now, std::vector<TokenEventMsg
       job.next_index = 0;
       [[fallthrough]];
     case Stage::kGenerating: {
+      if (options_.stall_after > 0 && job.next_index >= options_.stall_after) {
+        job.next_time = Clock::time_point::max();  // wedged (abort still ends it)
+        return false;
+      }
       TokenEventMsg ev = MakeToken(job, job.next_index);
       const bool done = ev.finishing();
       events->push_back(std::move(ev));

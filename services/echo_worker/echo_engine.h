@@ -49,6 +49,9 @@ struct EchoOptions {
   uint32_t kv_blocks = 4096;
   uint32_t block_tokens = 64;
   uint32_t max_context = 8192;
+  // Tests only: after this many output tokens of a job, emit nothing more for it (a wedged
+  // engine whose control thread still heartbeats). 0: off.
+  uint32_t stall_after = 0;
 };
 
 class EchoEngine : public WorkerHandler {

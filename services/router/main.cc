@@ -5,7 +5,7 @@
 //                  [--prefill-policy P] [--decode-policy P] [--colocated-policy P]
 //                  [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N]
 //                  [--request-timeout-ms N] [--first-token-timeout-ms N]
-//                  [--max-body-bytes N] [--max-migrations N] [--ready-file PATH] [--log-level L]
+//                  [--max-body-bytes N] [--max-migrations N] [--stall-timeout-ms N] [--ready-file PATH] [--log-level L]
 // --config reads the `router:` section of a YAML file (docs/configuration.md); flags override
 // it. Runs until SIGINT / SIGTERM, then stops cleanly (exit 0).
 #include <cstdio>
@@ -27,7 +27,7 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
                    argc, argv,
                    {"config", "host", "port", "control", "model-name", "tokenizer", "mode", "prefill-policy",
                     "decode-policy", "colocated-policy", "heartbeat-interval-ms", "heartbeat-timeout-ms",
-                    "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "max-migrations", "ready-file", "log-level",
+                    "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "max-migrations", "stall-timeout-ms", "ready-file", "log-level",
                     "http-threads"},
                    {}));
   RouterConfig c;
@@ -54,6 +54,7 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
   PDSERVE_RETURN_IF_ERROR(ms("heartbeat-timeout-ms", &c.heartbeat_timeout));
   PDSERVE_RETURN_IF_ERROR(ms("request-timeout-ms", &c.request_timeout));
   PDSERVE_RETURN_IF_ERROR(ms("first-token-timeout-ms", &c.first_token_timeout));
+  PDSERVE_RETURN_IF_ERROR(ms("stall-timeout-ms", &c.stall_timeout));
   PDSERVE_ASSIGN_OR_RETURN(c.max_body_bytes, cl.GetInt("max-body-bytes", c.max_body_bytes));
   PDSERVE_ASSIGN_OR_RETURN(int64_t migrations, cl.GetInt("max-migrations", c.max_migrations));
   if (migrations < 0) return Status::InvalidArgument("--max-migrations must be >= 0");

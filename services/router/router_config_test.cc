@@ -28,6 +28,7 @@ router:
   EXPECT_EQ(c->max_body_bytes, 8 << 20);
   EXPECT_EQ(c->max_migrations, 0u);
   EXPECT_EQ(RouterConfig().max_migrations, 3u);
+  EXPECT_EQ(RouterConfig().stall_timeout.count(), 60000);
 }
 
 TEST(RouterConfigTest, Errors) {
@@ -41,6 +42,7 @@ TEST(RouterConfigTest, Errors) {
   EXPECT_FALSE(bad("port: 70000").ok());
   EXPECT_NE(bad("max_migrations: 1000").message().find("router.max_migrations"), std::string::npos);
   EXPECT_FALSE(bad("max_migrations: -1").ok());
+  EXPECT_NE(bad("stall_timeout_ms: -5").message().find("stall_timeout_ms"), std::string::npos);
   EXPECT_FALSE(bad("control_endpoint: localhost:7000").ok());
   EXPECT_EQ(RouterConfig::LoadFile("/nonexistent.yaml").status().code(), StatusCode::kNotFound);
 }

@@ -242,7 +242,8 @@ void RouterCore::EndRouteLocked(uint64_t job_id, std::string_view abort_reason) 
   routes_.erase(it);
 }
 
-void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const Status& why) {
+void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const Status& why,
+                               const std::string& failed_peer) {
   auto node = routes_.extract(job_id);
   if (node.empty()) return;
   Route& r = node.mapped();
@@ -273,7 +274,13 @@ void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const St
   std::vector<int32_t> prompt = r.prompt;
   prompt.insert(prompt.end(), r.delivered.begin(), r.delivered.end());
   const uint64_t next = next_request_id_++;
+  // A worker that failed the attempt but is still registered (it aborted, reported an error,
+  // or stalled) is passed over while another worker of its role is ready.
+  WorkerEntry* avoid = failed_peer.empty() ? nullptr : registry_.FindByPeer(failed_peer);
+  const bool avoid_it = avoid && !avoid->draining && registry_.ReadyCount(avoid->role) > 1;
+  if (avoid_it) avoid->draining = true;
   auto dispatched = DispatchLocked(r, next, r.request->tag(), prompt, r.sampling.max_tokens - delivered);
+  if (avoid_it) avoid->draining = false;
   if (!dispatched.ok()) {
     fail("no_worker", Status::Unavailable(fmt::format("{}; no worker to move the request to: {}", why.message(),
                                                       dispatched.status().message())));
@@ -355,7 +362,8 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
     MigrateLocked(id, role,
                   Status(e.ok() ? StatusCode::kAborted : e.code(),
                          fmt::format("{} worker {} ended the request: {}", services::WorkerRoleName(role),
-                                     w ? w->id : std::string("?"), e.ok() ? std::string("aborted") : e.message())));
+                                     w ? w->id : std::string("?"), e.ok() ? std::string("aborted") : e.message())),
+                  peer);
     return;
   }
 
@@ -389,6 +397,7 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
       if (!out_ev.logprobs.empty()) first.logprob = out_ev.logprobs[0];
     }
     r.first_token_seen = true;
+    r.last_output = std::chrono::steady_clock::now();
     r.delivered.insert(r.delivered.end(), out_ev.tokens.begin(), out_ev.tokens.end());
     r.request->Push(std::move(out_ev));
     if (ends_here) {
@@ -409,7 +418,10 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
     out_ev.error = Status::Aborted("the worker aborted the request");
   if (!out_ev.error.ok() && out_ev.finish == FinishReason::kNone) out_ev.finish = FinishReason::kError;
   const bool finishing = out_ev.finishing();
-  r.first_token_seen = r.first_token_seen || !out_ev.tokens.empty();
+  if (!out_ev.tokens.empty()) {
+    r.first_token_seen = true;
+    r.last_output = std::chrono::steady_clock::now();
+  }
   r.delivered.insert(r.delivered.end(), out_ev.tokens.begin(), out_ev.tokens.end());
   r.request->Push(std::move(out_ev));
   if (finishing) {
@@ -469,9 +481,28 @@ void RouterCore::OnMessage(std::string_view peer_view, std::string_view payload)
   }
 }
 
+void RouterCore::MigrateStalledLocked(std::chrono::steady_clock::time_point now) {
+  if (options_.stall_timeout.count() <= 0) return;
+  std::vector<uint64_t> stalled;
+  for (const auto& [id, r] : routes_)
+    if (r.first_token_seen && r.out_live && now - r.last_output > options_.stall_timeout) stalled.push_back(id);
+  for (uint64_t id : stalled) {
+    const Route& r = routes_.at(id);
+    const WorkerEntry* w = registry_.FindByPeer(r.out_peer);
+    const WorkerRole role = r.disaggregated ? WorkerRole::kDecode : WorkerRole::kColocated;
+    const std::string peer = r.out_peer;
+    MigrateLocked(id, role,
+                  Status::Unavailable(fmt::format("{} worker {} produced no token for {} ms",
+                                                  services::WorkerRoleName(role), w ? w->id : std::string("?"),
+                                                  options_.stall_timeout.count())),
+                  peer);
+  }
+}
+
 void RouterCore::OnTick(std::chrono::steady_clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const WorkerEntry& gone : registry_.Expire(now)) WorkerGoneLocked(gone, "timeout");
+  MigrateStalledLocked(now);
   for (auto role : {WorkerRole::kPrefill, WorkerRole::kDecode, WorkerRole::kColocated})
     metrics_->SetWorkers(role, registry_.ReadyCount(role), registry_.DrainingCount(role));
 }

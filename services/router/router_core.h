@@ -63,6 +63,9 @@ struct RouterCoreOptions {
   uint32_t max_outstanding_requests = 1024;
   // Re-dispatches of one request after worker failures; 0 fails requests at once.
   uint32_t max_migrations = 3;
+  // A decoding attempt (it produced a token) with no further output for this long is treated
+  // as a failure of its worker (a wedged engine behind a live control thread). 0: off.
+  std::chrono::milliseconds stall_timeout{60000};
 };
 
 struct SubmitSpec {
@@ -133,6 +136,7 @@ class RouterCore {
     bool out_live = false;     // that worker still holds the job
     bool prefill_live = false;
     bool first_token_seen = false;  // of this attempt
+    std::chrono::steady_clock::time_point last_output{};  // the attempt's latest token
     services::JobMsg prefill_job;  // sent once the decode worker reserved KV
     int64_t out_tokens_charge = 0;
     int64_t out_blocks_charge = 0;
@@ -154,9 +158,13 @@ class RouterCore {
   // route's attempt fields; returns the resolved max_tokens. Errors: Choose's.
   Result<uint32_t> DispatchLocked(Route& route, uint64_t job_id, const std::string& tag,
                                   const std::vector<int32_t>& prompt, std::optional<uint32_t> max_tokens);
+  // Migrates every decoding attempt that produced nothing for options_.stall_timeout.
+  void MigrateStalledLocked(std::chrono::steady_clock::time_point now);
   // The current attempt of route `job_id` failed (`why`; `failed_role`: the worker that
-  // failed): ends it and starts the next one, or ends the request with an error.
-  void MigrateLocked(uint64_t job_id, services::WorkerRole failed_role, const Status& why);
+  // failed, `failed_peer` if it is still registered): ends it and starts the next one (on
+  // other workers than failed_peer when the role has any), or ends the request with an error.
+  void MigrateLocked(uint64_t job_id, services::WorkerRole failed_role, const Status& why,
+                     const std::string& failed_peer = {});
   // Ends a route: releases charges, aborts its live workers, forgets it.
   void EndRouteLocked(uint64_t job_id, std::string_view abort_reason);
   // Ends the current attempt only (aborts its live workers, releases its charges).

@@ -420,6 +420,44 @@ TEST(RouterE2eTest, WorkerKilledMidStreamRequestsAreMigratedExactly) {
   }, 5s)) << c.Workers().dump();
 }
 
+// A worker that keeps heartbeating but stops producing (a wedged engine): past
+// router.stall_timeout_ms its stream moves to another worker and completes exactly; the wedged
+// worker gets an abort and stays registered.
+TEST(RouterE2eTest, StalledStreamIsMigratedToAnotherWorker) {
+  TestCluster c("stall");
+  ASSERT_OK_C(c.StartRouter({"--stall-timeout-ms", "400"}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "10000", "--stall-after", "5"}), c);
+  ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--token-delay-us", "10000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+  constexpr int kMax = 40;
+  std::vector<SseReply> replies(2);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 2; ++k)
+    threads.emplace_back([&, k] {
+      json body = json::parse(CompletionBody(Prompt(20 + k), kMax, true));
+      body["stream_options"] = {{"include_usage", true}};
+      replies[k] = HttpPostSse(c.http_port(), "/v1/completions", body.dump(), 30s);
+    });
+  for (auto& t : threads) t.join();
+  double longest_gap = 0;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE(k);
+    auto sr = Collect(replies[k]);
+    EXPECT_FALSE(sr.error);
+    EXPECT_EQ(sr.text, EchoText(Prompt(20 + k), kMax));
+    ASSERT_FALSE(sr.usage.is_null());
+    EXPECT_EQ(sr.usage["completion_tokens"].get<int>(), kMax);
+    for (size_t i = 1; i < replies[k].arrival_seconds.size(); ++i)
+      longest_gap = std::max(longest_gap, replies[k].arrival_seconds[i] - replies[k].arrival_seconds[i - 1]);
+  }
+  EXPECT_GE(longest_gap, 0.35);  // the stall timeout, then the move
+  EXPECT_LT(longest_gap, 2.0);
+  auto m = HttpGet(c.http_port(), "/metrics").body;
+  EXPECT_EQ(testing::MetricValue(m, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"colocated\""), 1);
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w0", "pdserve_worker_jobs_total", "aborted") == 1; }, 3s));
+  EXPECT_EQ(c.Workers().size(), 2u);
+}
+
 // A request whose worker keeps dying is migrated up to router.max_migrations times, then ends
 // with a prompt error event; the survivors keep no charge for it.
 TEST(RouterE2eTest, MigrationLimitEndsTheStreamWithAnError) {
