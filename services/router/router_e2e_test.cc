@@ -458,6 +458,29 @@ TEST(RouterE2eTest, StalledStreamIsMigratedToAnotherWorker) {
   EXPECT_EQ(c.Workers().size(), 2u);
 }
 
+// The whole-request deadline bounds a stream that is still producing: an error event at
+// router.request_timeout_ms, the worker's job aborted (its blocks back).
+TEST(RouterE2eTest, RequestDeadlineEndsARunningStream) {
+  TestCluster c("deadline");
+  ASSERT_OK_C(c.StartRouter({"--request-timeout-ms", "700"}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  const auto t0 = Clock::now();
+  auto reply = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(3), 1000, true), 30s);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto sr = Collect(reply);
+  EXPECT_TRUE(sr.error);
+  EXPECT_TRUE(reply.done);
+  EXPECT_GT(sr.text.size(), 0u);  // it was streaming when the deadline came
+  EXPECT_GE(took, 0.6);
+  EXPECT_LT(took, 3.0);
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w0", "pdserve_worker_jobs_total", "aborted") == 1; }, 3s));
+  EXPECT_TRUE(WaitFor([&] {
+    auto w = c.Workers();
+    return w.size() == 1 && w[0]["kv_blocks_free"] == w[0]["kv_blocks_total"] && w[0]["outstanding_requests"] == 0;
+  }, 3s)) << c.Workers().dump();
+}
+
 // A request whose worker keeps dying is migrated up to router.max_migrations times, then ends
 // with a prompt error event; the survivors keep no charge for it.
 TEST(RouterE2eTest, MigrationLimitEndsTheStreamWithAnError) {
