@@ -103,12 +103,20 @@ Result<std::unique_ptr<Request>> Engine::NewRequest(std::vector<int32_t> prompt,
   PDSERVE_RETURN_IF_ERROR(o.sampling.Validate(c.vocab_size));
   if (!o.sampling.stop.empty() && !options_.detokenize)
     return Status::InvalidArgument("stop strings need a tokenizer (none configured)");
+  const int64_t resumed = o.sampling.resumed_output;
+  if (resumed >= n)
+    return Status::InvalidArgument("resumed_output " + std::to_string(resumed) + " must be below the prompt length " +
+                                   std::to_string(n));
   auto r = std::make_unique<Request>();
-  r->prompt_len = n;
-  r->penalties.SetPrompt(prompt);
+  // A resumed request's earlier output is output again: its positions are recomputed as output
+  // rows (as after a preemption) and count for the penalties and the sampling index.
+  r->prompt_len = n - resumed;
+  r->penalties.SetPrompt(std::vector<int32_t>(prompt.begin(), prompt.begin() + r->prompt_len));
+  for (int64_t i = r->prompt_len; i < n; ++i) r->penalties.AddOutput(prompt[static_cast<size_t>(i)]);
   r->tokens = std::move(prompt);
   r->tokens.reserve(static_cast<size_t>(std::min<int64_t>(n + o.sampling.max_tokens, max_len_)));
   r->params = std::move(o.sampling);
+  r->params.max_tokens += static_cast<int32_t>(resumed);  // the engine's limit counts all output
   r->on_event = std::move(o.on_event);
   r->hold_kv = o.hold_kv;
   r->max_len = max_len_;
@@ -133,7 +141,7 @@ Result<RequestId> Engine::AddRequest(std::vector<int32_t> prompt, RequestOptions
 
 Result<KvImport> Engine::ReserveImport(std::vector<int32_t> prompt, RequestOptions options) {
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Request> r, NewRequest(std::move(prompt), std::move(options)));
-  PDSERVE_RETURN_IF_ERROR(r->blocks.EnsureCapacity(pool_.get(), r->prompt_len));
+  PDSERVE_RETURN_IF_ERROR(r->blocks.EnsureCapacity(pool_.get(), r->n_tokens()));  // every imported position
   r->state = RequestState::kAwaitingKv;
   KvImport out{r->id, r->blocks.ids()};
   {

@@ -37,7 +37,7 @@ void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
       continue;
     }
     Request* r = it->second.get();
-    r->num_computed = r->prompt_len;
+    r->num_computed = r->n_tokens();  // the imported KV (a resumed request's earlier output too)
     scheduler_.AddRunning(r);
     SampleResult s;
     s.token = token;

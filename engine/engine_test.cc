@@ -136,6 +136,49 @@ TEST(EngineTest, SeededSamplingRepeatsAcrossBatchesAndPreemption) {
   EXPECT_NE(alone, other_seed);
 }
 
+// A migrated request (resumed_output): the prompt plus k tokens of earlier output, resumed on
+// another engine, continues exactly as the uninterrupted run, greedy and seeded with every
+// penalty (the earlier output counts as output and the sampling index continues at k).
+TEST(EngineTest, ResumedRequestContinuesTheUninterruptedRun) {
+  std::mt19937 rng(9);
+  std::vector<int32_t> prompt;
+  for (int j = 0; j < 45; ++j) prompt.push_back(static_cast<int32_t>(rng() % 1000));
+  auto generate = [&](const std::vector<int32_t>& p, int32_t resumed, bool seeded) {
+    auto engine = Engine::Create(Options(1024), &TinyModel());
+    EXPECT_TRUE(engine.ok());
+    EventCollector events;
+    RequestOptions ro;
+    ro.sampling.temperature = seeded ? 0.9f : 0.0f;
+    ro.sampling.seed = 5;
+    ro.sampling.presence_penalty = seeded ? 0.5f : 0.0f;
+    ro.sampling.frequency_penalty = seeded ? 0.3f : 0.0f;
+    ro.sampling.repetition_penalty = seeded ? 1.2f : 1.0f;
+    ro.sampling.max_tokens = 40 - resumed;
+    ro.sampling.resumed_output = resumed;
+    ro.on_event = events.Callback();
+    const RequestId id = (*engine)->AddRequest(p, ro).value();
+    EXPECT_TRUE(RunUntilIdle(engine->get()));
+    return events.Tokens(id);
+  };
+  for (bool seeded : {false, true}) {
+    SCOPED_TRACE(seeded ? "seeded" : "greedy");
+    const std::vector<int32_t> whole = generate(prompt, 0, seeded);
+    ASSERT_EQ(whole.size(), 40u);
+    for (int32_t k : {1, 7, 33}) {  // 33: the recomputed output spans a prefill-chunk boundary
+      std::vector<int32_t> resumed_prompt = prompt;
+      resumed_prompt.insert(resumed_prompt.end(), whole.begin(), whole.begin() + k);
+      const std::vector<int32_t> rest = generate(resumed_prompt, k, seeded);
+      EXPECT_EQ(rest, std::vector<int32_t>(whole.begin() + k, whole.end())) << "resumed after " << k;
+    }
+  }
+  auto engine = Engine::Create(Options(64), &TinyModel());
+  RequestOptions ro;
+  ro.sampling.resumed_output = 3;
+  EXPECT_EQ((*engine)->AddRequest({1, 2, 3}, ro).status().code(), StatusCode::kInvalidArgument);
+  ro.sampling.resumed_output = -1;
+  EXPECT_EQ((*engine)->AddRequest({1, 2, 3}, ro).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(EngineTest, BadInputGetsClearErrorsOthersUnaffected) {
   auto engine = Engine::Create(Options(24), &TinyModel());  // 384 tokens of KV
   ASSERT_TRUE(engine.ok());

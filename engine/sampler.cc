@@ -34,6 +34,8 @@ Status SamplingParams::Validate(int64_t vocab_size) const {
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
     return Status::InvalidArgument(Range("repetition_penalty", repetition_penalty) + " must be > 0");
   if (max_tokens < 1) return Status::InvalidArgument(Range("max_tokens", max_tokens) + " must be >= 1");
+  if (resumed_output < 0)
+    return Status::InvalidArgument(Range("resumed_output", resumed_output) + " must be >= 0");
   if (logprobs && (*logprobs < 0 || *logprobs > 20))
     return Status::InvalidArgument(Range("logprobs", *logprobs) + " must be in [0, 20]");
   for (int32_t t : stop_token_ids)

@@ -40,6 +40,12 @@ struct SamplingParams {
   std::vector<std::string> stop;     // stop strings (need the engine's detokenizer)
   std::optional<int32_t> logprobs;   // top-n logprobs per token, n in [0, 20]; the sampled
                                      // token's logprob is reported whenever this is set
+  // A resumed request (the router migrated it from a failed worker): the prompt's last
+  // resumed_output tokens are this request's earlier output. They count as output for the
+  // penalties, the sampling index (so a seed draws as if never interrupted) and the stop-string
+  // window, and are computed as output rows (bitwise the KV decode wrote); max_tokens counts
+  // new tokens only. In [0, prompt length).
+  int32_t resumed_output = 0;
 
   // Errors: InvalidArgument naming the field and its allowed range.
   Status Validate(int64_t vocab_size) const;

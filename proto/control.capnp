@@ -135,6 +135,9 @@ struct SamplingParams {
   stopStrings @11 :List(Text);    # the router also enforces these on the text it streams
   logprobs @12 :Bool;             # report the sampled token's logprob
   topLogprobs @13 :UInt32;        # and this many alternatives
+  resumedOutput @14 :UInt32;      # a migrated request: the prompt's last N tokens are its
+                                  # earlier output (penalties, sampling index; maxTokens counts
+                                  # new tokens only). 0: a fresh request
 }
 
 enum JobPhase {

@@ -186,6 +186,7 @@ struct Encoder {
     for (size_t i = 0; i < sp.stop_strings.size(); ++i) strs.set(static_cast<unsigned>(i), AsText(sp.stop_strings[i]));
     s.setLogprobs(sp.logprobs);
     s.setTopLogprobs(sp.top_logprobs);
+    s.setResumedOutput(sp.resumed_output);
     b.setDeadlineUnixMs(m.deadline_unix_ms);
     b.setKvDescriptor(AsData(m.kv_descriptor));
     b.setDecodeWorkerId(AsText(m.decode_worker_id));
@@ -386,6 +387,9 @@ Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
   sp.logprobs = s.getLogprobs();
   sp.top_logprobs = s.getTopLogprobs();
   if (sp.top_logprobs > ControlLimits::kMaxTopLogprobs) return Status::InvalidArgument("job.sampling.topLogprobs too large");
+  sp.resumed_output = s.getResumedOutput();
+  if (sp.resumed_output >= m.prompt.size())
+    return Status::InvalidArgument("job.sampling.resumedOutput must be below the prompt length");
   m.deadline_unix_ms = r.getDeadlineUnixMs();
   PDSERVE_ASSIGN_OR_RETURN(m.kv_descriptor, ReadData(r.getKvDescriptor(), "job.kvDescriptor", ControlLimits::kMaxBlobBytes));
   PDSERVE_ASSIGN_OR_RETURN(m.decode_worker_id, ReadText(r.getDecodeWorkerId(), "job.decodeWorkerId"));

@@ -36,6 +36,7 @@ JobMsg SampleJob() {
   j.sampling.frequency_penalty = 0.25f;
   j.sampling.seed = 42;
   j.sampling.max_tokens = 99;
+  j.sampling.resumed_output = 1;
   j.sampling.stop_token_ids = {1, 2};
   j.sampling.stop_strings = {"\n\n", "END"};
   j.sampling.logprobs = true;

@@ -104,6 +104,9 @@ struct SamplingSpec {
   std::vector<std::string> stop_strings;
   bool logprobs = false;
   uint32_t top_logprobs = 0;
+  // A migrated request (docs/router.md "Migration"): the job's last resumed_output prompt
+  // tokens are output the request already produced elsewhere; max_tokens counts new tokens.
+  uint32_t resumed_output = 0;
   bool operator==(const SamplingSpec&) const = default;
 };
 

@@ -92,9 +92,9 @@ Status EchoEngine::CommitFirstToken(const FirstTokenMsg& first) {
     if (it == jobs_.end()) return Status::NotFound("no such job");
     Job& job = it->second;
     if (job.stage != Stage::kAwaitingFirst) return Status::FailedPrecondition("not waiting for a first token");
-    if (first.token != TokenAt(job.msg.prompt, 0))
+    if (first.token != JobTokenAt(job.msg, 0))
       return Status::DataLoss(fmt::format("first token {} is not the prefill echo's {}", first.token,
-                                          TokenAt(job.msg.prompt, 0)));
+                                          JobTokenAt(job.msg, 0)));
     job.stage = Stage::kGenerating;
     job.next_index = 1;
     job.next_time = Clock::now() + options_.token_delay;
@@ -138,14 +138,14 @@ TokenEventMsg EchoEngine::MakeToken(const Job& job, uint64_t index) const {
   TokenEventMsg ev;
   ev.request_id = job.msg.request_id;
   ev.first_index = static_cast<uint32_t>(index);
-  const int32_t token = TokenAt(job.msg.prompt, index);
+  const int32_t token = JobTokenAt(job.msg, index);
   ev.tokens = {token};
   const SamplingSpec& s = job.msg.sampling;
   if (s.logprobs) {
     TokenLogprob lp;
     lp.logprob = -0.5f * static_cast<float>(index % 4);
     for (uint32_t k = 0; k < s.top_logprobs; ++k)
-      lp.top.push_back({TokenAt(job.msg.prompt, index + k), lp.logprob - static_cast<float>(k)});
+      lp.top.push_back({JobTokenAt(job.msg, index + k), lp.logprob - static_cast<float>(k)});
     ev.logprobs = {lp};
   }
   const bool stop = std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) != s.stop_token_ids.end();
@@ -190,6 +190,10 @@ bool EchoEngine::Step(Job& job, Clock::time_point now, std::vector<TokenEventMsg
       job.next_index = 0;
       [[fallthrough]];
     case Stage::kGenerating: {
+      if (options_.stall_after > 0 && job.next_index >= options_.stall_after) {
+        job.next_time = Clock::time_point::max();  // wedged (abort still ends it)
+        return false;
+      }
       TokenEventMsg ev = MakeToken(job, job.next_index);
       const bool done = ev.finishing();
       events->push_back(std::move(ev));

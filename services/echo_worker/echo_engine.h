@@ -4,7 +4,8 @@
 // pdserve-launch can be exercised with real processes on real sockets before (and
 // independently of) the engine services.
 //
-// Output: token i of a request is prompt[i % prompt_len] (the prompt echoed cyclically), so
+// Output: token i of a request is prompt[i % prompt_len] (the prompt echoed cyclically; a
+// migrated job continues where the original request was: JobTokenAt), so
 // any client can predict it; logprobs are synthetic (-0.5 * (i % 4), alternatives are the next
 // prompt tokens). It honours max_tokens, stop token ids (the stop token is the last one sent,
 // finish "stop"), abort and drain, and models time: a prefill delay per prompt token and a
@@ -25,6 +26,7 @@
 // generator; jobs still live get no further events.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -47,6 +49,9 @@ struct EchoOptions {
   uint32_t kv_blocks = 4096;
   uint32_t block_tokens = 64;
   uint32_t max_context = 8192;
+  // Tests only: after this many output tokens of a job, emit nothing more for it (a wedged
+  // engine whose control thread still heartbeats). 0: off.
+  uint32_t stall_after = 0;
 };
 
 class EchoEngine : public WorkerHandler {
@@ -69,6 +74,14 @@ class EchoEngine : public WorkerHandler {
   static std::string Descriptor(uint64_t request_id, const std::vector<int32_t>& prompt, const std::string& decode_id);
   // The token an echo worker emits at output index i.
   static int32_t TokenAt(const std::vector<int32_t>& prompt, uint64_t i) { return prompt[i % prompt.size()]; }
+  // Output token i of a job. A migrated job (sampling.resumed_output = k > 0) continues the
+  // original request: its prompt is the original prompt plus the k tokens already echoed, so
+  // its token i is the original request's token k + i.
+  static int32_t JobTokenAt(const JobMsg& job, uint64_t i) {
+    const uint64_t k = job.sampling.resumed_output;
+    const uint64_t original = job.prompt.size() - std::min<uint64_t>(k, job.prompt.size() - 1);
+    return job.prompt[(k + i) % original];
+  }
 
  private:
   enum class Stage { kPrefilling, kSendKv, kAwaitingFirst, kGenerating, kAborting };

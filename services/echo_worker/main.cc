@@ -7,7 +7,7 @@
 //       [--model-name NAME] [--token-delay-us N] [--prefill-us-per-token N] [--max-context N]
 //       [--kv-blocks N] [--block-tokens N] [--max-batch N] [--compat-hash N]
 //       [--metrics-host H] [--metrics-port P] [--ready-file PATH] [--drain-timeout-ms N]
-//       [--register-retry-ms N] [--log-level L]
+//       [--register-retry-ms N] [--stall-after N] [--log-level L]
 // Exit: 0 after SIGINT/SIGTERM (drains first) or a router-requested drain; 3 when the router
 // refuses the registration; 2 for bad arguments.
 #include <cstdio>
@@ -29,7 +29,7 @@ int Run(int argc, char** argv) {
   auto cl = CommandLine::Parse(argc, argv,
                                {"router", "worker-id", "role", "model-name", "token-delay-us", "prefill-us-per-token",
                                 "max-context", "kv-blocks", "block-tokens", "max-batch", "compat-hash", "metrics-host",
-                                "metrics-port", "ready-file", "drain-timeout-ms", "register-retry-ms", "log-level"},
+                                "metrics-port", "ready-file", "drain-timeout-ms", "register-retry-ms", "stall-after", "log-level"},
                                {});
   if (!cl.ok()) {
     std::fprintf(stderr, "pdserve-echo-worker: %s\n", cl.status().ToString().c_str());
@@ -56,12 +56,13 @@ int Run(int argc, char** argv) {
   };
   int64_t token_delay = 0, prefill_us = 0, max_context = eo.max_context, kv_blocks = eo.kv_blocks,
           block_tokens = eo.block_tokens, max_batch = eo.max_batch, compat = 0x6563686f, metrics_port = 0,
-          drain_ms = 10000, retry_ms = 250;
+          drain_ms = 10000, retry_ms = 250, stall_after = 0;
   for (IntOpt o : {IntOpt{"token-delay-us", 0, &token_delay}, {"prefill-us-per-token", 0, &prefill_us},
                    {"max-context", max_context, &max_context}, {"kv-blocks", kv_blocks, &kv_blocks},
                    {"block-tokens", block_tokens, &block_tokens}, {"max-batch", max_batch, &max_batch},
                    {"compat-hash", compat, &compat}, {"metrics-port", 0, &metrics_port},
-                   {"drain-timeout-ms", drain_ms, &drain_ms}, {"register-retry-ms", retry_ms, &retry_ms}}) {
+                   {"drain-timeout-ms", drain_ms, &drain_ms}, {"register-retry-ms", retry_ms, &retry_ms},
+                   {"stall-after", 0, &stall_after}}) {
     auto v = cl->GetInt(o.key, o.def);
     if (!v.ok()) return fail(v.status());
     if (v.value() < 0) return fail(Status::InvalidArgument(std::string("--") + o.key + " must be >= 0"));
@@ -75,6 +76,7 @@ int Run(int argc, char** argv) {
   eo.kv_blocks = static_cast<uint32_t>(kv_blocks);
   eo.block_tokens = static_cast<uint32_t>(block_tokens);
   eo.max_batch = static_cast<uint32_t>(max_batch);
+  eo.stall_after = static_cast<uint32_t>(stall_after);
   ao.compat_hash = static_cast<uint64_t>(compat);
   ao.register_retry = std::chrono::milliseconds(std::max<int64_t>(1, retry_ms));
 

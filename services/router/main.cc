@@ -5,7 +5,8 @@
 //                  [--prefill-policy P] [--decode-policy P] [--colocated-policy P]
 //                  [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N]
 //                  [--request-timeout-ms N] [--first-token-timeout-ms N]
-//                  [--max-body-bytes N] [--ready-file PATH] [--log-level L]
+//                  [--max-body-bytes N] [--max-migrations N] [--stall-timeout-ms N]
+//                  [--ready-file PATH] [--log-level L]
 //                  [--request-endpoint tcp://HOST:PORT] [--request-keepalive-ms N]
 //                  (the ZeroMQ request API, docs/request-api.md)
 // --config reads the `router:` section of a YAML file (docs/configuration.md); flags override
@@ -29,8 +30,9 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
                    argc, argv,
                    {"config", "host", "port", "control", "model-name", "tokenizer", "mode", "prefill-policy",
                     "decode-policy", "colocated-policy", "heartbeat-interval-ms", "heartbeat-timeout-ms",
-                    "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "ready-file", "log-level",
-                    "http-threads", "request-endpoint", "request-keepalive-ms"},
+                    "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "max-migrations",
+                    "stall-timeout-ms", "ready-file", "log-level", "http-threads", "request-endpoint",
+                    "request-keepalive-ms"},
                    {}));
   RouterConfig c;
   if (auto path = cl.Get("config")) {
@@ -57,7 +59,11 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
   PDSERVE_RETURN_IF_ERROR(ms("request-timeout-ms", &c.request_timeout));
   PDSERVE_RETURN_IF_ERROR(ms("first-token-timeout-ms", &c.first_token_timeout));
   PDSERVE_RETURN_IF_ERROR(ms("request-keepalive-ms", &c.request_keepalive));
+  PDSERVE_RETURN_IF_ERROR(ms("stall-timeout-ms", &c.stall_timeout));
   PDSERVE_ASSIGN_OR_RETURN(c.max_body_bytes, cl.GetInt("max-body-bytes", c.max_body_bytes));
+  PDSERVE_ASSIGN_OR_RETURN(int64_t migrations, cl.GetInt("max-migrations", c.max_migrations));
+  if (migrations < 0) return Status::InvalidArgument("--max-migrations must be >= 0");
+  c.max_migrations = static_cast<uint32_t>(migrations);
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, cl.GetInt("http-threads", c.http_threads));
   c.http_threads = static_cast<int>(threads);
   c.ready_file = cl.GetOr("ready-file", c.ready_file);

@@ -7,8 +7,8 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.CheckKeys({"host", "port", "control_endpoint", "model_name", "tokenizer_dir", "routing",
                                        "heartbeat_interval_ms", "heartbeat_timeout_ms", "request_timeout_ms",
                                        "first_token_timeout_ms", "default_max_tokens", "max_body_bytes",
-                                       "max_outstanding_requests", "http_threads", "compat_hash",
-                                       "disconnect_poll_ms", "admin_api", "ready_file", "request_endpoint",
+                                       "max_outstanding_requests", "max_migrations", "stall_timeout_ms", "http_threads",
+                                       "compat_hash", "disconnect_poll_ms", "admin_api", "ready_file", "request_endpoint",
                                        "request_keepalive_ms"}));
   PDSERVE_RETURN_IF_ERROR(s.Get("host", &c.host));
   int64_t port = c.port;
@@ -34,6 +34,8 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.Get("default_max_tokens", &c.default_max_tokens));
   PDSERVE_RETURN_IF_ERROR(s.Get("max_body_bytes", &c.max_body_bytes));
   PDSERVE_RETURN_IF_ERROR(s.Get("max_outstanding_requests", &c.max_outstanding_requests));
+  PDSERVE_RETURN_IF_ERROR(s.Get("max_migrations", &c.max_migrations));
+  PDSERVE_RETURN_IF_ERROR(s.Get("stall_timeout_ms", &c.stall_timeout));
   int32_t threads = c.http_threads;
   PDSERVE_RETURN_IF_ERROR(s.Get("http_threads", &threads));
   c.http_threads = threads;
@@ -69,6 +71,8 @@ Status RouterConfig::Validate() const {
     return Status::InvalidArgument("router timeouts must be > 0");
   if (max_body_bytes < 1024) return Status::InvalidArgument("router.max_body_bytes must be >= 1024");
   if (max_outstanding_requests == 0) return Status::InvalidArgument("router.max_outstanding_requests must be > 0");
+  if (max_migrations > 100) return Status::InvalidArgument("router.max_migrations must be in [0, 100]");
+  if (stall_timeout.count() < 0) return Status::InvalidArgument("router.stall_timeout_ms must be >= 0 (0: off)");
   if (http_threads < 2 || http_threads > 4096) return Status::InvalidArgument("router.http_threads must be in [2, 4096]");
   if (disconnect_poll.count() <= 0) return Status::InvalidArgument("router.disconnect_poll_ms must be > 0");
   if (!request_endpoint.empty() && request_endpoint.rfind("tcp://", 0) != 0 && request_endpoint.rfind("ipc://", 0) != 0)

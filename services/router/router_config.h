@@ -37,6 +37,12 @@ struct RouterConfig {
   uint32_t default_max_tokens = 0;    // when the client sends none; 0: up to the context limit
   int64_t max_body_bytes = 8 << 20;   // larger bodies get 413
   uint32_t max_outstanding_requests = 1024;  // admitted and unfinished; beyond: 429
+  // New attempts of one request after its workers failed (docs/router.md "Migration"); past
+  // it the request ends with an error. 0: no migration, a worker failure fails its requests.
+  uint32_t max_migrations = 3;
+  // A stream whose worker produced no token for this long (while still heartbeating: a wedged
+  // engine) is migrated as if the worker had failed. 0: off.
+  std::chrono::milliseconds stall_timeout{60000};
   int http_threads = 64;              // HTTP worker threads (a streaming request holds one)
   uint64_t compat_hash = 0;           // 0: adopt the first prefill/decode worker's hash
   std::chrono::milliseconds disconnect_poll{50};  // how often waits check for a gone client

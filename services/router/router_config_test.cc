@@ -15,6 +15,7 @@ router:
     colocated_policy: round_robin
   heartbeat_interval_ms: 100
   heartbeat_timeout_ms: 1000
+  max_migrations: 0
 )").value();
   auto c = RouterConfig::FromYaml(root.Section("router").value());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -27,6 +28,9 @@ router:
   EXPECT_EQ(c->max_body_bytes, 8 << 20);
   EXPECT_EQ(c->request_endpoint, "");  // the ZeroMQ request API is off by default
   EXPECT_EQ(c->request_keepalive.count(), 1000);
+  EXPECT_EQ(c->max_migrations, 0u);
+  EXPECT_EQ(RouterConfig().max_migrations, 3u);
+  EXPECT_EQ(RouterConfig().stall_timeout.count(), 60000);
 }
 
 TEST(RouterConfigTest, RequestApi) {
@@ -49,6 +53,9 @@ TEST(RouterConfigTest, Errors) {
   EXPECT_NE(bad("routing: {decode_policy: fastest}").message().find("routing.decode_policy"), std::string::npos);
   EXPECT_FALSE(bad("heartbeat_interval_ms: 1000\nheartbeat_timeout_ms: 500").ok());
   EXPECT_FALSE(bad("port: 70000").ok());
+  EXPECT_NE(bad("max_migrations: 1000").message().find("router.max_migrations"), std::string::npos);
+  EXPECT_FALSE(bad("max_migrations: -1").ok());
+  EXPECT_NE(bad("stall_timeout_ms: -5").message().find("stall_timeout_ms"), std::string::npos);
   EXPECT_FALSE(bad("control_endpoint: localhost:7000").ok());
   EXPECT_EQ(RouterConfig::LoadFile("/nonexistent.yaml").status().code(), StatusCode::kNotFound);
 }

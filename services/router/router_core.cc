@@ -11,6 +11,7 @@ namespace pdserve::router {
 
 using services::ControlMessage;
 using services::FinishReason;
+using pdserve::StatusCode;
 using services::WorkerRole;
 
 namespace {
@@ -83,60 +84,76 @@ size_t RouterCore::outstanding() const {
   return routes_.size();
 }
 
-Result<std::shared_ptr<ActiveRequest>> RouterCore::Submit(SubmitSpec spec) {
-  if (spec.prompt.empty()) return Status::InvalidArgument("the prompt is empty");
-  const auto prompt_tokens = static_cast<uint32_t>(spec.prompt.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (routes_.size() >= options_.max_outstanding_requests)
-    return Status::ResourceExhausted(fmt::format("the router has {} requests in flight; retry later", routes_.size()));
+bool IsRetriableFailure(FinishReason finish, const Status& error) {
+  if (error.ok()) return finish == FinishReason::kAbort;
+  switch (error.code()) {
+    case StatusCode::kUnavailable:
+    case StatusCode::kAborted:
+    case StatusCode::kInternal:
+    case StatusCode::kUnknown:
+    case StatusCode::kDataLoss:
+    case StatusCode::kDeadlineExceeded:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Result<bool> RouterCore::ChooseModeLocked() const {
   const bool have_pd = registry_.ReadyCount(WorkerRole::kPrefill) > 0 && registry_.ReadyCount(WorkerRole::kDecode) > 0;
   const bool have_colocated = registry_.ReadyCount(WorkerRole::kColocated) > 0;
-  bool disaggregated;
   switch (options_.mode) {
     case ServingMode::kDisaggregated:
       if (!have_pd) return Status::Unavailable("no ready prefill + decode worker pair");
-      disaggregated = true;
-      break;
+      return true;
     case ServingMode::kColocated:
       if (!have_colocated) return Status::Unavailable("no ready colocated worker");
-      disaggregated = false;
-      break;
+      return false;
     case ServingMode::kAuto:
     default:
       if (!have_pd && !have_colocated)
         return Status::Unavailable("no ready workers (need a prefill and a decode worker, or a colocated worker)");
-      disaggregated = have_pd;
-      break;
+      return have_pd;
   }
+}
 
-  Route route;
-  route.disaggregated = disaggregated;
+Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const std::string& tag,
+                                            const std::vector<int32_t>& prompt, std::optional<uint32_t> max_tokens) {
+  const auto prompt_tokens = static_cast<uint32_t>(prompt.size());
+  PDSERVE_ASSIGN_OR_RETURN(const bool disaggregated, ChooseModeLocked());
   WorkerChoice out, prefill;
   if (disaggregated) {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kDecode, options_.decode_policy, prompt_tokens,
-                                                   spec.max_tokens, options_.default_max_tokens, true, &cursor_decode_));
+                                                   max_tokens, options_.default_max_tokens, true, &cursor_decode_));
     PDSERVE_ASSIGN_OR_RETURN(prefill, registry_.Choose(WorkerRole::kPrefill, options_.prefill_policy, prompt_tokens,
                                                        std::nullopt, 0, false, &cursor_prefill_));
   } else {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kColocated, options_.colocated_policy, prompt_tokens,
-                                                   spec.max_tokens, options_.default_max_tokens, true,
+                                                   max_tokens, options_.default_max_tokens, true,
                                                    &cursor_colocated_));
   }
-  const uint64_t id = next_request_id_++;
-  auto request = std::make_shared<ActiveRequest>(id, spec.tag, prompt_tokens, out.max_tokens, spec.arrival);
 
   services::JobMsg job;
-  job.request_id = id;
-  job.request_tag = spec.tag;
-  job.prompt = std::move(spec.prompt);
-  job.sampling = std::move(spec.sampling);
+  job.request_id = job_id;
+  job.request_tag = tag;
+  job.prompt = prompt;
+  job.sampling = route.sampling;
   job.sampling.max_tokens = out.max_tokens;
-  job.deadline_unix_ms = spec.deadline_unix_ms;
+  // A migrated attempt: the output delivered so far is recomputed as output on the new worker
+  // (identical greedy continuation; seeded sampling continues at the same index).
+  job.sampling.resumed_output = static_cast<uint32_t>(route.delivered.size());
+  job.deadline_unix_ms = route.deadline_unix_ms;
 
-  route.request = request;
+  route.job_id = job_id;
+  route.disaggregated = disaggregated;
   route.out_peer = out.worker->peer;
   route.out_live = true;
-  // Charges for the routing policies, released as tokens arrive and when the route ends.
+  route.prefill_peer.clear();
+  route.prefill_live = false;
+  route.first_token_seen = false;
+  route.prefill_job = {};
+  route.prefill_tokens_charge = 0;
+  // Charges for the routing policies, released as tokens arrive and when the attempt ends.
   route.out_tokens_charge = disaggregated ? out.max_tokens : prompt_tokens + static_cast<int64_t>(out.max_tokens);
   route.out_blocks_charge = out.blocks;
   out.worker->outstanding_tokens += route.out_tokens_charge;
@@ -154,23 +171,45 @@ Result<std::shared_ptr<ActiveRequest>> RouterCore::Submit(SubmitSpec spec) {
   } else {
     job.phase = services::JobPhase::kColocated;
   }
-  services::RequestLog("router", spec.tag)
-      .Debug("request {:x}: {} prompt tokens, max_tokens {} -> {}{}", id, prompt_tokens, out.max_tokens,
+  services::RequestLog("router", tag)
+      .Debug("job {:x}: {} prompt tokens, max_tokens {} -> {}{}", job_id, prompt_tokens, out.max_tokens,
              out.worker->id, disaggregated ? " (decode), prefill " + prefill.worker->id : std::string());
   metrics_->CountPlacement(out.worker->role, out.worker->id, std::nullopt);
   if (disaggregated) metrics_->CountPlacement(prefill.worker->role, prefill.worker->id, std::nullopt);
   SendLocked(out.worker->peer, job);
+  return out.max_tokens;
+}
+
+Result<std::shared_ptr<ActiveRequest>> RouterCore::Submit(SubmitSpec spec) {
+  if (spec.prompt.empty()) return Status::InvalidArgument("the prompt is empty");
+  const auto prompt_tokens = static_cast<uint32_t>(spec.prompt.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (routes_.size() >= options_.max_outstanding_requests)
+    return Status::ResourceExhausted(fmt::format("the router has {} requests in flight; retry later", routes_.size()));
+  Route route;
+  route.sampling = std::move(spec.sampling);
+  route.deadline_unix_ms = spec.deadline_unix_ms;
+  const uint64_t id = next_request_id_++;
+  PDSERVE_ASSIGN_OR_RETURN(const uint32_t max_tokens, DispatchLocked(route, id, spec.tag, spec.prompt, spec.max_tokens));
+  route.sampling.max_tokens = max_tokens;
+  route.prompt = std::move(spec.prompt);
+  route.request = std::make_shared<ActiveRequest>(id, spec.tag, prompt_tokens, max_tokens, spec.arrival);
+  auto request = route.request;
+  job_of_request_[id] = id;
   routes_.emplace(id, std::move(route));
   return request;
 }
 
 void RouterCore::Cancel(uint64_t request_id, std::string_view reason) {
   std::lock_guard<std::mutex> lock(mu_);
-  EndRouteLocked(request_id, reason);
+  auto it = job_of_request_.find(request_id);
+  if (it != job_of_request_.end()) EndRouteLocked(it->second, reason);
 }
 
-bool RouterCore::UsesPeer(const Route& r, const std::string& peer) const {
-  return r.out_peer == peer || (r.disaggregated && r.prefill_peer == peer);
+bool RouterCore::NeedsPeer(const Route& r, const std::string& peer) const {
+  if (r.out_peer == peer) return true;
+  // Before the first token the prefill worker has the job or is about to get it.
+  return r.disaggregated && r.prefill_peer == peer && (r.prefill_live || !r.first_token_seen);
 }
 
 void RouterCore::ReleaseLocked(Route& route) {
@@ -188,36 +227,95 @@ void RouterCore::ReleaseLocked(Route& route) {
   }
 }
 
-void RouterCore::EndRouteLocked(uint64_t id, std::string_view abort_reason) {
-  auto it = routes_.find(id);
-  if (it == routes_.end()) return;
-  Route& r = it->second;
-  if (r.out_live) SendLocked(r.out_peer, services::AbortMsg{id, std::string(abort_reason)});
-  if (r.disaggregated && r.prefill_live) SendLocked(r.prefill_peer, services::AbortMsg{id, std::string(abort_reason)});
+void RouterCore::EndAttemptLocked(Route& r, std::string_view abort_reason) {
+  if (r.out_live) SendLocked(r.out_peer, services::AbortMsg{r.job_id, std::string(abort_reason)});
+  if (r.disaggregated && r.prefill_live)
+    SendLocked(r.prefill_peer, services::AbortMsg{r.job_id, std::string(abort_reason)});
+  r.out_live = false;
+  r.prefill_live = false;
   ReleaseLocked(r);
+}
+
+void RouterCore::EndRouteLocked(uint64_t job_id, std::string_view abort_reason) {
+  auto it = routes_.find(job_id);
+  if (it == routes_.end()) return;
+  EndAttemptLocked(it->second, abort_reason);
+  job_of_request_.erase(it->second.request->id());
   routes_.erase(it);
+}
+
+void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const Status& why,
+                               const std::string& failed_peer) {
+  auto node = routes_.extract(job_id);
+  if (node.empty()) return;
+  Route& r = node.mapped();
+  job_of_request_.erase(r.request->id());
+  EndAttemptLocked(r, "the request moves to other workers");
+  if (r.request->ended()) return;  // the client's side already finished (e.g. a stop string)
+  auto fail = [&](std::string_view outcome, const Status& status) {
+    metrics_->CountMigration(failed_role, outcome);
+    services::RequestLog("router", r.request->tag()).Warn("{}", status.message());
+    r.request->Push({{}, {}, FinishReason::kError, status, {}});
+  };
+  const auto delivered = static_cast<uint32_t>(r.delivered.size());
+  if (delivered >= r.sampling.max_tokens) {
+    r.request->Push({{}, {}, FinishReason::kLength, Status::Ok(), {}});  // nothing left to generate
+    return;
+  }
+  if (r.migrations >= options_.max_migrations) {
+    fail("limit", options_.max_migrations == 0
+                      ? why
+                      : Status(why.code(), fmt::format("{} (after {} migrations, the limit)", why.message(),
+                                                       r.migrations)));
+    return;
+  }
+  if (r.deadline_unix_ms > 0 && services::UnixMillis() >= r.deadline_unix_ms) {
+    fail("deadline", Status::DeadlineExceeded(fmt::format("{}; the request deadline passed", why.message())));
+    return;
+  }
+  std::vector<int32_t> prompt = r.prompt;
+  prompt.insert(prompt.end(), r.delivered.begin(), r.delivered.end());
+  const uint64_t next = next_request_id_++;
+  // A worker that failed the attempt but is still registered (it aborted, reported an error,
+  // or stalled) is passed over while another worker of its role is ready.
+  WorkerEntry* avoid = failed_peer.empty() ? nullptr : registry_.FindByPeer(failed_peer);
+  const bool avoid_it = avoid && !avoid->draining && registry_.ReadyCount(avoid->role) > 1;
+  if (avoid_it) avoid->draining = true;
+  auto dispatched = DispatchLocked(r, next, r.request->tag(), prompt, r.sampling.max_tokens - delivered);
+  if (avoid_it) avoid->draining = false;
+  if (!dispatched.ok()) {
+    fail("no_worker", Status::Unavailable(fmt::format("{}; no worker to move the request to: {}", why.message(),
+                                                      dispatched.status().message())));
+    return;
+  }
+  ++r.migrations;
+  metrics_->CountMigration(failed_role, "migrated");
+  services::RequestLog("router", r.request->tag())
+      .Info("{}: migrated (attempt {}, {} tokens already delivered, job {:x})", why.message(), r.migrations + 1,
+            delivered, next);
+  job_of_request_[r.request->id()] = next;
+  node.key() = next;
+  routes_.insert(std::move(node));
 }
 
 void RouterCore::WorkerGoneLocked(const WorkerEntry& worker, const std::string& reason) {
   metrics_->CountRemoval(worker.role, reason);
   metrics_->ForgetWorker(worker.id);
-  std::vector<uint64_t> failed;
+  std::vector<uint64_t> affected;
   for (auto& [id, r] : routes_) {
-    if (!UsesPeer(r, worker.peer)) continue;
+    if (!NeedsPeer(r, worker.peer)) continue;
     // The gone worker no longer holds the job: no abort to it.
     if (r.out_peer == worker.peer) r.out_live = false;
     if (r.disaggregated && r.prefill_peer == worker.peer) r.prefill_live = false;
-    r.request->Push({{}, {}, FinishReason::kError,
-                     Status::Unavailable(fmt::format("{} worker {} failed ({})", services::WorkerRoleName(worker.role),
-                                                     worker.id, reason)),
-                     {}});
-    failed.push_back(id);
+    affected.push_back(id);
   }
-  for (uint64_t id : failed) EndRouteLocked(id, "a peer worker of this request failed");
-  const bool expected = reason == "deregister" && failed.empty();  // a clean, drained exit
+  const Status why = Status::Unavailable(
+      fmt::format("{} worker {} failed ({})", services::WorkerRoleName(worker.role), worker.id, reason));
+  for (uint64_t id : affected) MigrateLocked(id, worker.role, why);
+  const bool expected = reason == "deregister" && affected.empty();  // a clean, drained exit
   GetLogger("router")->log(expected ? spdlog::level::info : spdlog::level::warn,
-                           "{} worker {} removed ({}); {} requests failed", services::WorkerRoleName(worker.role),
-                           worker.id, reason, failed.size());
+                           "{} worker {} removed ({}); {} requests affected", services::WorkerRoleName(worker.role),
+                           worker.id, reason, affected.size());
 }
 
 void RouterCore::OnKvReservedLocked(const std::string& peer, services::KvReservedMsg msg) {
@@ -248,6 +346,29 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
   const bool from_out = peer == r.out_peer && r.out_live;
   if (!from_prefill && !from_out) return;  // not this request's worker (stale peer)
 
+  // A failure the router did not ask for: a new attempt elsewhere when it is worth one.
+  if (ev.finishing() && IsRetriableFailure(ev.finish, ev.error)) {
+    const WorkerRole role =
+        from_prefill ? WorkerRole::kPrefill : (r.disaggregated ? WorkerRole::kDecode : WorkerRole::kColocated);
+    if (from_prefill) r.prefill_live = false;
+    if (from_out) {
+      r.out_live = false;
+      if (!ev.tokens.empty()) {  // output before the failure still reaches the client
+        r.first_token_seen = true;
+        r.delivered.insert(r.delivered.end(), ev.tokens.begin(), ev.tokens.end());
+        r.request->Push({std::move(ev.tokens), std::move(ev.logprobs), FinishReason::kNone, Status::Ok(), {}});
+      }
+    }
+    const WorkerEntry* w = registry_.FindByPeer(peer);
+    const Status& e = ev.error;
+    MigrateLocked(id, role,
+                  Status(e.ok() ? StatusCode::kAborted : e.code(),
+                         fmt::format("{} worker {} ended the request: {}", services::WorkerRoleName(role),
+                                     w ? w->id : std::string("?"), e.ok() ? std::string("aborted") : e.message())),
+                  peer);
+    return;
+  }
+
   RequestEvent out_ev;
   out_ev.tokens = std::move(ev.tokens);
   out_ev.logprobs = std::move(ev.logprobs);
@@ -255,7 +376,7 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
   out_ev.error = ev.error;
 
   if (from_prefill) {
-    // The prefill worker's single event: the first token (or an error).
+    // The prefill worker's single event: the first token of this attempt (or an error).
     r.prefill_live = false;
     if (WorkerEntry* w = registry_.FindByPeer(r.prefill_peer)) {
       w->outstanding_tokens -= r.prefill_tokens_charge;
@@ -278,6 +399,8 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
       if (!out_ev.logprobs.empty()) first.logprob = out_ev.logprobs[0];
     }
     r.first_token_seen = true;
+    r.last_output = std::chrono::steady_clock::now();
+    r.delivered.insert(r.delivered.end(), out_ev.tokens.begin(), out_ev.tokens.end());
     r.request->Push(std::move(out_ev));
     if (ends_here) {
       EndRouteLocked(id, "finished at the first token");
@@ -297,6 +420,11 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
     out_ev.error = Status::Aborted("the worker aborted the request");
   if (!out_ev.error.ok() && out_ev.finish == FinishReason::kNone) out_ev.finish = FinishReason::kError;
   const bool finishing = out_ev.finishing();
+  if (!out_ev.tokens.empty()) {
+    r.first_token_seen = true;
+    r.last_output = std::chrono::steady_clock::now();
+  }
+  r.delivered.insert(r.delivered.end(), out_ev.tokens.begin(), out_ev.tokens.end());
   r.request->Push(std::move(out_ev));
   if (finishing) {
     r.out_live = false;
@@ -355,9 +483,28 @@ void RouterCore::OnMessage(std::string_view peer_view, std::string_view payload)
   }
 }
 
+void RouterCore::MigrateStalledLocked(std::chrono::steady_clock::time_point now) {
+  if (options_.stall_timeout.count() <= 0) return;
+  std::vector<uint64_t> stalled;
+  for (const auto& [id, r] : routes_)
+    if (r.first_token_seen && r.out_live && now - r.last_output > options_.stall_timeout) stalled.push_back(id);
+  for (uint64_t id : stalled) {
+    const Route& r = routes_.at(id);
+    const WorkerEntry* w = registry_.FindByPeer(r.out_peer);
+    const WorkerRole role = r.disaggregated ? WorkerRole::kDecode : WorkerRole::kColocated;
+    const std::string peer = r.out_peer;
+    MigrateLocked(id, role,
+                  Status::Unavailable(fmt::format("{} worker {} produced no token for {} ms",
+                                                  services::WorkerRoleName(role), w ? w->id : std::string("?"),
+                                                  options_.stall_timeout.count())),
+                  peer);
+  }
+}
+
 void RouterCore::OnTick(std::chrono::steady_clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const WorkerEntry& gone : registry_.Expire(now)) WorkerGoneLocked(gone, "timeout");
+  MigrateStalledLocked(now);
   for (auto role : {WorkerRole::kPrefill, WorkerRole::kDecode, WorkerRole::kColocated})
     metrics_->SetWorkers(role, registry_.ReadyCount(role), registry_.DrainingCount(role));
 }

@@ -298,7 +298,8 @@ TEST(RouterE2eTest, RoundRobinAndLeastOutstandingTokens) {
 
 TEST(RouterE2eTest, WorkerKilledMidStreamFailsOnlyItsRequests) {
   TestCluster c("kill");
-  ASSERT_OK_C(c.StartRouter(), c);
+  // Migration off: a killed worker's requests fail at once (worker_fault_test.cc covers migration).
+  ASSERT_OK_C(c.StartRouter({"--max-migrations", "0"}), c);
   ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "20000"}), c);
   ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--token-delay-us", "20000"}), c);
   ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
@@ -354,6 +355,186 @@ TEST(RouterE2eTest, WorkerKilledMidStreamFailsOnlyItsRequests) {
   auto m = HttpGet(c.http_port(), "/metrics").body;
   EXPECT_EQ(testing::MetricValue(m, "pdserve_router_worker_removals_total", "reason=\"timeout\""), 1);
   EXPECT_EQ(testing::MetricValue(m, "pdserve_router_requests_total", "outcome=\"error\""), kStreams / 2);
+}
+
+// A worker killed mid-stream: its requests move to the survivors and continue exactly (the echo
+// worker continues a migrated job where the original left off), with stop strings, max_tokens
+// and usage right across the move.
+TEST(RouterE2eTest, WorkerKilledMidStreamRequestsAreMigratedExactly) {
+  TestCluster c("migrate");
+  ASSERT_OK_C(c.StartRouter(), c);
+  for (const char* id : {"w0", "w1", "w2"})
+    ASSERT_OK_C(c.StartWorker(id, "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(3)) << c.Logs();
+  static const char* kWords[] = {"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+                                 "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa"};
+  constexpr int kStreams = 6, kMax = 60;
+  std::atomic<int> started{0};
+  std::vector<SseReply> replies(kStreams);
+  std::vector<std::string> stops(kStreams);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kStreams; ++k) {
+    json body = json::parse(CompletionBody(Prompt(k), kMax, true));
+    body["stream_options"] = {{"include_usage", true}};
+    // Odd streams stop at the prompt's last word: it is echoed only after the kill.
+    if (k % 2) body["stop"] = stops[k] = std::string(kWords[(k * 5 + 11 * 3) % 16]) + std::to_string(k);
+    threads.emplace_back([&, k, b = body.dump()] {
+      bool first = true;
+      replies[k] = HttpPostSse(c.http_port(), "/v1/completions", b, 60s, [&](const std::string&) {
+        if (first) first = false, ++started;
+        return true;
+      });
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return started == kStreams; }, 10s));
+  c.worker("w0")->Kill();
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kStreams; ++k) {
+    SCOPED_TRACE(k);
+    auto sr = Collect(replies[k]);
+    EXPECT_FALSE(sr.error);
+    const std::string full = EchoText(Prompt(k), kMax);
+    if (stops[k].empty()) {
+      EXPECT_EQ(sr.text, full);
+      EXPECT_EQ(sr.finish_reason, "length");
+      ASSERT_FALSE(sr.usage.is_null());
+      EXPECT_EQ(sr.usage["completion_tokens"].get<int>(), kMax);
+    } else {
+      const size_t at = full.find(stops[k]);
+      ASSERT_NE(at, std::string::npos);
+      EXPECT_EQ(sr.text, full.substr(0, at));
+      EXPECT_EQ(sr.finish_reason, "stop");
+      ASSERT_FALSE(sr.usage.is_null());
+      EXPECT_LT(sr.usage["completion_tokens"].get<int>(), kMax);
+    }
+  }
+  auto m = HttpGet(c.http_port(), "/metrics").body;
+  EXPECT_GE(testing::MetricValue(m, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"colocated\""), 1);
+  EXPECT_EQ(testing::MetricValue(m, "pdserve_router_requests_total", "outcome=\"ok\""), kStreams);
+  EXPECT_TRUE(WaitFor([&] {
+    auto w = c.Workers();
+    if (w.size() != 2) return false;
+    for (const auto& e : w)
+      if (e["outstanding_tokens"] != 0 || e["kv_blocks_free"] != e["kv_blocks_total"]) return false;
+    return true;
+  }, 5s)) << c.Workers().dump();
+}
+
+// A worker that keeps heartbeating but stops producing (a wedged engine): past
+// router.stall_timeout_ms its stream moves to another worker and completes exactly; the wedged
+// worker gets an abort and stays registered.
+TEST(RouterE2eTest, StalledStreamIsMigratedToAnotherWorker) {
+  TestCluster c("stall");
+  ASSERT_OK_C(c.StartRouter({"--stall-timeout-ms", "400"}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "10000", "--stall-after", "5"}), c);
+  ASSERT_OK_C(c.StartWorker("w1", "colocated", {"--token-delay-us", "10000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(2)) << c.Logs();
+  constexpr int kMax = 40;
+  std::vector<SseReply> replies(2);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 2; ++k)
+    threads.emplace_back([&, k] {
+      json body = json::parse(CompletionBody(Prompt(20 + k), kMax, true));
+      body["stream_options"] = {{"include_usage", true}};
+      replies[k] = HttpPostSse(c.http_port(), "/v1/completions", body.dump(), 30s);
+    });
+  for (auto& t : threads) t.join();
+  double longest_gap = 0;
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE(k);
+    auto sr = Collect(replies[k]);
+    EXPECT_FALSE(sr.error);
+    EXPECT_EQ(sr.text, EchoText(Prompt(20 + k), kMax));
+    ASSERT_FALSE(sr.usage.is_null());
+    EXPECT_EQ(sr.usage["completion_tokens"].get<int>(), kMax);
+    for (size_t i = 1; i < replies[k].arrival_seconds.size(); ++i)
+      longest_gap = std::max(longest_gap, replies[k].arrival_seconds[i] - replies[k].arrival_seconds[i - 1]);
+  }
+  EXPECT_GE(longest_gap, 0.35);  // the stall timeout, then the move
+  EXPECT_LT(longest_gap, 2.0);
+  auto m = HttpGet(c.http_port(), "/metrics").body;
+  EXPECT_EQ(testing::MetricValue(m, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"colocated\""), 1);
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w0", "pdserve_worker_jobs_total", "aborted") == 1; }, 3s));
+  EXPECT_EQ(c.Workers().size(), 2u);
+}
+
+// The whole-request deadline bounds a stream that is still producing: an error event at
+// router.request_timeout_ms, the worker's job aborted (its blocks back).
+TEST(RouterE2eTest, RequestDeadlineEndsARunningStream) {
+  TestCluster c("deadline");
+  ASSERT_OK_C(c.StartRouter({"--request-timeout-ms", "700"}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  const auto t0 = Clock::now();
+  auto reply = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(3), 1000, true), 30s);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto sr = Collect(reply);
+  EXPECT_TRUE(sr.error);
+  EXPECT_TRUE(reply.done);
+  EXPECT_GT(sr.text.size(), 0u);  // it was streaming when the deadline came
+  EXPECT_GE(took, 0.6);
+  EXPECT_LT(took, 3.0);
+  EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w0", "pdserve_worker_jobs_total", "aborted") == 1; }, 3s));
+  EXPECT_TRUE(WaitFor([&] {
+    auto w = c.Workers();
+    return w.size() == 1 && w[0]["kv_blocks_free"] == w[0]["kv_blocks_total"] && w[0]["outstanding_requests"] == 0;
+  }, 3s)) << c.Workers().dump();
+}
+
+// A request whose worker keeps dying is migrated up to router.max_migrations times, then ends
+// with a prompt error event; the survivors keep no charge for it.
+TEST(RouterE2eTest, MigrationLimitEndsTheStreamWithAnError) {
+  TestCluster c("migrate-limit");
+  ASSERT_OK_C(c.StartRouter({"--max-migrations", "1"}), c);
+  for (const char* id : {"w0", "w1", "w2"})
+    ASSERT_OK_C(c.StartWorker(id, "colocated", {"--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(3)) << c.Logs();
+  // The worker that holds the request now (the router charges it until the request ends).
+  auto holder = [&]() -> std::string {
+    for (const auto& w : c.Workers())
+      if (w["outstanding_requests"].get<int64_t>() == 1) return w["id"].get<std::string>();
+    return "";
+  };
+  std::atomic<int> events{0};
+  std::atomic<int64_t> error_ns{0};
+  SseReply reply;
+  std::thread stream([&] {
+    reply = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(7), 2000, true), 60s,
+                        [&](const std::string& ev) {
+                          ++events;
+                          if (ev.find("\"error\"") != std::string::npos) error_ns = Clock::now().time_since_epoch().count();
+                          return true;
+                        });
+  });
+  ASSERT_TRUE(WaitFor([&] { return events > 0 && !holder().empty(); }, 10s)) << c.Logs();
+  const std::string first = holder();
+  c.worker(first)->Kill();
+  // Migrated: another worker holds it and tokens keep coming.
+  std::string second;
+  ASSERT_TRUE(WaitFor([&] {
+    second = holder();
+    return !second.empty() && second != first && c.Workers().size() == 2;
+  }, 5s)) << c.Logs();
+  const int before = events.load();
+  ASSERT_TRUE(WaitFor([&] { return events > before + 3; }, 5s));
+  const auto killed = Clock::now();
+  c.worker(second)->Kill();
+  stream.join();
+  EXPECT_TRUE(reply.done);
+  ASSERT_GT(error_ns.load(), 0) << "no error event";
+  const double error_after = (error_ns.load() - killed.time_since_epoch().count()) / 1e9;
+  EXPECT_LT(error_after, 3.0);  // the heartbeat timeout (0.8 s), not the request timeout
+  std::string error_event;
+  for (const auto& e : reply.events)
+    if (e.find("\"error\"") != std::string::npos) error_event = e;
+  EXPECT_NE(error_event.find("after 1 migrations"), std::string::npos) << error_event;
+  auto m = HttpGet(c.http_port(), "/metrics").body;
+  EXPECT_EQ(testing::MetricValue(m, "pdserve_router_migrations_total", "outcome=\"migrated\""), 1);
+  EXPECT_EQ(testing::MetricValue(m, "pdserve_router_migrations_total", "outcome=\"limit\""), 1);
+  EXPECT_TRUE(WaitFor([&] {
+    auto w = c.Workers();
+    return w.size() == 1 && w[0]["outstanding_requests"] == 0 && w[0]["outstanding_tokens"] == 0;
+  }, 5s)) << c.Workers().dump();
 }
 
 TEST(RouterE2eTest, PrefillKilledDuringPrefillFailsFast) {

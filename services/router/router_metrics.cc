@@ -72,6 +72,10 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
                     .Name("pdserve_router_worker_removals_total")
                     .Help("Workers removed, by role and reason")
                     .Register(*registry)),
+      migrations_(prometheus::BuildCounter()
+                      .Name("pdserve_router_migrations_total")
+                      .Help("Requests whose attempt failed on a worker, by its role and what followed")
+                      .Register(*registry)),
       workers_(prometheus::BuildGauge()
                    .Name("pdserve_router_workers")
                    .Help("Registered workers by role and state")
@@ -89,8 +93,10 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
                  RequestOutcome::kUnavailable, RequestOutcome::kTimeout, RequestOutcome::kCancelled,
                  RequestOutcome::kError})
     requests_.Add({{"outcome", RequestOutcomeName(o)}});
-  for (auto role : {services::WorkerRole::kPrefill, services::WorkerRole::kDecode, services::WorkerRole::kColocated})
+  for (auto role : {services::WorkerRole::kPrefill, services::WorkerRole::kDecode, services::WorkerRole::kColocated}) {
     SetWorkers(role, 0, 0);
+    migrations_.Add({{"role", services::WorkerRoleName(role)}, {"outcome", "migrated"}});
+  }
 }
 
 void RouterMetrics::CountRequest(RequestOutcome outcome) {
@@ -99,6 +105,10 @@ void RouterMetrics::CountRequest(RequestOutcome outcome) {
 
 void RouterMetrics::CountRemoval(services::WorkerRole role, const std::string& reason) {
   removals_.Add({{"role", services::WorkerRoleName(role)}, {"reason", reason}}).Increment();
+}
+
+void RouterMetrics::CountMigration(services::WorkerRole role, std::string_view outcome) {
+  migrations_.Add({{"role", services::WorkerRoleName(role)}, {"outcome", std::string(outcome)}}).Increment();
 }
 
 void RouterMetrics::SetWorkers(services::WorkerRole role, size_t ready, size_t draining) {

@@ -22,6 +22,10 @@
 //                                                 (dp_rank "any": the worker picks the rank)
 //   pdserve_router_request_api_malformed_total    ZeroMQ request API messages refused as
 //                                                 malformed or of a wrong kind
+//   pdserve_router_migrations_total{role,outcome}  requests whose attempt failed on a worker of
+//                                                 `role`: migrated (a new attempt started), or
+//                                                 failed: limit (router.max_migrations),
+//                                                 no_worker, deadline
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe; UpdateWorkerKv is called from the
 // control thread only.
@@ -32,6 +36,7 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -54,6 +59,7 @@ class RouterMetrics {
 
   void CountRequest(RequestOutcome outcome);
   void CountRemoval(services::WorkerRole role, const std::string& reason);
+  void CountMigration(services::WorkerRole role, std::string_view outcome);
   void SetWorkers(services::WorkerRole role, size_t ready, size_t draining);
   // Sets (free, used) for a worker; Forget removes its series when it leaves.
   void UpdateWorkerKv(services::WorkerRole role, const std::string& worker, int64_t free, int64_t total);
@@ -76,6 +82,7 @@ class RouterMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& removals_;
+  prometheus::Family<prometheus::Counter>& migrations_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
   prometheus::Family<prometheus::Counter>& placements_;

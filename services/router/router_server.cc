@@ -135,6 +135,8 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   co.colocated_policy = colocated_policy;
   co.default_max_tokens = c.default_max_tokens;
   co.max_outstanding_requests = c.max_outstanding_requests;
+  co.max_migrations = c.max_migrations;
+  co.stall_timeout = c.stall_timeout;
 
   s->registry_ = std::make_shared<prometheus::Registry>();
   s->metrics_ = std::make_unique<RouterMetrics>(s->registry_);

@@ -172,6 +172,7 @@ engine::SamplingParams EngineWorker::ToSampling(const SamplingSpec& spec) const 
   // Stop strings are matched by the router on the detokenized stream (it aborts the job);
   // the engine has no detokenizer here.
   if (spec.logprobs) p.logprobs = static_cast<int32_t>(std::min<uint32_t>(spec.top_logprobs, 20));
+  p.resumed_output = static_cast<int32_t>(std::min<uint32_t>(spec.resumed_output, 1u << 30));
   return p;
 }
 
@@ -253,8 +254,10 @@ void EngineWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& 
   }
   TokenEventMsg msg;
   msg.request_id = request_id;
-  // Decode: output index 0 is the prefill's token (CommitImport re-emits it); the router has it.
-  const bool skip_token = job.msg.phase == JobPhase::kDecode && ev.index == 0;
+  // Decode: the prefill's token (CommitImport re-emits it) is output index 0, or resumed_output
+  // for a migrated request; the router has it.
+  const bool skip_token =
+      job.msg.phase == JobPhase::kDecode && ev.index == static_cast<int64_t>(job.msg.sampling.resumed_output);
   if (ev.token >= 0 && !skip_token) {
     msg.first_index = static_cast<uint32_t>(ev.index);
     msg.tokens.push_back(ev.token);

@@ -14,11 +14,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "engine/engine.h"
 #include "services/common/process_util.h"
 #include "services/router/cluster_fixture.h"
-#include "tokenizer/tokenizer.h"
-#include "tokenizer/tokenizer_paths.h"
+#include "services/worker/worker_test_cluster.h"
 
 namespace pdserve::services::worker {
 namespace {
@@ -34,151 +32,7 @@ using testing::HttpPost;
 using testing::HttpPostSse;
 using testing::SseReply;
 using testing::WaitFor;
-const std::string kBin = PDSERVE_BIN_DIR;
-
-const tokenizer::Tokenizer& Tok() {
-  static const auto* tok = tokenizer::Tokenizer::Load(tokenizer::DefaultTokenizerDir()).value().release();
-  return *tok;
-}
-
-// The tiny model, made once per test binary.
-const std::string& ModelDir() {
-  static const std::string dir = [] {
-    const std::string d = testing::MakeTempDir("pdserve-worker-model") + "/tiny";
-    const std::string cmd = kBin + "/pdserve make-model --preset tiny --vocab 128815 --seed 3 --out " + d +
-                            " > " + d + ".log 2>&1";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    return d;
-  }();
-  return dir;
-}
-
-std::vector<int32_t> Prompt(int k) {
-  static const char* kWords[] = {"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"};
-  std::string text;
-  for (int i = 0; i < 6 + k % 9; ++i) text += std::string(i ? " " : "") + kWords[(k * 5 + i * 3) % 8] + std::to_string(k);
-  return Tok().Encode(text, {false, true}).value();
-}
-
-// Single-process greedy output (the Engine with one request at a time), cached.
-std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
-  static std::mutex mu;
-  static std::unique_ptr<engine::Engine> eng;
-  static std::map<std::pair<std::vector<int32_t>, int>, std::vector<int32_t>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_pair(prompt, max_tokens);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (!eng) {
-    engine::EngineOptions eo;
-    eo.model_dir = ModelDir();
-    eo.kv_cache_gib = 0.125;
-    eng = engine::Engine::Create(eo).value();
-  }
-  std::vector<int32_t> out;
-  engine::RequestOptions ro;
-  ro.sampling.temperature = 0;
-  ro.sampling.max_tokens = max_tokens;
-  ro.on_event = [&out](const engine::TokenEvent& ev) {
-    if (ev.token >= 0) out.push_back(ev.token);
-  };
-  EXPECT_TRUE(eng->AddRequest(prompt, ro).ok());
-  while (eng->Step()) {
-  }
-  cache[key] = out;
-  return out;
-}
-
-std::string Text(const std::vector<int32_t>& tokens) { return Tok().Decode(tokens, {true}).value(); }
-
-std::string Body(const std::vector<int32_t>& prompt, int max_tokens, bool stream) {
-  json b = {{"model", "pdserve"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
-            {"ignore_eos", true}};
-  if (stream) {
-    b["stream"] = true;
-    b["stream_options"] = {{"include_usage", true}};
-  }
-  return b.dump();
-}
-
-struct Streamed {
-  std::string text;
-  json usage;
-  bool error = false;
-  double error_at = -1;  // seconds since the request was sent
-};
-Streamed Collect(const SseReply& r) {
-  Streamed out;
-  for (size_t i = 0; i < r.events.size(); ++i) {
-    json j = json::parse(r.events[i], nullptr, false);
-    if (j.is_discarded()) continue;
-    if (j.contains("error")) {
-      out.error = true;
-      out.error_at = r.arrival_seconds[i];
-      continue;
-    }
-    if (j.contains("usage") && !j["usage"].is_null()) out.usage = j["usage"];
-    for (const auto& c : j["choices"])
-      if (c.contains("text")) out.text += c["text"].get<std::string>();
-  }
-  return out;
-}
-
-// Worker processes next to a TestCluster's router.
-class Workers {
- public:
-  explicit Workers(TestCluster* c) : c_(c) {}
-  Status Start(const std::string& id, const std::string& role, std::vector<std::string> extra = {}) {
-    const std::string ready = c_->dir() + "/" + id + ".ready";
-    std::vector<std::string> argv = {kBin + "/pdserve-" + role, "--router", c_->control_endpoint(), "--worker-id", id,
-                                     "--model", ModelDir(), "--model-name", "pdserve", "--ready-file", ready,
-                                     "--register-retry-ms", "50", "--kv-gib", "0.0625", "--threads", "1",
-                                     "--kv-lease-ms", "4000", "--kv-transfer-timeout-ms", "4000"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    PDSERVE_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log",
-                                                             {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
-    ChildProcess* p = child.get();
-    procs_[id] = std::move(child);
-    json r;
-    const bool ok = WaitFor(
-        [&] {
-          auto text = ReadFile(ready);
-          if (!text.ok()) return !p->Running();
-          r = json::parse(text.value(), nullptr, false);
-          return !r.is_discarded();
-        },
-        60s);
-    if (!ok || r.is_discarded() || r.is_null()) return Status::DeadlineExceeded(id + " did not start:\n" + p->Log());
-    ports_[id] = r["metrics_port"].get<int>();
-    return Status::Ok();
-  }
-  ChildProcess* proc(const std::string& id) { return procs_.at(id).get(); }
-  int port(const std::string& id) { return ports_.at(id); }
-  std::string Metrics(const std::string& id) { return HttpGet(port(id), "/metrics", 5s).body; }
-  // Waits until the worker's heartbeat-refreshed gauge says no KV block is in use.
-  bool NoBlocksUsed(const std::string& id, std::chrono::milliseconds timeout) {
-    return WaitFor([&] { return MetricValue(Metrics(id), "pdserve_worker_kv_blocks", "used") == 0; }, timeout, 100ms);
-  }
-  std::string Logs() {
-    std::string s = c_->Logs();
-    for (auto& [id, p] : procs_) s += "==== " + id + "\n" + p->Log();
-    return s;
-  }
-
- private:
-  TestCluster* c_;
-  std::map<std::string, std::unique_ptr<ChildProcess>> procs_;
-  std::map<std::string, int> ports_;
-};
-
-#define ASSERT_OK_W(expr, w)                                      \
-  do {                                                            \
-    Status s_ = (expr);                                           \
-    ASSERT_TRUE(s_.ok()) << s_.ToString() << "\n" << (w).Logs(); \
-  } while (0)
-
-// The P/D tests move KV over UCX tcp on loopback; UCX finds interfaces through sysfs, which a
-// bare chroot lacks.
-bool UcxTcpUsable() { return std::filesystem::exists("/sys/class/net"); }
+using namespace e2e;  // NOLINT: the shared e2e helpers
 
 TEST(WorkerE2eTest, ColocatedMatchesSingleProcessGreedy) {
   TestCluster c("worker-colocated");
@@ -277,7 +131,8 @@ std::vector<Streamed> StreamAndKill(TestCluster& c, int n, int max_tokens, const
 TEST(WorkerE2eTest, DecodeKilledMidStreamFailsOnlyItsRequests) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("worker-dkill");
-  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  // Without migration (worker_fault_test.cc covers it): the killed worker's requests fail fast.
+  ASSERT_OK_W(c.StartRouter({"--max-migrations", "0"}), Workers(&c));
   Workers w(&c);
   ASSERT_OK_W(w.Start("p0", "prefill"), w);
   for (const char* id : {"d0", "d1"}) ASSERT_OK_W(w.Start(id, "decode"), w);
