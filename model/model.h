@@ -116,6 +116,20 @@ class Model {
   // The MoE over the EP group (model/moe_parallel.cc).
   Status FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
+  // One routed expert's share of a layer: its gathered rows x[m, D] -> y[m, D]; tiled[m] is
+  // each row's GEMM path (model/batch.h).
+  struct ExpertJob {
+    const MlpWeights* mlp = nullptr;
+    const float* x = nullptr;
+    int64_t m = 0;
+    const uint8_t* tiled = nullptr;
+    float* y = nullptr;
+  };
+  // Runs every job, each y bitwise equal to Mlp over its rows with ForEachGemmPath. When every
+  // job's expert is INT8 (W8A8), all experts run as two grouped INT8 GEMMs (gate+up, then down;
+  // ApplyLinearGrouped): integer sums do not depend on the path, so the rows need no split.
+  // Otherwise (BF16/F32 experts, whose fp32 sums depend on the path) one Mlp per job.
+  void RunExperts(std::span<const ExpertJob> jobs) const;
   // ApplyLinear over the plan's rows, each with its group's GEMM path.
   void PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const;
 
