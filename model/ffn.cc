@@ -14,7 +14,7 @@
 namespace pdserve::model {
 
 void Model::Route(const LayerWeights& lw, const float* x, int64_t S, const uint8_t* tiled, int32_t* ids,
-                  float* weights) const {
+                  float* weights, const std::vector<const int32_t*>* forced) const {
   const ModelConfig& c = config();
   const int64_t D = c.hidden_size, E = c.n_routed_experts, G = c.n_group, per_group = E / G;
   const int64_t top_k = c.num_experts_per_tok;
@@ -45,7 +45,14 @@ void Model::Route(const LayerWeights& lw, const float* x, int64_t S, const uint8
       std::fill(masked.begin(), masked.end(), -INFINITY);
       for (int64_t i = 0; i < n_g; ++i)
         for (int64_t e = gsel[i] * per_group; e < (gsel[i] + 1) * per_group; ++e) masked[e] = b[e];
-      const int64_t n_e = kernels::TopKIndices(masked.data(), E, top_k, esel.data(), scratch.data());
+      const int32_t* force = forced ? (*forced)[static_cast<size_t>(t)] : nullptr;
+      int64_t n_e = 0;
+      if (force) {
+        for (int64_t i = 0; i < top_k; ++i)
+          if (force[i] >= 0) esel[n_e++] = force[i];
+      } else {
+        n_e = kernels::TopKIndices(masked.data(), E, top_k, esel.data(), scratch.data());
+      }
       float denom = 0.0f;
       for (int64_t i = 0; i < n_e; ++i) denom += s[esel[i]];
       for (int64_t i = 0; i < n_e; ++i) {
@@ -70,7 +77,22 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
   const int64_t E = c.n_routed_experts, top_k = c.num_experts_per_tok;
   std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
   std::vector<float> weights(static_cast<size_t>(S * top_k));
-  Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data());
+  // Forced expert choices (ForwardOptions::forced_experts) per row, and the trace.
+  std::vector<const int32_t*> forced;
+  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+    const BatchSequence& sq = plan.seqs[s];
+    if (!sq.options || !sq.options->forced_experts) continue;
+    forced.resize(static_cast<size_t>(S), nullptr);
+    for (int64_t i = 0; i < sq.n_tokens; ++i)
+      forced[static_cast<size_t>(plan.seq_row[s] + i)] = sq.options->forced_experts->data() + (layer * sq.n_tokens + i) * top_k;
+  }
+  Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data(), forced.empty() ? nullptr : &forced);
+  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+    const BatchSequence& sq = plan.seqs[s];
+    if (sq.options && sq.options->trace)
+      std::copy_n(ids.begin() + plan.seq_row[s] * top_k, sq.n_tokens * top_k,
+                  sq.options->trace->experts.begin() + layer * sq.n_tokens * top_k);
+  }
   // Rows per expert, in row order: (row, weight).
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));
   for (int64_t t = 0; t < S; ++t)
