@@ -28,6 +28,7 @@
 #include "kernels/quantize.h"
 #include "model/convert.h"
 #include "model/convert_accuracy.h"
+#include "model/test_hooks.h"
 #include "model/make_model.h"
 #include "model/model.h"
 
@@ -201,13 +202,16 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
     std::unique_ptr<model::Model> m;
     std::unique_ptr<model::SequenceKvCache> cache;
     std::vector<float> logits;
+    bool per_expert = false;  // routed experts one Mlp each instead of the grouped INT8 GEMMs
     double best = 1e30;
   };
   std::vector<Run> runs;
-  for (const auto& [name, dir] : {std::pair{"BF16", bf16}, std::pair{"W8A8", w8}, std::pair{"W8A8-all", w8all}}) {
+  for (const auto& [name, dir, per_expert] :
+       {std::tuple{"BF16", bf16, false}, std::tuple{"W8A8", w8, false}, std::tuple{"W8A8-all", w8all, false},
+        std::tuple{"W8A8, experts one by one (before grouping)", w8, true}}) {
     auto m = model::Model::Load(dir, pool);
     if (!m.ok()) return {{"error", m.status().ToString()}};
-    Run r{name, dir, std::move(*m), nullptr, {}};
+    Run r{name, dir, std::move(*m), nullptr, {}, per_expert};
     r.cache = std::make_unique<model::SequenceKvCache>(r.m->config());
     r.logits.resize(static_cast<size_t>(r.m->config().vocab_size));
     std::vector<int32_t> prompt(static_cast<size_t>(o.context));
@@ -220,6 +224,7 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
   const int32_t token = 42;
   for (int round = 0; round < 4 * o.rounds; ++round)
     for (Run& r : runs) {
+      model::TEST_SetPerExpertMoe(r.per_expert);
       std::vector<double> t;
       for (int s = 0; s < 8; ++s) {
         const auto t0 = Clock::now();
@@ -228,6 +233,7 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
       }
       std::sort(t.begin(), t.end());
       r.best = std::min(r.best, t[t.size() / 2]);
+      model::TEST_SetPerExpertMoe(false);
     }
   nlohmann::json out;
   *md += "\n## Decode step, `small` preset, batch 1, context " + std::to_string(o.context) + ", " +
