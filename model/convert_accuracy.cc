@@ -46,6 +46,33 @@ Result<AccuracyReport> CompareW8A8(const std::string& reference_dir, const std::
     r.min_layer_cos = std::min(r.min_layer_cos, cs);
   }
   r.logits_cos = Cosine(la.data(), lb.data(), c.vocab_size);
+  const int64_t top_k = c.num_experts_per_tok;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t t = 0; t < S; ++t) {
+      const int32_t* ea = &ta.experts[static_cast<size_t>((l * S + t) * top_k)];
+      const int32_t* eb = &tb.experts[static_cast<size_t>((l * S + t) * top_k)];
+      for (int64_t j = 0; j < top_k; ++j) {
+        if (ea[j] < 0) continue;  // dense layer
+        ++r.expert_slots;
+        r.expert_flips += std::find(ea, ea + top_k, eb[j]) == ea + top_k;
+      }
+    }
+  {
+    SequenceKvCache cp(w8->config());
+    ForwardTrace tp;
+    ForwardOptions op;
+    op.trace = &tp;
+    op.forced_topk = &ta.topk;
+    op.forced_experts = &ta.experts;
+    std::vector<float> lp(la.size());
+    PDSERVE_RETURN_IF_ERROR(w8->Forward(prompt.data(), S, &cp, lp.data(), op));
+    for (int64_t l = 1; l <= L; ++l) {
+      const double cs = Cosine(&ta.hidden[static_cast<size_t>(l * S * D)], &tp.hidden[static_cast<size_t>(l * S * D)], S * D);
+      r.pinned_layer_cos.push_back(cs);
+      r.pinned_min_layer_cos = std::min(r.pinned_min_layer_cos, cs);
+    }
+    r.pinned_logits_cos = Cosine(la.data(), lp.data(), c.vocab_size);
+  }
 
   // Teacher-forced greedy steps on the reference's tokens.
   std::vector<int32_t> ref_tokens;

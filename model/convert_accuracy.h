@@ -25,6 +25,16 @@ struct AccuracyReport {
   double mean_step_logits_cos = 0.0;
   // Free-running: the W8A8 engine's own greedy tokens equal the BF16 ones for this many steps.
   int64_t free_run_prefix = 0;
+  // Discrete choices over the prompt: routed-expert slots (row, layer, slot) where the W8A8
+  // engine picked an expert the reference did not, out of all slots.
+  int64_t expert_flips = 0;
+  int64_t expert_slots = 0;
+  // The prompt once more with the W8A8 engine's discrete choices pinned to the reference's
+  // (its experts and indexer selections: ForwardOptions::forced_experts / forced_topk), so only
+  // the continuous error of the quantized arithmetic remains.
+  std::vector<double> pinned_layer_cos;
+  double pinned_min_layer_cos = 1.0;
+  double pinned_logits_cos = 0.0;
 };
 
 // Runs `prompt` then `steps` greedy steps on both checkpoints. Errors: load or forward errors.

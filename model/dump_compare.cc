@@ -45,6 +45,7 @@ struct Dump {
   NpyArray hidden, index_scores, topk, step_logits;
   bool has_topk_decode = false;
   NpyArray topk_decode;
+  NpyArray experts;  // optional: empty shape when the dump has none
   std::vector<int32_t> output;
 };
 
@@ -59,6 +60,11 @@ Result<Dump> LoadDump(const std::string& dir) {
     if (d.topk_decode.shape.size() != 3 || d.topk_decode.descr != "<i4")
       return Status::InvalidArgument("topk_decode.npy is not int32 [steps-1, layers, index_topk]", dir);
     d.has_topk_decode = true;
+  }
+  if (std::filesystem::exists(dir + "/experts.npy")) {
+    PDSERVE_ASSIGN_OR_RETURN(d.experts, ReadNpy(dir + "/experts.npy"));
+    if (d.experts.descr != "<i4" || d.experts.shape.size() != 3)
+      return Status::InvalidArgument("experts.npy is not int32 [n_layers, prompt_len, top_k]", dir);
   }
   PDSERVE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(dir + "/index.json"));
   auto j = nlohmann::json::parse(text, nullptr, false);
@@ -120,6 +126,21 @@ Result<CompareReport> CompareDumps(const std::string& dir_a, const std::string& 
     }
     c.topk_overlap = total ? double(same) / double(total) : 1.0;
     if (c.topk_overlap < th.topk_overlap) fail(name + " top-k overlap " + std::to_string(c.topk_overlap));
+    if (!a.experts.shape.empty() && a.experts.shape == b.experts.shape && a.experts.shape[0] == rows - 1 &&
+        a.experts.shape[1] == S) {
+      const int64_t top_k = a.experts.shape[2];
+      int64_t both = 0, chosen = 0;
+      for (int64_t i = 0; i < S; ++i) {
+        const int32_t* ea = a.experts.i32() + (layer * S + i) * top_k;
+        const int32_t* eb = b.experts.i32() + (layer * S + i) * top_k;
+        for (int64_t k = 0; k < top_k; ++k) {
+          if (ea[k] < 0) continue;
+          ++chosen;
+          both += std::find(eb, eb + top_k, ea[k]) != eb + top_k;
+        }
+      }
+      if (chosen > 0) c.expert_overlap = double(both) / double(chosen);
+    }
   }
   const int64_t V = a.step_logits.shape[1];
   r.steps_compared = std::min({a.step_logits.shape[0], b.step_logits.shape[0],
@@ -163,12 +184,14 @@ std::string CompareReport::ToString() const {
   std::ostringstream o;
   o.setf(std::ios::fixed);
   o.precision(7);
-  o << "row        hidden_cos   max_abs    index_cos  topk_overlap\n";
+  o << "row        hidden_cos   max_abs    index_cos  topk_overlap  expert_overlap\n";
   for (size_t l = 0; l < rows.size(); ++l) {
     const auto& c = rows[l];
     o << (l == 0 ? std::string("embedding") : "layer " + std::to_string(l - 1));
     o << std::string(l == 0 ? 2 : (l - 1 < 10 ? 4 : 3), ' ') << c.hidden_cos << "  " << c.hidden_max_abs;
     if (l > 0) o << "  " << c.index_cos << "  " << c.topk_overlap;
+    if (l > 0 && c.expert_overlap >= 0) o << "  " << c.expert_overlap;
+    else if (l > 0) o << "  -";
     o << "\n";
   }
   o << "step logits cos:";

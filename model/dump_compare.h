@@ -2,9 +2,9 @@
 // the Python reference writes the same), for `pdserve compare` and the golden tests.
 //
 // Reports, per layer, the cos-sim and max |a-b| of the hidden states, the cos-sim of the
-// finite index scores and the top-k set overlap; per greedy step the logits cos-sim; the top-k
-// overlap of the decode steps; and the first step whose greedy token differs. Passes when
-// every figure meets its threshold.
+// finite index scores, the top-k set overlap and (when both dumps have experts.npy) the routed
+// expert overlap; per greedy step the logits cos-sim; the top-k overlap of the decode steps;
+// and the first step whose greedy token differs. Passes when every figure meets its threshold.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -33,6 +33,10 @@ struct LayerComparison {
   double hidden_cos = 1, hidden_max_abs = 0;
   double index_cos = 1;      // layers only (row 0 = embedding has none)
   double topk_overlap = 1;
+  // Fraction of routed-expert choices both dumps made for this layer's prompt rows (from
+  // experts.npy); -1 for a dense layer or when a dump has no experts.npy. Informational: a
+  // near-tie in the router flips legitimately, so it has no threshold.
+  double expert_overlap = -1;
 };
 
 struct CompareReport {

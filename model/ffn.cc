@@ -9,11 +9,12 @@
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
+#include "model/test_hooks.h"
 
 namespace pdserve::model {
 
 void Model::Route(const LayerWeights& lw, const float* x, int64_t S, const uint8_t* tiled, int32_t* ids,
-                  float* weights) const {
+                  float* weights, const std::vector<const int32_t*>* forced) const {
   const ModelConfig& c = config();
   const int64_t D = c.hidden_size, E = c.n_routed_experts, G = c.n_group, per_group = E / G;
   const int64_t top_k = c.num_experts_per_tok;
@@ -44,7 +45,14 @@ void Model::Route(const LayerWeights& lw, const float* x, int64_t S, const uint8
       std::fill(masked.begin(), masked.end(), -INFINITY);
       for (int64_t i = 0; i < n_g; ++i)
         for (int64_t e = gsel[i] * per_group; e < (gsel[i] + 1) * per_group; ++e) masked[e] = b[e];
-      const int64_t n_e = kernels::TopKIndices(masked.data(), E, top_k, esel.data(), scratch.data());
+      const int32_t* force = forced ? (*forced)[static_cast<size_t>(t)] : nullptr;
+      int64_t n_e = 0;
+      if (force) {
+        for (int64_t i = 0; i < top_k; ++i)
+          if (force[i] >= 0) esel[n_e++] = force[i];
+      } else {
+        n_e = kernels::TopKIndices(masked.data(), E, top_k, esel.data(), scratch.data());
+      }
       float denom = 0.0f;
       for (int64_t i = 0; i < n_e; ++i) denom += s[esel[i]];
       for (int64_t i = 0; i < n_e; ++i) {
@@ -69,34 +77,58 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
   const int64_t E = c.n_routed_experts, top_k = c.num_experts_per_tok;
   std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
   std::vector<float> weights(static_cast<size_t>(S * top_k));
-  Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data());
+  // Forced expert choices (ForwardOptions::forced_experts) per row, and the trace.
+  std::vector<const int32_t*> forced;
+  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+    const BatchSequence& sq = plan.seqs[s];
+    if (!sq.options || !sq.options->forced_experts) continue;
+    forced.resize(static_cast<size_t>(S), nullptr);
+    for (int64_t i = 0; i < sq.n_tokens; ++i)
+      forced[static_cast<size_t>(plan.seq_row[s] + i)] = sq.options->forced_experts->data() + (layer * sq.n_tokens + i) * top_k;
+  }
+  Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data(), forced.empty() ? nullptr : &forced);
+  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+    const BatchSequence& sq = plan.seqs[s];
+    if (sq.options && sq.options->trace)
+      std::copy_n(ids.begin() + plan.seq_row[s] * top_k, sq.n_tokens * top_k,
+                  sq.options->trace->experts.begin() + layer * sq.n_tokens * top_k);
+  }
   // Rows per expert, in row order: (row, weight).
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));
   for (int64_t t = 0; t < S; ++t)
     for (int64_t j = 0; j < top_k; ++j)
       if (ids[t * top_k + j] >= 0) by_expert[static_cast<size_t>(ids[t * top_k + j])].push_back({t, weights[t * top_k + j]});
-  // Experts in ascending id order; each gets the rows routed to it (possibly none).
-  std::vector<float> y(static_cast<size_t>(S * D), 0.0f);
-  std::vector<float> xin, yout;
-  std::vector<uint8_t> tiled;
+  // Every routed expert's rows gathered into one buffer, experts in ascending id order.
+  std::vector<int64_t> first(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
+  const int64_t R = first[E];
+  std::vector<float> xin(static_cast<size_t>(R * D)), yout(static_cast<size_t>(R * D));
+  std::vector<uint8_t> tiled(static_cast<size_t>(R));
   std::vector<int64_t> group_count(plan.group_size.size(), 0);
+  std::vector<ExpertJob> jobs;
   for (int64_t e = 0; e < E; ++e) {
     const auto& rows = by_expert[static_cast<size_t>(e)];
     if (rows.empty()) continue;
     if (plan.stats) ++plan.stats->routed_expert_runs;
-    const int64_t n = static_cast<int64_t>(rows.size());
-    xin.resize(static_cast<size_t>(n * D));
-    yout.resize(static_cast<size_t>(n * D));
-    tiled.resize(static_cast<size_t>(n));
+    const int64_t n = static_cast<int64_t>(rows.size()), r0 = first[e];
     for (const auto& rw : rows) ++group_count[static_cast<size_t>(plan.row_group[rw.first])];
     for (int64_t i = 0; i < n; ++i) {
-      std::copy(x + rows[i].first * D, x + (rows[i].first + 1) * D, xin.begin() + i * D);
-      tiled[i] = group_count[static_cast<size_t>(plan.row_group[rows[i].first])] > kernels::kGemmSmallMMax;
+      std::copy(x + rows[i].first * D, x + (rows[i].first + 1) * D, xin.begin() + (r0 + i) * D);
+      tiled[r0 + i] = group_count[static_cast<size_t>(plan.row_group[rows[i].first])] > kernels::kGemmSmallMMax;
     }
     for (const auto& rw : rows) group_count[static_cast<size_t>(plan.row_group[rw.first])] = 0;
-    ForEachGemmPath(xin.data(), D, yout.data(), D, tiled.data(), n, mlp_fn(lw.experts[static_cast<size_t>(e)]));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t d = 0; d < D; ++d) y[static_cast<size_t>(rows[i].first * D + d)] += yout[static_cast<size_t>(i * D + d)] * rows[i].second;
+    jobs.push_back({&lw.experts[static_cast<size_t>(e)], xin.data() + r0 * D, n, tiled.data() + r0, yout.data() + r0 * D});
+  }
+  RunExperts(jobs);
+  // Weighted sums per row, experts in ascending id order (the summation order is fixed).
+  std::vector<float> y(static_cast<size_t>(S * D), 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rows = by_expert[static_cast<size_t>(e)];
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const float* yo = &yout[static_cast<size_t>((first[e] + static_cast<int64_t>(i)) * D)];
+      float* yr = &y[static_cast<size_t>(rows[i].first * D)];
+      for (int64_t d = 0; d < D; ++d) yr[d] += yo[d] * rows[i].second;
+    }
   }
   if (c.n_shared_experts > 0) {
     std::vector<float> z(static_cast<size_t>(S * D));
@@ -106,6 +138,38 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
   std::copy(y.begin(), y.end(), out);
   kernels::RoundToBf16InPlace(out, S * D);
   return Status::Ok();
+}
+
+void Model::RunExperts(std::span<const ExpertJob> jobs) const {
+  bool all_int8 = !TEST_per_expert_moe();
+  for (const ExpertJob& j : jobs) all_int8 = all_int8 && j.mlp->gate.is_int8() && j.mlp->up.is_int8() && j.mlp->down.is_int8();
+  if (!all_int8) {
+    for (const ExpertJob& j : jobs)
+      ForEachGemmPath(j.x, j.mlp->gate.n_in(), j.y, j.mlp->down.n_out(), j.tiled, j.m,
+                      [this, &j](const float* xs, int64_t n, float* ys) { Mlp(*j.mlp, xs, n, ys); });
+    return;
+  }
+  // Mlp's steps, each over all experts at once: gate and up of every expert in one grouped
+  // GEMM (adjacent calls with the same x: its rows are quantized once), the same bf16
+  // roundings and SiLU, then every down projection in a second grouped GEMM.
+  std::vector<int64_t> h_off(jobs.size() + 1, 0);  // each job's start in g/u, in values
+  for (size_t i = 0; i < jobs.size(); ++i) h_off[i + 1] = h_off[i] + jobs[i].m * jobs[i].mlp->gate.n_out();
+  std::vector<float> g(static_cast<size_t>(h_off.back())), u(g.size());
+  std::vector<LinearCall> calls;
+  calls.reserve(2 * jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    calls.push_back({&jobs[i].mlp->gate, jobs[i].x, jobs[i].m, g.data() + h_off[i]});
+    calls.push_back({&jobs[i].mlp->up, jobs[i].x, jobs[i].m, u.data() + h_off[i]});
+  }
+  ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
+  const int64_t n_h = h_off.back();
+  kernels::RoundToBf16InPlace(g.data(), n_h);
+  kernels::RoundToBf16InPlace(u.data(), n_h);
+  kernels::SiluMulBf16(g.data(), u.data(), n_h, g.data());
+  calls.clear();
+  for (size_t i = 0; i < jobs.size(); ++i) calls.push_back({&jobs[i].mlp->down, g.data() + h_off[i], jobs[i].m, jobs[i].y});
+  ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
+  for (const ExpertJob& j : jobs) kernels::RoundToBf16InPlace(j.y, j.m * j.mlp->down.n_out());
 }
 
 void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {

@@ -100,6 +100,13 @@ TEST_P(GoldenTest, GreedyContinuationMatchesTokenForToken) {
   EXPECT_EQ(report->steps_compared, 20);
   EXPECT_EQ(report->decode_steps_compared, 19);  // the reference's topk_decode.npy, checked too
   EXPECT_EQ(report->first_token_mismatch, -1) << report->ToString();
+  // The engine's experts.npy (the routed experts of the prompt, ascending) against the
+  // reference's: the same choices on every MoE layer, none on dense ones.
+  for (int64_t l = 0; l < model->config().num_hidden_layers; ++l) {
+    const double overlap = report->rows[static_cast<size_t>(l + 1)].expert_overlap;
+    if (model->config().IsMoeLayer(l)) EXPECT_EQ(overlap, 1.0) << "layer " << l << "\n" << report->ToString();
+    else EXPECT_EQ(overlap, -1.0) << "layer " << l;
+  }
 }
 
 // The accuracy tooling catches a real numerics bug: with the indexer's RoPE in MLA's

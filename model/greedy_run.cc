@@ -1,5 +1,6 @@
 #include "model/greedy_run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -62,6 +63,16 @@ Status WriteDump(const std::string& dir, const ModelConfig& cfg, const GreedyRun
   PDSERVE_RETURN_IF_ERROR(WriteNpyF32(dir + "/step_logits.npy", run.step_logits.data(), {steps, cfg.vocab_size}));
   PDSERVE_RETURN_IF_ERROR(
       WriteNpyI32(dir + "/topk_decode.npy", run.topk_decode.data(), {std::max<int64_t>(steps - 1, 0), L, K}));
+  // Routed experts per prompt row, ascending as the reference writes them (-1 rows: dense).
+  const int64_t top_k = cfg.num_experts_per_tok;
+  std::vector<int32_t> experts = run.prefill.experts;
+  experts.resize(static_cast<size_t>(L * S * top_k), -1);
+  for (int64_t r = 0; r < L * S; ++r) std::sort(experts.begin() + r * top_k, experts.begin() + (r + 1) * top_k);
+  for (int64_t r = 0; r < L * S; ++r)  // sorting put -1 first; the reference pads at the end
+    std::rotate(experts.begin() + r * top_k,
+                std::find_if(experts.begin() + r * top_k, experts.begin() + (r + 1) * top_k, [](int32_t e) { return e >= 0; }),
+                experts.begin() + (r + 1) * top_k);
+  PDSERVE_RETURN_IF_ERROR(WriteNpyI32(dir + "/experts.npy", experts.data(), {L, S, top_k}));
   nlohmann::json index = {{"prompt_tokens", run.prompt}, {"output_tokens", run.output}, {"producer", "pdserve"}};
   return WriteStringToFile(dir + "/index.json", index.dump(1));
 }

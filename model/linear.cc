@@ -59,6 +59,37 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
   }
   if (xq.size() < static_cast<size_t>(bytes)) xq.resize(static_cast<size_t>(bytes));
   if (xs.size() < static_cast<size_t>(rows)) xs.resize(static_cast<size_t>(rows));
+  // Quantize each distinct activation block once (rows are independent, so any split of the
+  // rows gives the same codes): in parallel over all rows when there are enough values.
+  thread_local std::vector<int64_t> quant_calls, quant_row0;  // calls that quantize; first row of each
+  quant_calls.clear();
+  quant_row0.clear();
+  for (int64_t i = 0; i < n; ++i)
+    if (offset[i] >= 0 && (i == 0 || offset[i] != offset[i - 1])) {
+      quant_calls.push_back(i);
+      quant_row0.push_back(offset[i]);
+    }
+  // Workers see their own thread_local instances: the lambda uses only these plain locals.
+  const std::vector<int64_t>& qcalls = quant_calls;
+  const std::vector<int64_t>& qrow0 = quant_row0;
+  const int64_t* qoff = q_offset.data();
+  int8_t* const q_base = xq.data();
+  float* const s_base = xs.data();
+  auto quantize_rows = [&](int64_t row_begin, int64_t row_end) {
+    // The quantizing calls hold consecutive row ranges [offset, offset + m) in list order.
+    size_t t = static_cast<size_t>(std::upper_bound(qrow0.begin(), qrow0.end(), row_begin) - qrow0.begin() - 1);
+    for (; t < qcalls.size() && qrow0[t] < row_end; ++t) {
+      const LinearCall& c = calls[qcalls[t]];
+      const int64_t n_in = c.w->n_in(), first = qrow0[t];
+      const int64_t b = std::max(row_begin, first), e = std::min(row_end, first + c.m);
+      kernels::QuantizeRowsInt8(c.x + (b - first) * n_in, e - b, n_in, n_in, q_base + qoff[qcalls[t]] + (b - first) * n_in,
+                                n_in, s_base + b);
+    }
+  };
+  if (pool != nullptr && rows > 1 && bytes >= kParallelQuantizeMin)
+    pool->ParallelFor(rows, quantize_rows);
+  else if (rows > 0)
+    quantize_rows(0, rows);
   groups.clear();
   for (int64_t i = 0; i < n; ++i) {
     const LinearCall& c = calls[i];
@@ -68,11 +99,7 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
       continue;
     }
     const int64_t n_in = c.w->n_in();
-    int8_t* q = xq.data() + q_offset[i];
-    float* s = xs.data() + offset[i];
-    if (i == 0 || offset[i] != offset[i - 1])  // else the previous call quantized these rows
-      kernels::QuantizeRowsInt8(c.x, c.m, n_in, n_in, q, n_in, s);
-    groups.push_back({c.w->int8, q, s, c.m, n_in, c.y, c.w->n_out()});
+    groups.push_back({c.w->int8, xq.data() + q_offset[i], xs.data() + offset[i], c.m, n_in, c.y, c.w->n_out()});
   }
   kernels::GroupedGemmInt8(groups.data(), static_cast<int64_t>(groups.size()), pool);
 }

@@ -58,6 +58,16 @@ Status Model::Validate(const BatchSequence& q) const {
   if (forced)
     for (int32_t t : *forced)
       if (t < -1 || t >= T) return Status::InvalidArgument("forced top-k position " + std::to_string(t) + " out of range");
+  const std::vector<int32_t>* experts = q.options ? q.options->forced_experts : nullptr;
+  const int64_t top_k = c.num_experts_per_tok;
+  if (experts && static_cast<int64_t>(experts->size()) != L * S * top_k)
+    return Status::InvalidArgument("forced experts has " + std::to_string(experts->size()) +
+                                   " entries, expected n_layers*S*num_experts_per_tok = " + std::to_string(L * S * top_k));
+  if (experts)
+    for (int32_t e : *experts)
+      if (e < -1 || e >= c.n_routed_experts)
+        return Status::InvalidArgument("forced expert id " + std::to_string(e) + " outside [-1, " +
+                                       std::to_string(c.n_routed_experts) + ")");
   return Status::Ok();
 }
 
@@ -118,6 +128,7 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
     tr->hidden.assign(static_cast<size_t>((L + 1) * S * D), 0.0f);
     tr->index_scores.assign(static_cast<size_t>(L * S * T), -std::numeric_limits<float>::infinity());
     tr->topk.assign(static_cast<size_t>(L * S * K), -1);
+    tr->experts.assign(static_cast<size_t>(L * S * c.num_experts_per_tok), -1);
   }
   auto trace_hidden = [&](int64_t slot, const std::vector<float>& sum) {
     for (int64_t s = 0; s < plan.n_seqs(); ++s) {

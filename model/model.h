@@ -44,6 +44,7 @@ struct ForwardTrace {
   std::vector<float> hidden;        // [n_layers + 1, S, D]: embedding, then residual sum per layer
   std::vector<float> index_scores;  // [n_layers, S, T]: indexer scores, -inf where not causal
   std::vector<int32_t> topk;        // [n_layers, S, K]: selections, ascending, -1 padded
+  std::vector<int32_t> experts;     // [n_layers, S, top_k]: routed experts in the router's order, -1 on dense layers
 };
 
 struct ForwardOptions {
@@ -51,6 +52,12 @@ struct ForwardOptions {
   // When set ([n_layers, S, K], -1 padded), replaces the indexer's selections: used to compare
   // layers with the reference's own choices fed in.
   const std::vector<int32_t>* forced_topk = nullptr;
+  // When set ([n_layers, S, top_k], entries of dense layers ignored, -1 = no expert), replaces
+  // the router's expert choices; the routing weights stay this model's own sigmoid scores of
+  // the given experts, normalized over them. Holds discrete choices equal when two models are
+  // compared (e.g. W8A8 against BF16 with the BF16 run's ForwardTrace::experts). Single-process
+  // MoE only: the expert-parallel FFN (FfnParallel) ignores it and does not fill trace->experts.
+  const std::vector<int32_t>* forced_experts = nullptr;
 };
 
 struct BatchPlan;
@@ -117,11 +124,26 @@ class Model {
   Status ExpandCpKeys(int64_t layer, const BatchPlan& plan, const ParallelStep& step, std::vector<float>* kv) const;
   Status Ffn(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   // Sigmoid router with group-limited top-k over n rows: ids/weights [n x top_k], -1 padded.
+  // forced (may be null): per row, top_k experts to use instead of the router's choice (or null).
   void Route(const LayerWeights& lw, const float* x, int64_t n, const uint8_t* tiled, int32_t* ids,
-             float* weights) const;
+             float* weights, const std::vector<const int32_t*>* forced = nullptr) const;
   // The MoE over the EP group (model/moe_parallel.cc).
   Status FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
+  // One routed expert's share of a layer: its gathered rows x[m, D] -> y[m, D]; tiled[m] is
+  // each row's GEMM path (model/batch.h).
+  struct ExpertJob {
+    const MlpWeights* mlp = nullptr;
+    const float* x = nullptr;
+    int64_t m = 0;
+    const uint8_t* tiled = nullptr;
+    float* y = nullptr;
+  };
+  // Runs every job, each y bitwise equal to Mlp over its rows with ForEachGemmPath. When every
+  // job's expert is INT8 (W8A8), all experts run as two grouped INT8 GEMMs (gate+up, then down;
+  // ApplyLinearGrouped): integer sums do not depend on the path, so the rows need no split.
+  // Otherwise (BF16/F32 experts, whose fp32 sums depend on the path) one Mlp per job.
+  void RunExperts(std::span<const ExpertJob> jobs) const;
   // ApplyLinear over the plan's rows, each with its group's GEMM path.
   void PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const;
 

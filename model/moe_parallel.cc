@@ -92,30 +92,36 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
     PDSERVE_ASSIGN_OR_RETURN(in, ep.WaitDispatch());
   }
   std::vector<float> expert_out(static_cast<size_t>(in->rows * D), 0.0f);
-  std::vector<float> xin, yout;
-  std::vector<uint8_t> tiled;
+  // Every local expert's received rows in one buffer (bf16 on the wire: exact), then all
+  // experts at once (RunExperts: grouped INT8 GEMMs for W8A8 experts).
+  std::vector<int64_t> first(static_cast<size_t>(in->n_local_experts) + 1, 0);
+  for (int e = 0; e < in->n_local_experts; ++e) first[e + 1] = first[e] + static_cast<int64_t>(in->ExpertRows(e).size());
+  std::vector<float> xin(static_cast<size_t>(first.back() * D)), yout(xin.size());
+  std::vector<uint8_t> tiled(static_cast<size_t>(first.back()), 0);
+  std::vector<ExpertJob> jobs;
   for (int e = 0; e < in->n_local_experts; ++e) {
     const auto rows = in->ExpertRows(e);
-    const auto w = in->ExpertWeights(e);
     if (rows.empty()) continue;
     if (plan.stats) ++plan.stats->routed_expert_runs;
     const int32_t global = in->first_expert + e;
-    const int64_t m = static_cast<int64_t>(rows.size());
-    xin.resize(static_cast<size_t>(m * D));
-    yout.resize(static_cast<size_t>(m * D));
-    tiled.assign(static_cast<size_t>(m), 0);
+    const int64_t m = static_cast<int64_t>(rows.size()), r0 = first[e];
     for (int64_t i = 0; i < m; ++i) {
       const uint8_t* row = in->hidden + rows[i] * in->row_bytes;
       const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t d = 0; d < D; ++d) xin[i * D + d] = Bf16ToF32(h[d]);
+      for (int64_t d = 0; d < D; ++d) xin[(r0 + i) * D + d] = Bf16ToF32(h[d]);
       const int32_t* words = reinterpret_cast<const int32_t*>(row + 2 * D);
       for (int64_t j = 0; j < top_k; ++j)
-        if (words[j] >= 0 && (words[j] >> 1) == global) tiled[i] = words[j] & 1;
+        if (words[j] >= 0 && (words[j] >> 1) == global) tiled[r0 + i] = words[j] & 1;
     }
-    ForEachGemmPath(xin.data(), D, yout.data(), D, tiled.data(), m, mlp_fn(lw.experts[static_cast<size_t>(global)]));
-    for (int64_t i = 0; i < m; ++i)
+    jobs.push_back({&lw.experts[static_cast<size_t>(global)], xin.data() + r0 * D, m, tiled.data() + r0, yout.data() + r0 * D});
+  }
+  RunExperts(jobs);
+  for (int e = 0; e < in->n_local_experts; ++e) {
+    const auto rows = in->ExpertRows(e);
+    const auto w = in->ExpertWeights(e);
+    for (size_t i = 0; i < rows.size(); ++i)
       for (int64_t d = 0; d < D; ++d)
-        expert_out[static_cast<size_t>(rows[i] * D + d)] += yout[static_cast<size_t>(i * D + d)] * w[i];
+        expert_out[static_cast<size_t>(rows[i] * D + d)] += yout[static_cast<size_t>((first[e] + static_cast<int64_t>(i)) * D + d)] * w[i];
   }
   std::vector<float> y(static_cast<size_t>(n * D));
   {

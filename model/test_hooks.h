@@ -16,4 +16,9 @@ enum class NumericsFault {
 void TEST_SetNumericsFault(NumericsFault fault);
 NumericsFault TEST_numerics_fault();
 
+// When set, W8A8 routed experts run one Mlp per expert (the BF16 path's structure) instead of
+// the grouped INT8 GEMMs: the reference the grouped path is compared against bit for bit.
+void TEST_SetPerExpertMoe(bool per_expert);
+bool TEST_per_expert_moe();
+
 }  // namespace pdserve::model

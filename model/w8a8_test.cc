@@ -4,6 +4,7 @@
 // last-position logits cos-sim >= 0.99, top-1 agreement over 100 teacher-forced greedy steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,8 @@
 #include "kernels/ref/gemm_int8_ref.h"
 #include "model/convert.h"
 #include "model/convert_accuracy.h"
+#include "model/model.h"
+#include "model/test_hooks.h"
 #include "model/test_util.h"
 #include "model/weights.h"
 
@@ -62,26 +65,28 @@ TEST(W8A8LinearTest, GroupedCallsEqualSeparateApplyLinear) {
   bf16.owned_bf16.resize(wb.size());
   for (size_t i = 0; i < wb.size(); ++i) bf16.owned_bf16[i] = F32ToBf16Bits(wb[i]);
   bf16.view = {DType::kBF16, bf16.owned_bf16.data(), I, D, D};
-  const std::vector<int64_t> rows = {3, 0, 20, 1};
-  std::vector<std::vector<float>> x, y, ref;
-  std::vector<LinearCall> calls;
-  for (int e = 0; e < 4; ++e) x.push_back(rand_vec(std::max<int64_t>(rows[e], 1) * D));
-  y.resize(9);
-  ref.resize(9);
-  for (int e = 0; e < 4; ++e)
-    for (int which = 0; which < 2; ++which) {
-      const size_t at = static_cast<size_t>(2 * e + which);
-      y[at].assign(static_cast<size_t>(std::max<int64_t>(rows[e], 1) * I), -7.0f);
-      calls.push_back({which == 0 ? &gate[e] : &up[e], x[e].data(), rows[e], y[at].data()});
+  // 700 rows: above the size at which the activations are quantized in parallel.
+  for (const auto& rows : {std::vector<int64_t>{3, 0, 20, 1}, std::vector<int64_t>{3, 0, 700, 13}}) {
+    std::vector<std::vector<float>> x, y, ref;
+    std::vector<LinearCall> calls;
+    for (int e = 0; e < 4; ++e) x.push_back(rand_vec(std::max<int64_t>(rows[e], 1) * D));
+    y.resize(9);
+    ref.resize(9);
+    for (int e = 0; e < 4; ++e)
+      for (int which = 0; which < 2; ++which) {
+        const size_t at = static_cast<size_t>(2 * e + which);
+        y[at].assign(static_cast<size_t>(std::max<int64_t>(rows[e], 1) * I), -7.0f);
+        calls.push_back({which == 0 ? &gate[e] : &up[e], x[e].data(), rows[e], y[at].data()});
+      }
+    y[8].assign(static_cast<size_t>(rows[2] * I), -7.0f);
+    calls.push_back({&bf16, x[2].data(), rows[2], y[8].data()});
+    ThreadPool pool(2);
+    ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), &pool);
+    for (size_t c = 0; c < calls.size(); ++c) {
+      ref[c].assign(y[c].size(), -7.0f);
+      if (calls[c].m > 0) ApplyLinear(*calls[c].w, calls[c].x, calls[c].m, ref[c].data(), &pool);
+      ASSERT_EQ(std::memcmp(y[c].data(), ref[c].data(), y[c].size() * 4), 0) << "call " << c;
     }
-  y[8].assign(static_cast<size_t>(rows[2] * I), -7.0f);
-  calls.push_back({&bf16, x[2].data(), rows[2], y[8].data()});
-  ThreadPool pool(2);
-  ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), &pool);
-  for (size_t c = 0; c < calls.size(); ++c) {
-    ref[c].assign(y[c].size(), -7.0f);
-    if (calls[c].m > 0) ApplyLinear(*calls[c].w, calls[c].x, calls[c].m, ref[c].data(), &pool);
-    ASSERT_EQ(std::memcmp(y[c].data(), ref[c].data(), y[c].size() * 4), 0) << "call " << c;
   }
 }
 
@@ -113,6 +118,107 @@ TEST(W8A8LoadTest, Int8WeightsAreUsedInPlaceFromTheCheckpoint) {
       EXPECT_FALSE(L.dense.gate.is_int8());
     }
   }
+}
+
+TEST(W8A8MoeTest, GroupedExpertsEqualThePerExpertPath) {
+  // The MoE forward runs W8A8 routed experts as two grouped INT8 GEMMs; one Mlp per expert (the
+  // previous structure) must give the same bits: prompt rows on both GEMM paths (experts with
+  // more and fewer than kGemmInt8SmallMMax rows), then decode steps with 1-2 rows per expert.
+  for (const char* preset : {"tiny", "tiny2"}) {
+    TempDir d(std::string("w8_grouped_") + preset);
+    MakeModelOptions mo;
+    mo.preset = preset;
+    mo.out_dir = d / "bf16";
+    ASSERT_TRUE(MakeModel(mo).ok());
+    ConvertOptions o;
+    o.in_dir = mo.out_dir;
+    o.out_dir = d / "w8";
+    ASSERT_TRUE(Convert(o).ok());
+    ThreadPool pool(2);
+    auto m = Model::Load(o.out_dir, &pool);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_TRUE((*m)->weights().layer(1).experts[0].gate.is_int8());
+    const int64_t V = (*m)->config().vocab_size;
+    auto run = [&](bool per_expert, ForwardTrace* trace) {
+      TEST_SetPerExpertMoe(per_expert);
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 70; ++i) prompt.push_back((i * 37 + 5) % 900);
+      SequenceKvCache cache((*m)->config());
+      std::vector<float> logits(static_cast<size_t>(V)), all;
+      ForwardOptions fo;
+      fo.trace = trace;
+      EXPECT_TRUE((*m)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), &cache, logits.data(), fo).ok());
+      all = logits;
+      for (int step = 0; step < 4; ++step) {
+        const int32_t t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        EXPECT_TRUE((*m)->Forward(&t, 1, &cache, logits.data()).ok());
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+      TEST_SetPerExpertMoe(false);
+      return all;
+    };
+    ForwardTrace grouped_trace, per_expert_trace;
+    const auto grouped = run(false, &grouped_trace);
+    const auto per_expert = run(true, &per_expert_trace);
+    ASSERT_EQ(grouped.size(), per_expert.size());
+    EXPECT_EQ(std::memcmp(grouped.data(), per_expert.data(), grouped.size() * 4), 0) << preset;
+    ASSERT_EQ(grouped_trace.hidden.size(), per_expert_trace.hidden.size());
+    EXPECT_EQ(std::memcmp(grouped_trace.hidden.data(), per_expert_trace.hidden.data(), grouped_trace.hidden.size() * 4), 0)
+        << preset;
+  }
+}
+
+TEST(ForcedExpertsTest, OwnChoicesReproduceTheRunAndOthersChangeIt) {
+  // ForwardOptions::forced_experts: feeding a model its own traced expert choices gives the same
+  // bits (the weights are its own scores), other choices change the output, bad input is refused.
+  TempDir d("forced_experts");
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.out_dir = d.path();
+  ASSERT_TRUE(MakeModel(mo).ok());
+  ThreadPool pool(2);
+  auto m = Model::Load(d.path(), &pool);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 30; ++i) prompt.push_back((i * 53 + 7) % 1000);
+  const int64_t S = static_cast<int64_t>(prompt.size()), top_k = c.num_experts_per_tok;
+  auto run = [&](const std::vector<int32_t>* forced, ForwardTrace* trace, Status* status) {
+    SequenceKvCache cache(c);
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    ForwardOptions fo;
+    fo.trace = trace;
+    fo.forced_experts = forced;
+    *status = (*m)->Forward(prompt.data(), S, &cache, logits.data(), fo);
+    return logits;
+  };
+  Status st;
+  ForwardTrace t0, t1;
+  const auto free_logits = run(nullptr, &t0, &st);
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(static_cast<int64_t>(t0.experts.size()), c.num_hidden_layers * S * top_k);
+  EXPECT_EQ(t0.experts[0], -1);                           // layer 0 is dense
+  EXPECT_GE(t0.experts[static_cast<size_t>(S * top_k)], 0);  // layer 1 is MoE
+  const auto own = run(&t0.experts, &t1, &st);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(std::memcmp(own.data(), free_logits.data(), own.size() * 4), 0);
+  EXPECT_EQ(t1.experts, t0.experts);
+  std::vector<int32_t> other = t0.experts;
+  for (int64_t i = S * top_k; i < static_cast<int64_t>(other.size()); ++i)
+    if (other[i] >= 0) other[i] = static_cast<int32_t>((other[i] + 3) % c.n_routed_experts);
+  ForwardTrace t2;
+  const auto changed = run(&other, &t2, &st);
+  ASSERT_TRUE(st.ok());
+  EXPECT_NE(std::memcmp(changed.data(), free_logits.data(), changed.size() * 4), 0);
+  EXPECT_EQ(t2.experts[static_cast<size_t>(S * top_k)], other[static_cast<size_t>(S * top_k)]);
+  std::vector<int32_t> bad = t0.experts;
+  bad[static_cast<size_t>(S * top_k)] = static_cast<int32_t>(c.n_routed_experts);
+  run(&bad, nullptr, &st);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("forced expert id"), std::string::npos) << st.ToString();
+  bad.pop_back();
+  run(&bad, nullptr, &st);
+  EXPECT_FALSE(st.ok());
 }
 
 struct PresetCase {
@@ -147,14 +253,19 @@ TEST_P(W8A8AccuracyTest, CloseToTheBf16Engine) {
     layers += buf;
   }
   std::printf("[ W8A8 %s/%s ] per-layer cos: %s| logits cos %.5f | top-1 agreement %lld/%lld (teacher-forced), "
-              "step logits cos min %.4f mean %.4f | free-run identical for %lld steps\n",
+              "step logits cos min %.4f mean %.4f | free-run identical for %lld steps | prompt expert flips %lld/%lld | "
+              "pinned choices: per-layer min cos %.5f, logits cos %.5f\n",
               pc.preset, pc.dtype, layers.c_str(), r->logits_cos, static_cast<long long>(r->top1_agree),
               static_cast<long long>(r->steps), r->min_step_logits_cos, r->mean_step_logits_cos,
-              static_cast<long long>(r->free_run_prefix));
+              static_cast<long long>(r->free_run_prefix), static_cast<long long>(r->expert_flips),
+              static_cast<long long>(r->expert_slots), r->pinned_min_layer_cos, r->pinned_logits_cos);
   RecordProperty("logits_cos", std::to_string(r->logits_cos));
   RecordProperty("top1_agree", std::to_string(r->top1_agree));
   EXPECT_GE(r->min_layer_cos, 0.99);
   EXPECT_GE(r->logits_cos, 0.99);
+  EXPECT_GE(r->pinned_min_layer_cos, 0.99);
+  EXPECT_GE(r->pinned_logits_cos, 0.99);
+  EXPECT_GT(r->expert_slots, 0);
   // Decode steps: the issue asks for the agreement to be reported; these floors (well under
   // the observed 86-95 and 0.988-0.999, docs/quantization.md) catch a broken path, not noise.
   // Random tiny models have small top-1 margins and an indexer whose top-k flips under noise.

@@ -28,6 +28,7 @@
 #include "kernels/quantize.h"
 #include "model/convert.h"
 #include "model/convert_accuracy.h"
+#include "model/test_hooks.h"
 #include "model/make_model.h"
 #include "model/model.h"
 
@@ -201,13 +202,16 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
     std::unique_ptr<model::Model> m;
     std::unique_ptr<model::SequenceKvCache> cache;
     std::vector<float> logits;
+    bool per_expert = false;  // routed experts one Mlp each instead of the grouped INT8 GEMMs
     double best = 1e30;
   };
   std::vector<Run> runs;
-  for (const auto& [name, dir] : {std::pair{"BF16", bf16}, std::pair{"W8A8", w8}, std::pair{"W8A8-all", w8all}}) {
+  for (const auto& [name, dir, per_expert] :
+       {std::tuple{"BF16", bf16, false}, std::tuple{"W8A8", w8, false}, std::tuple{"W8A8-all", w8all, false},
+        std::tuple{"W8A8, experts one by one (before grouping)", w8, true}}) {
     auto m = model::Model::Load(dir, pool);
     if (!m.ok()) return {{"error", m.status().ToString()}};
-    Run r{name, dir, std::move(*m), nullptr, {}};
+    Run r{name, dir, std::move(*m), nullptr, {}, per_expert};
     r.cache = std::make_unique<model::SequenceKvCache>(r.m->config());
     r.logits.resize(static_cast<size_t>(r.m->config().vocab_size));
     std::vector<int32_t> prompt(static_cast<size_t>(o.context));
@@ -220,6 +224,7 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
   const int32_t token = 42;
   for (int round = 0; round < 4 * o.rounds; ++round)
     for (Run& r : runs) {
+      model::TEST_SetPerExpertMoe(r.per_expert);
       std::vector<double> t;
       for (int s = 0; s < 8; ++s) {
         const auto t0 = Clock::now();
@@ -228,6 +233,7 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
       }
       std::sort(t.begin(), t.end());
       r.best = std::min(r.best, t[t.size() / 2]);
+      model::TEST_SetPerExpertMoe(false);
     }
   nlohmann::json out;
   *md += "\n## Decode step, `small` preset, batch 1, context " + std::to_string(o.context) + ", " +
@@ -295,20 +301,29 @@ nlohmann::json AccuracyBench(const Opts& o, ThreadPool* pool, std::string* md) {
   for (int i = 0; i < 48; ++i) prompt.push_back((i * 7919 + 13) % 32000);
   nlohmann::json out;
   *md += "\n## Accuracy vs the BF16 engine (`small`, 48-token prompt, 100 greedy steps)\n\n"
-         "| weights | per-layer cos (min) | logits cos | top-1 agreement (teacher-forced) | step logits cos min / mean | free-run identical steps |\n"
-         "|---|---|---|---|---|---|\n";
+         "| weights | per-layer cos (min) | logits cos | top-1 agreement (teacher-forced) | step logits cos min / mean | free-run identical steps "
+         "| prompt expert flips | routing+top-k pinned: per-layer cos (min) | pinned: logits cos |\n"
+         "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& [name, dir] : {std::pair{"W8A8", w8}, std::pair{"W8A8-all", w8all}}) {
     auto r = model::CompareW8A8(bf16, dir, prompt, 100, pool);
     if (!r.ok()) return {{"error", r.status().ToString()}};
     out[name] = {{"layer_cos", r->layer_cos}, {"logits_cos", r->logits_cos}, {"top1_agree", r->top1_agree},
                  {"steps", r->steps}, {"min_step_logits_cos", r->min_step_logits_cos},
-                 {"mean_step_logits_cos", r->mean_step_logits_cos}, {"free_run_prefix", r->free_run_prefix}};
-    std::string layers;
-    for (double c : r->layer_cos) layers += (layers.empty() ? "" : " ") + std::to_string(c).substr(0, 6);
-    char line[512];
-    std::snprintf(line, sizeof(line), "| %s | %s (%.4f) | %.4f | %lld/%lld | %.4f / %.4f | %lld |\n", name, layers.c_str(),
-                  r->min_layer_cos, r->logits_cos, static_cast<long long>(r->top1_agree), static_cast<long long>(r->steps),
-                  r->min_step_logits_cos, r->mean_step_logits_cos, static_cast<long long>(r->free_run_prefix));
+                 {"mean_step_logits_cos", r->mean_step_logits_cos}, {"free_run_prefix", r->free_run_prefix},
+                 {"expert_flips", r->expert_flips}, {"expert_slots", r->expert_slots},
+                 {"pinned_layer_cos", r->pinned_layer_cos}, {"pinned_logits_cos", r->pinned_logits_cos}};
+    auto join = [](const std::vector<double>& v) {
+      std::string s;
+      for (double c : v) s += (s.empty() ? "" : " ") + std::to_string(c).substr(0, 6);
+      return s;
+    };
+    char line[768];
+    std::snprintf(line, sizeof(line), "| %s | %s (%.4f) | %.4f | %lld/%lld | %.4f / %.4f | %lld | %lld/%lld | %s (%.4f) | %.4f |\n",
+                  name, join(r->layer_cos).c_str(), r->min_layer_cos, r->logits_cos, static_cast<long long>(r->top1_agree),
+                  static_cast<long long>(r->steps), r->min_step_logits_cos, r->mean_step_logits_cos,
+                  static_cast<long long>(r->free_run_prefix), static_cast<long long>(r->expert_flips),
+                  static_cast<long long>(r->expert_slots), join(r->pinned_layer_cos).c_str(), r->pinned_min_layer_cos,
+                  r->pinned_logits_cos);
     *md += line;
     std::printf("%s", line);
   }
