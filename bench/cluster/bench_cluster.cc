@@ -216,6 +216,11 @@ int main(int argc, char** argv) {
       prompt_sets[n].push_back(std::move(p));
     }
 
+  auto loadavg = [] {
+    auto t = services::ReadFile("/proc/loadavg");
+    return t.ok() ? std::stod(t.value()) : -1.0;
+  };
+  const double load_before = loadavg();
   json results = json::array();
   for (const std::string& mode : modes) {
     std::fprintf(stderr, "mode %s ...\n", mode.c_str());
@@ -239,7 +244,10 @@ int main(int argc, char** argv) {
         w = {{"c0", {"colocated"}}};
       } else if (mode == "pd-stream" || mode == "pd-whole") {
         prefill_id = "p0";
-        w = {{"p0", {"prefill", "--kv-stream-layers", mode == "pd-stream" ? "true" : "false"}}, {"d0", {"decode"}}};
+        // The decode's lease must cover the prompt's whole prefill (the stream begins with the
+        // last chunk), which takes tens of seconds for long prompts of this preset here.
+        w = {{"p0", {"prefill", "--kv-stream-layers", mode == "pd-stream" ? "true" : "false"}},
+             {"d0", {"decode", "--kv-lease-ms", "600000", "--kv-transfer-timeout-ms", "120000"}}};
       } else {
         std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
         return 2;
@@ -297,7 +305,8 @@ int main(int argc, char** argv) {
   md << "# Cluster latency at low load (`small` preset, one request at a time)\n\n"
      << "Greedy, " << max_tokens << " output tokens, median of " << reps << " prompts per length after a warm-up; "
      << threads << " compute threads per worker (P/D workers share the machine); KV over UCX tcp on loopback. "
-     << "Machine: " << bench::MachineName() << ", commit " << bench::GitRevision() << ".\n\n"
+     << "Machine: " << bench::MachineName() << ", commit " << bench::GitRevision()
+     << "; 1-minute load average " << load_before << " before, " << loadavg() << " after (other jobs share the cores).\n\n"
      << "| mode | prompt tokens | TTFT ms | TPOT ms | KV transfer tail ms |\n|---|---:|---:|---:|---:|\n";
   for (const json& r : results) {
     char line[256];
@@ -312,7 +321,8 @@ int main(int argc, char** argv) {
   md << "\nKV transfer tail: first token sampled on the prefill worker -> its KV verified by the decode "
         "worker (the prefill's pdserve_worker_kv_transfer_tail_seconds, mean).\n";
   json out = {{"machine", bench::MachineName()}, {"commit", bench::GitRevision()}, {"model", model_dir},
-              {"threads", threads},              {"results", results}};
+              {"threads", threads}, {"load_average_before", load_before}, {"load_average_after", loadavg()},
+              {"results", results}};
   bench::WriteResults("cluster", out, md.str());
   return 0;
 }

@@ -115,7 +115,7 @@ void EngineWorker::RetirePrefillLocked(Job& job) {
 void EngineWorker::PrefillSampled(Job& job, const engine::TokenEvent& ev) {
   const uint64_t rid = job.msg.request_id;
   job.sampled_at = Clock::now();
-  if (job.sender_started && metrics_) {
+  if (job.sender_started && metrics_ && sender_) {
     // How much of the KV already landed on the decode side while the prompt computed.
     if (auto p = sender_->Progress(rid); p.ok())
       metrics_->stream_landed_bytes.Increment(static_cast<double>(p->bytes_written));
