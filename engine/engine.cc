@@ -22,6 +22,12 @@ const char* FinishReasonName(FinishReason r) {
   return "?";
 }
 
+int64_t QueuedTokens(const Request& r) {
+  const int64_t prompt_left = r.state == RequestState::kAwaitingKv ? 0 : std::max<int64_t>(0, r.prompt_len - r.num_computed);
+  const int64_t cap = std::min<int64_t>(r.params.max_tokens, r.max_len - r.prompt_len);
+  return prompt_left + std::max<int64_t>(0, cap - r.n_output());
+}
+
 double EngineStats::OverheadShare() const {
   const double total = forward_seconds + schedule_seconds + sample_seconds + event_seconds;
   return total > 0 ? (schedule_seconds + sample_seconds + event_seconds) / total : 0.0;
@@ -76,10 +82,13 @@ Engine::~Engine() {
   // Whatever is still in flight ends with an abort event.
   std::vector<TokenEvent> events;
   ApplyInbox(&events);
-  for (auto& [id, r] : requests_) {
+  // (Finish erases from requests_: iterate over a copy of the ids.)
+  std::vector<RequestId> ids;
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  for (RequestId id : ids) {
     TokenEvent ev;
     ev.id = id;
-    Finish(r.get(), FinishReason::kAbort, &ev);
+    Finish(requests_.at(id).get(), FinishReason::kAbort, &ev);
     events.push_back(std::move(ev));
   }
   requests_.clear();
@@ -107,6 +116,8 @@ Result<std::unique_ptr<Request>> Engine::NewRequest(std::vector<int32_t> prompt,
   if (resumed >= n)
     return Status::InvalidArgument("resumed_output " + std::to_string(resumed) + " must be below the prompt length " +
                                    std::to_string(n));
+  if (o.kv_export.enabled() && (!o.hold_kv || o.sampling.max_tokens != 1))
+    return Status::InvalidArgument("KV export needs hold_kv and max_tokens 1");
   auto r = std::make_unique<Request>();
   // A resumed request's earlier output is output again: its positions are recomputed as output
   // rows (as after a preemption) and count for the penalties and the sampling index.
@@ -119,8 +130,10 @@ Result<std::unique_ptr<Request>> Engine::NewRequest(std::vector<int32_t> prompt,
   r->params.max_tokens += static_cast<int32_t>(resumed);  // the engine's limit counts all output
   r->on_event = std::move(o.on_event);
   r->hold_kv = o.hold_kv;
+  r->kv_export = std::move(o.kv_export);
   r->max_len = max_len_;
   r->added_at = Clock::now();
+  r->queued_at = r->added_at;
   std::lock_guard<std::mutex> lock(mu_);
   r->seed = r->params.seed ? *r->params.seed : seed_rng_();
   r->id = next_id_++;
@@ -140,6 +153,7 @@ Result<RequestId> Engine::AddRequest(std::vector<int32_t> prompt, RequestOptions
 }
 
 Result<KvImport> Engine::ReserveImport(std::vector<int32_t> prompt, RequestOptions options) {
+  if (options.kv_export.enabled()) return Status::InvalidArgument("an imported request cannot export its KV");
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Request> r, NewRequest(std::move(prompt), std::move(options)));
   PDSERVE_RETURN_IF_ERROR(r->blocks.EnsureCapacity(pool_.get(), r->n_tokens()));  // every imported position
   r->state = RequestState::kAwaitingKv;
@@ -232,6 +246,10 @@ EngineStats Engine::Stats() const {
   s.blocks_used = s.blocks_total - s.blocks_free;
   s.blocks_held = 0;
   for (const auto& [id, ids] : held_) s.blocks_held += static_cast<int64_t>(ids.size());
+  for (const auto& r : inbox_adds_) {
+    if (r->state != RequestState::kAwaitingKv) ++s.waiting;
+    s.queued_tokens += QueuedTokens(*r);
+  }
   return s;
 }
 

@@ -5,7 +5,10 @@
 //   colocated:    AddRequest(prompt, {sampling, on_event}) -> prefill + decode here.
 //   prefill side: AddRequest(..., hold_kv = true) with max_tokens = 1: the first token is
 //                 sampled, the request finishes, its KV blocks stay allocated (HeldBlocks) for
-//                 the KV transfer until ReleaseKv.
+//                 the KV transfer until ReleaseKv. With RequestOptions::kv_export the caller
+//                 also learns, during the forward of the prompt's last chunk, when each
+//                 layer's KV is final (request.h, KvExportHooks): it can send layer l while
+//                 layer l + 1 computes.
 //   decode side:  ReserveImport(prompt, ...) allocates blocks for the prompt's KV and returns
 //                 their ids (the transfer layer writes pool().base() + id * block_bytes());
 //                 CommitImport(id, first_token) then starts decoding after the first token.
@@ -18,7 +21,8 @@
 // Event callbacks run on the stepping thread, outside every engine lock.
 // Errors: AddRequest / ReserveImport: InvalidArgument (empty prompt, token outside the
 // vocabulary, prompt not shorter than the model context or the KV pool capacity, invalid
-// sampling parameters, stop strings without a detokenizer), ResourceExhausted (ReserveImport:
+// sampling parameters, stop strings without a detokenizer, kv_export without hold_kv and
+// max_tokens 1, or on ReserveImport), ResourceExhausted (ReserveImport:
 // no blocks); Abort / CommitImport / ReleaseKv / HeldBlocks: NotFound for an unknown id,
 // FailedPrecondition for a request in the wrong state.
 #pragma once
@@ -59,18 +63,30 @@ struct EngineOptions {
   // Caller-provided pool memory (e.g. registered with the KV transfer layer), 4 KiB aligned.
   uint8_t* kv_memory = nullptr;
   int64_t kv_memory_bytes = 0;
+  // TEST ONLY (fault injection; < 0: off): a forward that exports KV (kv_export) fails right
+  // after layer N's layer_done hooks, as a forward error there would (every request of the
+  // step ends with an error event).
+  int64_t test_fail_export_at_layer = -1;
 };
 
 struct RequestOptions {
   SamplingParams sampling;
   EventCallback on_event;           // may be empty
   bool hold_kv = false;             // keep the KV blocks after finishing, until ReleaseKv
+  // Layer-wise export of the prompt's KV (KvExportHooks). REQUIRES hold_kv and max_tokens 1
+  // (the request then ends in the step that computed its last chunk, so the exported blocks
+  // can never be preempted).
+  KvExportHooks kv_export;
 };
 
 struct EngineStats {
   int64_t steps = 0, preemptions = 0;
   int64_t blocks_total = 0, blocks_free = 0, blocks_used = 0, blocks_held = 0;
-  int64_t running = 0, waiting = 0, awaiting_kv = 0;
+  int64_t running = 0, waiting = 0, awaiting_kv = 0;  // waiting includes AddRequests not yet applied
+  // Work owed: prompt tokens still to compute plus output tokens still to generate (up to
+  // max_tokens / the sequence cap), over every live request (and the inbox).
+  int64_t queued_tokens = 0;
+  int64_t kv_exports = 0;  // requests whose KV export began (kv_export.begin called)
   int64_t prompt_rows = 0, output_rows = 0, generated_tokens = 0;  // rows computed, tokens sampled
   int64_t finished = 0, aborted = 0;
   int64_t routed_expert_runs = 0, kv_bytes_read = 0;  // model::BatchStats, summed over steps
@@ -128,6 +144,8 @@ class Engine {
   TokenEvent Emit(Request* r, const SampleResult& s);
   void Finish(Request* r, FinishReason reason, TokenEvent* ev);
   void Deliver(std::vector<TokenEvent>& events);
+  // Moves a pending queue time into the request's next event.
+  static void TakeQueueTime(Request* r, TokenEvent* ev);
 
   const EngineOptions options_;
   std::unique_ptr<ThreadPool> owned_pool_;
@@ -142,6 +160,7 @@ class Engine {
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::unordered_map<RequestId, EventCallback> callbacks_;  // of requests finished this step
   std::vector<float> logits_;
+  std::vector<Request*> exporting_;  // this step's requests with a kv_export that began
   int64_t next_arrival_ = 0;
 
   // Shared state.

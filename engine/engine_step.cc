@@ -38,6 +38,7 @@ void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
     }
     Request* r = it->second.get();
     r->num_computed = r->n_tokens();  // the imported KV (a resumed request's earlier output too)
+    r->queued_at = Clock::now();  // its decode queues from here
     scheduler_.AddRunning(r);
     SampleResult s;
     s.token = token;
@@ -60,6 +61,7 @@ TokenEvent Engine::Emit(Request* r, const SampleResult& s) {
   ev.index = r->n_output();
   ev.logprob = s.logprob;
   ev.top_logprobs = s.top_logprobs;
+  TakeQueueTime(r, &ev);
   r->tokens.push_back(s.token);
   r->penalties.AddOutput(s.token);
   const SamplingParams& p = r->params;
@@ -91,13 +93,22 @@ TokenEvent Engine::Emit(Request* r, const SampleResult& s) {
   return ev;
 }
 
+void Engine::TakeQueueTime(Request* r, TokenEvent* ev) {
+  if (r->pending_queue_seconds < 0) return;
+  ev->queue_seconds = r->pending_queue_seconds;
+  r->pending_queue_seconds = -1;
+}
+
 void Engine::Finish(Request* r, FinishReason reason, TokenEvent* ev) {
   const RequestId id = r->id;
   ev->finished = true;
   ev->reason = reason;
   ev->prompt_tokens = r->prompt_len;
   ev->output_tokens = r->n_output();
-  const bool keep = r->hold_kv && (reason == FinishReason::kStop || reason == FinishReason::kLength);
+  TakeQueueTime(r, ev);
+  // An exported request keeps its blocks however it ends: the exporter may still read them.
+  const bool keep =
+      r->hold_kv && (reason == FinishReason::kStop || reason == FinishReason::kLength || r->kv_export_begun);
   if (r->state == RequestState::kAwaitingKv) {
     r->blocks.Release(pool_.get());
   } else {
@@ -131,6 +142,12 @@ bool Engine::Step() {
   for (const Request* r : out.preempted)
     GetLogger("engine")->debug("preempted request {} ({} tokens, {} preemptions so far): KV freed, will recompute", r->id,
                                r->n_tokens(), r->preemptions);
+  for (const ScheduledChunk& c : out.chunks) {
+    Request* r = c.request;
+    if (r->scheduled_once) continue;
+    r->scheduled_once = true;
+    r->pending_queue_seconds = std::max(0.0, Seconds(r->queued_at, t0));
+  }
   const int64_t V = model_->config().vocab_size;
   std::vector<model::BatchSequence> batch;
   batch.reserve(out.chunks.size());
@@ -144,10 +161,35 @@ bool Engine::Step() {
                      c.sample ? &logits_[static_cast<size_t>(k++ * V)] : nullptr, nullptr});
     (c.start < r->prompt_len ? prompt_rows : output_rows) += c.n;
   }
+  // KV exports: the requests whose prompt ends in this step (so every layer of their KV is
+  // final within this forward) learn their blocks now and each layer as it completes.
+  exporting_.clear();
+  for (const ScheduledChunk& c : out.chunks) {
+    Request* r = c.request;
+    // The chunk that completes every position known at admission: the prompt and, for a
+    // resumed (migrated) request, its earlier output, which is recomputed before sampling.
+    if (!r->kv_export.enabled() || r->kv_export_begun || c.start + c.n != r->n_tokens()) continue;
+    r->kv_export_begun = true;
+    exporting_.push_back(r);
+  }
+  for (Request* r : exporting_)
+    if (r->kv_export.begin) r->kv_export.begin(r->blocks.ids());
+  model::LayerKvDone on_layer;
+  if (!exporting_.empty()) {
+    on_layer = [this](int64_t layer) {
+      for (Request* r : exporting_)
+        if (r->kv_export.layer_done) r->kv_export.layer_done(layer);
+      if (layer == options_.test_fail_export_at_layer)
+        return Status::Internal("injected test fault: forward failed after layer " + std::to_string(layer));
+      return Status::Ok();
+    };
+  }
   const auto t1 = Clock::now();
   model::BatchStats bstats;
-  Status st = batch.empty() ? Status::Ok() : model_->ForwardBatch(batch, &bstats);
+  Status st = batch.empty() ? Status::Ok() : model_->ForwardBatch(batch, &bstats, on_layer);
   const auto t2 = Clock::now();
+  const auto n_exports = static_cast<int64_t>(exporting_.size());
+  exporting_.clear();  // (its requests may finish below)
   if (!st.ok()) {
     GetLogger("engine")->error("forward failed: {}", st.ToString());
     for (const ScheduledChunk& c : out.chunks) {
@@ -178,8 +220,12 @@ bool Engine::Step() {
   const auto t3 = Clock::now();
   Deliver(events);
   const auto t4 = Clock::now();
+  int64_t queued_tokens = 0;
+  for (const auto& [id, r] : requests_) queued_tokens += QueuedTokens(*r);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    stats_.queued_tokens = queued_tokens;
+    stats_.kv_exports += n_exports;
     if (!batch.empty()) ++stats_.steps;
     stats_.preemptions = scheduler_.total_preemptions();
     stats_.running = scheduler_.n_running();

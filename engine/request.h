@@ -34,6 +34,9 @@ struct TokenEvent {
   int32_t token = -1;       // -1: no token (abort, error)
   int64_t index = -1;       // position of `token` in the output
   float logprob = 0.0f;     // when SamplingParams::logprobs is set
+  // >= 0 on the first event after the request's first scheduled step: seconds it waited
+  // from AddRequest (imports: from the applied CommitImport) until that step began.
+  double queue_seconds = -1;
   std::vector<std::pair<int32_t, float>> top_logprobs;
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
@@ -46,6 +49,21 @@ struct TokenEvent {
 // Abort, but must not block for long (every request waits for it).
 using EventCallback = std::function<void(const TokenEvent&)>;
 
+// Layer-wise KV export of a prompt (prefill side; engine.h, RequestOptions::kv_export). Both
+// hooks run on the step thread, outside every engine lock; they delay every request of the
+// step, so they should only queue work.
+struct KvExportHooks {
+  // Before the forward of the step that computes the prompt's last chunk: the request's
+  // blocks (token t in block_ids[t / B]) cover the prompt and stay where they are until
+  // ReleaseKv. From this call on, the request keeps its blocks however it ends (also error,
+  // abort): the caller reads them until it calls ReleaseKv.
+  std::function<void(const std::vector<int32_t>& block_ids)> begin;
+  // During that forward, once per layer in order: layer `layer`'s KV of every prompt token
+  // (this chunk's and the earlier chunks') is in the blocks and final.
+  std::function<void(int64_t layer)> layer_done;
+  bool enabled() const { return begin || layer_done; }
+};
+
 enum class RequestState : uint8_t { kWaiting, kRunning, kAwaitingKv, kHeld, kFinished };
 
 struct Request {
@@ -55,6 +73,8 @@ struct Request {
   SamplingParams params;
   EventCallback on_event;
   bool hold_kv = false;         // keep the blocks after finishing (prefill side)
+  KvExportHooks kv_export;
+  bool kv_export_begun = false; // kv_export.begin was called: the blocks are kept on any end
   uint64_t seed = 0;
   PenaltyState penalties;
   RequestState state = RequestState::kWaiting;
@@ -64,10 +84,17 @@ struct Request {
   int64_t arrival = 0;          // FCFS order
   int64_t preemptions = 0;
   std::chrono::steady_clock::time_point added_at;
+  std::chrono::steady_clock::time_point queued_at;  // added_at, or when its import was committed
+  bool scheduled_once = false;
+  double pending_queue_seconds = -1;  // reported on the next event
 
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t n_output() const { return n_tokens() - prompt_len; }
   bool prefill_done() const { return num_computed >= prompt_len; }
 };
+
+// Work the request still owes: prompt tokens to compute here (none while its KV is imported)
+// plus output tokens up to max_tokens / its sequence cap.
+int64_t QueuedTokens(const Request& r);
 
 }  // namespace pdserve::engine

@@ -31,6 +31,7 @@ struct KvSender::Request {
   std::vector<uint64_t> layer_digest;
   uint32_t inflight = 0;
   uint64_t bytes = 0;
+  uint64_t bytes_done = 0;
   Phase phase = Phase::kWriting;
   Status status;
   // What to tell the decode side once the writes drained after a failure.
@@ -184,7 +185,7 @@ Status KvSender::QueueLayers(const std::shared_ptr<Request>& r, uint32_t first_l
   }
   Status submitted =
       transport_->Submit(RmaKind::kWrite, r->desc.decode_address, r->desc.region, std::move(ops),
-                         r->deadline, [this, r](const Status& status) { OnBatchDone(r, status); });
+                         r->deadline, [this, r, bytes = plan.bytes](const Status& status) { OnBatchDone(r, bytes, status); });
   if (!submitted.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     r->inflight--;
@@ -196,10 +197,11 @@ Status KvSender::QueueLayers(const std::shared_ptr<Request>& r, uint32_t first_l
   return Status::Ok();
 }
 
-void KvSender::OnBatchDone(const std::shared_ptr<Request>& r, const Status& status) {
+void KvSender::OnBatchDone(const std::shared_ptr<Request>& r, uint64_t bytes, const Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     r->inflight--;
+    if (status.ok()) r->bytes_done += bytes;
     stats_.inflight_batches--;
     if (!status.ok()) Fail(*r, status);
     MaybeFinishFailure(*r);
@@ -427,6 +429,18 @@ void KvSender::Loop(std::stop_token stop) {
       }
     }
   }
+}
+
+Result<SenderProgress> KvSender::Progress(uint64_t request_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return Status::NotFound(fmt::format("request {} is not being sent", request_id));
+  const Request& r = *it->second;
+  SenderProgress p;
+  for (uint8_t q : r.layer_queued) p.layers_queued += q;
+  p.bytes_submitted = r.bytes;
+  p.bytes_written = r.bytes_done;
+  return p;
 }
 
 SenderStats KvSender::Stats() const {

@@ -56,6 +56,14 @@ struct SenderStats {
   uint64_t writes_submitted = 0;  // merged writes handed to the transport
 };
 
+// How far one started request got (for overlap accounting: how much of a prompt's KV landed
+// while the prompt was still computing).
+struct SenderProgress {
+  uint32_t layers_queued = 0;
+  uint64_t bytes_submitted = 0;
+  uint64_t bytes_written = 0;  // of write batches the transport reported complete
+};
+
 class KvSender {
  public:
   static Result<std::unique_ptr<KvSender>> Create(Transport* transport);
@@ -75,6 +83,9 @@ class KvSender {
   // its writes is in flight. Forgets the request.
   void Abort(uint64_t request_id, const Status& reason);
 
+  // Errors: kNotFound for a request not started (or already finished / aborted).
+  Result<SenderProgress> Progress(uint64_t request_id) const;
+
   SenderStats Stats() const;
 
  private:
@@ -92,7 +103,7 @@ class KvSender {
   // mu_ held.
   void Fail(Request& r, const Status& status);
   void MaybeFinishFailure(Request& r);
-  void OnBatchDone(const std::shared_ptr<Request>& r, const Status& status);
+  void OnBatchDone(const std::shared_ptr<Request>& r, uint64_t bytes, const Status& status);
   void HandleMessage(const std::string& peer, const TransferMessage& m);
   void Send(const Request& r, TransferMessage::Kind kind, const Status& status,
             bool flush_writes_first, DoneCallback done);

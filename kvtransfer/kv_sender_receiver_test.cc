@@ -126,6 +126,47 @@ TEST_F(SenderReceiverTest, ContextParallelRanksWithOtherBlockSizes) {
   EXPECT_EQ(receiver_->Stats().digest_failures, 0u);
 }
 
+// Progress: the layers queued so far and the bytes whose writes completed (what a layer-wise
+// prefill reports as landed while it still computes); gone once the request finished.
+TEST_F(SenderReceiverTest, ProgressCountsQueuedLayersAndWrittenBytes) {
+  Init(KvLayout::DeepSeekV32(3, 16), 1);
+  const uint32_t n = 40;
+  auto desc = receiver_->Reserve(21, n, AssignWriters(n, {{{0, n}}}).value());
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  SourceCache cache(layout_.WithTokensPerBlock(64), {{0, n}}, kSeed, 21);
+  ASSERT_TRUE(senders_[0]->Start(desc.value(), 0, cache.source()).ok());
+  auto p = senders_[0]->Progress(21);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->layers_queued, 0u);
+  EXPECT_EQ(p->bytes_submitted, 0u);
+  auto written = [&](uint64_t want) {
+    const Deadline deadline = Clock::now() + 5s;
+    while (Clock::now() < deadline) {
+      auto q = senders_[0]->Progress(21);
+      if (q.ok() && q->bytes_written == want) return true;
+      std::this_thread::yield();
+    }
+    return false;
+  };
+  ASSERT_TRUE(senders_[0]->WriteLayers(21, 0).ok());
+  p = senders_[0]->Progress(21);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->layers_queued, 1u);
+  const uint64_t layer_bytes = p->bytes_submitted;
+  EXPECT_EQ(layer_bytes, uint64_t{n} * layout_.TokenBytesPerLayer());
+  EXPECT_TRUE(written(layer_bytes));
+  ASSERT_TRUE(senders_[0]->WriteLayers(21, 1, 2).ok());
+  EXPECT_TRUE(written(3 * layer_bytes));
+  EXPECT_EQ(senders_[0]->Progress(21)->layers_queued, 3u);
+  ASSERT_TRUE(senders_[0]->Finish(21).ok());
+  EXPECT_EQ(senders_[0]->Progress(21).status().code(), StatusCode::kNotFound);
+  ASSERT_EQ(WaitEvent(21).state, RequestState::kComplete);
+  auto blocks = receiver_->HandOver(21);
+  ASSERT_TRUE(blocks.ok());
+  allocator_->Free(blocks.value());
+  ExpectAllBlocksBack();
+}
+
 TEST_F(SenderReceiverTest, ReplicatedRanksWriteOnce) {
   Init(KvLayout::DeepSeekV32(2, 32), 2);
   const uint32_t n = 100;

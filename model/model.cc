@@ -91,7 +91,8 @@ void Model::PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan
                   [&](const float* xs, int64_t m, float* ys) { ApplyLinear(w, xs, m, ys, pool_); });
 }
 
-Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats) const {
+Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats,
+                           const LayerKvDone& on_layer_kv) const {
   for (size_t s = 0; s < seqs.size(); ++s) {
     PDSERVE_RETURN_IF_ERROR(Validate(seqs[s]).WithContext("batch sequence " + std::to_string(s)));
     if (seqs[s].kv.capacity_tokens < seqs[s].start + seqs[s].n_tokens)
@@ -104,10 +105,11 @@ Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stat
   ParallelStep step;
   step.ctx = parallel_;
   if (parallel_ && parallel_->plan().ep > 1) step.replicas = parallel_->unit();
-  return RunPlan(seqs, plan, step);
+  return RunPlan(seqs, plan, step, on_layer_kv);
 }
 
-Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan, const ParallelStep& step) const {
+Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan, const ParallelStep& step,
+                      const LayerKvDone& on_layer_kv) const {
   const ModelConfig& c = config();
   BatchStats* stats = plan.stats;
   const int64_t R = plan.n_rows;
@@ -178,6 +180,9 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
     const LayerWeights& lw = weights_->layer(l);
     norm_rows(lw.attn_norm, sum, &x);
     PDSERVE_RETURN_IF_ERROR(Attention(l, x.data(), plan, step, branch.data()));
+    // Attention wrote (and, under CP, gathered) this layer's KV records: nothing later in this
+    // call changes them.
+    if (on_layer_kv) PDSERVE_RETURN_IF_ERROR(on_layer_kv(l));
     add_residual();
     norm_rows(lw.ffn_norm, sum, &x);
     if (lw.is_moe && parallel_moe) {

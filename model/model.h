@@ -19,6 +19,7 @@
 // with a ParallelContext).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -62,6 +63,15 @@ struct ForwardOptions {
 
 struct BatchPlan;
 
+// Layer-wise progress of a ForwardBatch call (KV streaming: a prefill worker sends layer l's
+// KV while layer l + 1 computes). Called on the calling thread, once per layer in order, as
+// soon as layer `layer`'s KV records (latent, rope, indexer key) of every row of the call are
+// in the caches and final for this call, i.e. after the layer's attention and before its FFN.
+// It runs between compute phases (the pool is idle), so it should be short; it may read the
+// caches' records of layers <= `layer`, and must not write them or call into the model.
+// A non-OK return stops the forward with that error (the caches then hold partial results).
+using LayerKvDone = std::function<Status(int64_t layer)>;
+
 class Model {
  public:
   // Errors: see ModelWeights::Load.
@@ -86,10 +96,12 @@ class Model {
   // Forward for any sequence (nothing is computed then), and InvalidArgument when a
   // sequence's KV capacity is short. Each sequence's results are bitwise those of running it
   // alone with the same tokens, start and grouping (model/batch.h).
-  // `stats`, when set, receives the call's work counters.
+  // `stats`, when set, receives the call's work counters; `on_layer_kv`, when set, is called
+  // after each layer's KV is written (LayerKvDone).
   // With a ParallelContext, an empty `seqs` is the DP dummy step: nothing is computed for this
   // rank, but it enters every MoE layer's EP exchange (and computes the rows it receives).
-  Status ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats = nullptr) const;
+  Status ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats = nullptr,
+                      const LayerKvDone& on_layer_kv = {}) const;
 
   // Context-parallel prefill of a whole prompt (model/forward_cp.cc): every CP rank of the unit
   // calls it with the same `seq` (tokens [0, S), start 0, kChunk, no forced top-k); each computes
@@ -110,7 +122,8 @@ class Model {
   Model(std::unique_ptr<ModelWeights> w, ThreadPool* pool);
   Status Validate(const BatchSequence& s) const;
   // The layers and the logits over a built plan (shared by ForwardBatch and ForwardCp).
-  Status RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan, const ParallelStep& step) const;
+  Status RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan, const ParallelStep& step,
+                 const LayerKvDone& on_layer_kv = {}) const;
   Status Attention(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   Status Indexer(int64_t layer, const float* x, const float* qr, const BatchPlan& plan, const ParallelStep& step,
                  std::vector<int32_t>* topk) const;

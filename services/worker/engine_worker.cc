@@ -68,6 +68,7 @@ Status EngineWorker::Init() {
   eo.kv_cache_gib = config_.kv_cache_gib;
   eo.block_tokens = config_.block_tokens;
   if (config_.max_seqs > 0) eo.scheduler.max_num_seqs = config_.max_seqs;
+  eo.test_fail_export_at_layer = config_.test_fail_prefill_at_layer;
   if (config_.role != WorkerRole::kColocated) {
     kvtransfer::UcxTransportOptions to;
     to.context.tls = config_.ucx_tls;
@@ -116,13 +117,16 @@ Status EngineWorker::Init() {
 
 EngineWorker::~EngineWorker() {
   SetAgent(nullptr);
-  // Threads first (they use everything below), then the engine (aborts what is left, freeing
-  // imported blocks), then the receiver (waits out quarantines), sender, region, transport.
+  // Threads first (they use everything below); then stop the engine's loop and the sender
+  // (it aborts its requests and returns once none of their writes, which read the engine's
+  // pool, is in flight); then the engine (aborts what is left, freeing imported blocks), the
+  // receiver (waits out quarantines), region, transport.
   transfer_thread_ = {};
   receiver_thread_ = {};
+  if (engine_) engine_->Stop();
+  sender_.reset();
   engine_.reset();
   receiver_.reset();
-  sender_.reset();
   allocator_.reset();
   region_.reset();
   transport_.reset();
@@ -150,6 +154,7 @@ WorkerLoad EngineWorker::CurrentLoad() {
   WorkerLoad load;
   load.running = static_cast<uint32_t>(s.running + s.awaiting_kv);
   load.waiting = static_cast<uint32_t>(s.waiting);
+  load.queued_tokens = static_cast<uint64_t>(s.queued_tokens);
   load.kv_blocks_free = static_cast<uint32_t>(s.blocks_free);
   load.kv_blocks_total = static_cast<uint32_t>(s.blocks_total);
   uint32_t quarantined = receiver_ ? receiver_->Stats().quarantined_blocks : 0;
@@ -174,6 +179,11 @@ engine::SamplingParams EngineWorker::ToSampling(const SamplingSpec& spec) const 
   if (spec.logprobs) p.logprobs = static_cast<int32_t>(std::min<uint32_t>(spec.top_logprobs, 20));
   p.resumed_output = static_cast<int32_t>(std::min<uint32_t>(spec.resumed_output, 1u << 30));
   return p;
+}
+
+WorkerMetrics* EngineWorker::AgentMetrics() {
+  std::lock_guard<std::mutex> lock(agent_mu_);
+  return agent_ ? agent_->metrics() : nullptr;
 }
 
 void EngineWorker::Send(TokenEventMsg ev) {
@@ -239,6 +249,9 @@ Status EngineWorker::StartJob(const JobMsg& job) {
 }
 
 void EngineWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev) {
+  if (ev.queue_seconds >= 0) {
+    if (WorkerMetrics* wm = AgentMetrics()) wm->queue_time.Observe(ev.queue_seconds);
+  }
   std::unique_lock<std::mutex> lock(mu_);
   auto it = jobs_.find(request_id);
   if (it == jobs_.end()) return;

@@ -10,12 +10,13 @@
 //              events from output index 1 on -> TokenEvents. A transfer that fails (lease,
 //              deadline, dead prefill, digest) fails the job; its blocks go back to the engine
 //              only when the receiver's quarantine ends (ImportAllocator::Free -> Engine::Abort).
-//   prefill    Job(descriptor) -> Engine::AddRequest(max_tokens 1, hold_kv); when the first token
-//              is sampled, the transfer thread writes the held KV into the decode worker's blocks
-//              (KvSender: Start, Finish = all layers, flush, completion notice, the decode's
-//              verdict), releases the held blocks and sends the first token (index 0). The KV
-//              is written after the whole prefill, not layer by layer: the Engine does not
-//              expose per-layer progress yet (docs/services.md, "what remains").
+//   prefill    Job(descriptor) -> Engine::AddRequest(max_tokens 1, hold_kv). With layer streaming
+//              (kv_stream_layers, default) the engine's KV export hooks start the KvSender
+//              over the request's blocks and queue each layer's writes as soon as the forward
+//              computed it, so the transfer overlaps the remaining layers; once the first
+//              token is sampled the transfer thread finishes it (flush, completion notice, the
+//              decode's verdict), releases the held blocks and sends the first token (index
+//              0). Without streaming the transfer thread writes every layer after the forward.
 //
 // Threading: WorkerHandler calls run on the WorkerAgent's thread and never block (engine and
 // receiver calls only queue work); engine events arrive on the engine's step thread; the
@@ -93,6 +94,10 @@ class EngineWorker final : public WorkerHandler {
     std::chrono::steady_clock::time_point reserved_at{};
     // prefill
     std::optional<kvtransfer::KvDescriptor> descriptor;
+    bool sender_started = false;        // KvSender::Start succeeded: writes may be in flight
+    Status stream_status;               // the stream's Start failure, if any
+    bool cancel_requested = false;      // the router aborted while the prompt computed
+    std::chrono::steady_clock::time_point stream_began_at{}, sampled_at{};
     int32_t token = -1;
     engine::FinishReason engine_reason = engine::FinishReason::kNone;
     TokenLogprob logprob;
@@ -102,6 +107,8 @@ class EngineWorker final : public WorkerHandler {
   Status Init();
   engine::SamplingParams ToSampling(const SamplingSpec& spec) const;
   void OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev);
+  // The agent's metrics (nullptr when detached); thread-safe to use.
+  WorkerMetrics* AgentMetrics();
   void Send(TokenEventMsg ev);
   // Ends a job with an error / abort event (once); mu_ held.
   void EndLocked(Job& job, FinishReason finish, const Status& error);
@@ -117,6 +124,13 @@ class EngineWorker final : public WorkerHandler {
   Status StartPrefill(const JobMsg& job);
   // The prefill's single engine event (mu_ held; may erase the job).
   void PrefillSampled(Job& job, const engine::TokenEvent& ev);
+  // KV export hooks (engine step thread, mu_ not held).
+  void StreamBegin(uint64_t request_id, const std::vector<int32_t>& blocks);
+  void StreamLayer(uint64_t request_id, int64_t layer);
+  // A job that will not transfer: release its blocks now, or (writes may be in flight) hand
+  // it to the transfer thread to abort them first. mu_ held; may erase the job.
+  void RetirePrefillLocked(Job& job);
+  kvtransfer::KvSource SourceFor(const std::vector<int32_t>& blocks, uint32_t num_tokens) const;
   void AbortPrefill(std::unique_lock<std::mutex>& lock, Job& job);
   void TransferLoop(std::stop_token stop);
   void RunTransfer(uint64_t request_id);
@@ -130,8 +144,9 @@ class EngineWorker final : public WorkerHandler {
   std::mutex agent_mu_;
   WorkerAgent* agent_ = nullptr;
 
-  // Destruction order matters: threads first, then the engine (it aborts what is left), then
-  // receiver/sender, region and transport.
+  // Destruction order matters: threads first, the engine's loop, the sender (no write may
+  // read the engine's pool after it), then the engine (it aborts what is left), receiver,
+  // region and transport.
   std::unique_ptr<kvtransfer::Transport> transport_;
   std::unique_ptr<kvtransfer::LocalRegion> region_;
   std::unique_ptr<ImportAllocator> allocator_;

@@ -14,7 +14,8 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.CheckKeys({"role", "router", "worker_id", "model_name", "model_dir", "threads",
                                        "kv_cache_gib", "block_tokens", "max_seqs", "metrics_host", "metrics_port",
                                        "ready_file", "drain_timeout_ms", "register_retry_ms", "ucx_tls",
-                                       "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "log_level"}));
+                                       "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
+                                       "log_level"}));
   int64_t threads = c->threads, port = c->metrics_port;
   PDSERVE_RETURN_IF_ERROR(w.Get("role", role));
   PDSERVE_RETURN_IF_ERROR(w.Get("router", &c->router));
@@ -34,6 +35,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("ucx_net_devices", &c->ucx_net_devices));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_lease_ms", &c->kv_lease));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_transfer_timeout_ms", &c->kv_transfer_timeout));
+  PDSERVE_RETURN_IF_ERROR(w.Get("kv_stream_layers", &c->kv_stream_layers));
   PDSERVE_RETURN_IF_ERROR(w.Get("log_level", &c->log_level));
   c->threads = static_cast<int>(threads);
   c->metrics_port = static_cast<int>(port);
@@ -49,7 +51,7 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
                          {"config", "role", "router", "worker-id", "model-name", "model", "threads", "kv-gib",
                           "block-tokens", "max-seqs", "metrics-host", "metrics-port", "ready-file", "drain-timeout-ms",
                           "register-retry-ms", "ucx-tls", "ucx-net-devices", "kv-lease-ms",
-                          "kv-transfer-timeout-ms", "log-level"},
+                          "kv-transfer-timeout-ms", "kv-stream-layers", "log-level", "test-fail-prefill-at-layer"},
                          {}));
   WorkerServiceConfig c;
   std::string role = fixed_role ? WorkerRoleName(*fixed_role) : "colocated";
@@ -77,6 +79,13 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   PDSERVE_ASSIGN_OR_RETURN(int64_t retry, cl.GetInt("register-retry-ms", c.register_retry.count()));
   PDSERVE_ASSIGN_OR_RETURN(int64_t lease, cl.GetInt("kv-lease-ms", c.kv_lease.count()));
   PDSERVE_ASSIGN_OR_RETURN(int64_t xfer, cl.GetInt("kv-transfer-timeout-ms", c.kv_transfer_timeout.count()));
+  if (auto v = cl.Get("kv-stream-layers")) {
+    if (*v == "true" || *v == "1") c.kv_stream_layers = true;
+    else if (*v == "false" || *v == "0") c.kv_stream_layers = false;
+    else return Status::InvalidArgument("--kv-stream-layers must be true or false, not '" + *v + "'");
+  }
+  PDSERVE_ASSIGN_OR_RETURN(c.test_fail_prefill_at_layer,
+                           cl.GetInt("test-fail-prefill-at-layer", c.test_fail_prefill_at_layer));
   c.threads = static_cast<int>(threads);
   c.metrics_port = static_cast<int>(port);
   c.drain_timeout = std::chrono::milliseconds(drain);

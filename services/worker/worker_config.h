@@ -38,7 +38,13 @@ struct WorkerServiceConfig {
   std::string ucx_net_devices;
   std::chrono::milliseconds kv_lease{30000};
   std::chrono::milliseconds kv_transfer_timeout{10000};
+  // Prefill: write each layer's KV as soon as the prompt's forward computed it (overlapping
+  // the transfer with the remaining layers); false: write all layers after the forward.
+  bool kv_stream_layers = true;
   std::string log_level;
+  // TEST ONLY (fault injection, < 0: off): every prefill forward fails after this layer's KV
+  // was streamed (engine::EngineOptions::test_fail_export_at_layer).
+  int64_t test_fail_prefill_at_layer = -1;
 };
 
 // Parses argv (flags as in docs/services.md). `fixed_role` is the role of a role-named binary

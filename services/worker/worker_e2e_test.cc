@@ -193,5 +193,138 @@ TEST(WorkerE2eTest, PrefillKilledNoRequestHangs) {
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
+// A prompt of about `n` tokens (distinct per k).
+std::vector<int32_t> LongPrompt(int k, size_t n) {
+  std::vector<int32_t> p;
+  for (int i = 0; p.size() < n; ++i) {
+    const auto part = Prompt(k * 31 + i);
+    p.insert(p.end(), part.begin(), part.end());
+  }
+  p.resize(n);
+  return p;
+}
+
+// Layer streaming over real UCX tcp: each layer's KV writes are queued during the prompt's
+// forward (all of them: layers_streamed = layers x requests), some of the KV has landed on the
+// decode worker before the forward ended (landed bytes > 0), and the outputs still equal the
+// single-process greedy run. Requests go one at a time so every figure is per request.
+TEST(WorkerE2eTest, LayerStreamingWritesDuringThePrefillForward) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-stream");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.Start("d0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  constexpr int kN = 4, kMax = 8;
+  for (int k = 0; k < kN; ++k) {
+    const auto p = LongPrompt(k, 700);
+    auto s = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(p, kMax, true), 120s));
+    EXPECT_FALSE(s.error) << k;
+    EXPECT_EQ(s.text, Text(Reference(p, kMax))) << "request " << k;
+  }
+  const std::string pm = w.Metrics("p0");
+  const double layers = 3;  // the tiny preset
+  EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_layers_streamed_total"), layers * kN) << pm;
+  EXPECT_GT(MetricValue(pm, "pdserve_worker_kv_stream_landed_bytes_total"), 0) << pm;
+  EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfers_total", "ok"), kN);
+  EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfer_tail_seconds_count"), kN);
+  EXPECT_EQ(MetricValue(w.Metrics("d0"), "pdserve_worker_kv_transfers_total", "ok"), kN);
+  EXPECT_EQ(PromtoolProblems(pm), "");
+  for (const char* id : {"p0", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// The switch: --kv-stream-layers false writes every layer after the forward; same outputs.
+TEST(WorkerE2eTest, WholePromptTransferStillMatchesGreedy) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-nostream");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill", {"--kv-stream-layers", "false"}), w);
+  ASSERT_OK_W(w.Start("d0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  constexpr int kN = 3, kMax = 8;
+  for (int k = 0; k < kN; ++k) {
+    const auto p = LongPrompt(k, 300);
+    auto s = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(p, kMax, true), 120s));
+    EXPECT_FALSE(s.error) << k;
+    EXPECT_EQ(s.text, Text(Reference(p, kMax))) << "request " << k;
+  }
+  const std::string pm = w.Metrics("p0");
+  EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_layers_streamed_total"), 0);
+  EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfers_total", "ok"), kN);
+  for (const char* id : {"p0", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// A prefill forward failing after layer 1 (injected), once layers 0 and 1 were already being
+// written into the decode worker's blocks: every request ends with an error, quickly, and
+// neither worker keeps a KV block.
+TEST(WorkerE2eTest, PrefillFailingMidLayersLeaksNothing) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-midfail");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill", {"--test-fail-prefill-at-layer", "1"}), w);
+  ASSERT_OK_W(w.Start("d0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  // One at a time (a failing forward fails every request of its step, exporting or not).
+  constexpr int kN = 4;
+  for (int k = 0; k < kN; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto got = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(LongPrompt(10 + k, 400), 8, true), 60s));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+    EXPECT_TRUE(got.error || got.usage.is_null()) << k << ": " << got.text;
+  }
+  const std::string pm = w.Metrics("p0");
+  // Layers 0 and 1 of each request were streamed before the failure, layer 2 never.
+  EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_layers_streamed_total"), 2.0 * kN) << pm;
+  EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfers_total", "ok"), 0);
+  // The decode side's reservations come back through the abort path, well before the 4 s
+  // lease would have reclaimed them.
+  EXPECT_TRUE(w.NoBlocksUsed("d0", 3s)) << "KV blocks leaked on the decode worker";
+  EXPECT_TRUE(w.NoBlocksUsed("p0", 5s)) << "held KV blocks leaked on the prefill worker";
+  EXPECT_EQ(MetricValue(w.Metrics("d0"), "pdserve_worker_kv_transfers_total", "ok"), 0);
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// Queue figures move: one sequence at a time on a colocated worker, several requests at
+// once: the heartbeat-refreshed gauges show waiting requests and queued tokens while they
+// wait, and every request's queue time is observed.
+TEST(WorkerE2eTest, QueueTimeAndQueuedTokensAreReported) {
+  TestCluster c("worker-queue");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("c0", "colocated", {"--max-seqs", "1"}), w);
+  ASSERT_TRUE(c.WaitForWorkers(1, 30s)) << w.Logs();
+  constexpr int kN = 4, kMax = 300;
+  std::vector<Streamed> got(kN);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kN; ++k)
+    threads.emplace_back([&, k] {
+      got[k] = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(Prompt(40 + k), kMax, true), 120s));
+    });
+  double max_queued = 0, max_waiting = 0;
+  WaitFor(
+      [&] {
+        const std::string m = w.Metrics("c0");
+        max_queued = std::max(max_queued, MetricValue(m, "pdserve_worker_queued_tokens"));
+        max_waiting = std::max(max_waiting, MetricValue(m, "pdserve_worker_waiting_requests"));
+        return max_queued > kMax && max_waiting >= 1;
+      },
+      60s, 50ms);
+  for (auto& t : threads) t.join();
+  EXPECT_GT(max_queued, kMax) << "queued tokens never showed more than one request's output";
+  EXPECT_GE(max_waiting, 1);
+  for (int k = 0; k < kN; ++k) EXPECT_FALSE(got[k].error) << k;
+  const std::string m = w.Metrics("c0");
+  EXPECT_EQ(MetricValue(m, "pdserve_worker_queue_time_seconds_count"), kN) << m;
+  // The last of them waited for at least one other request's whole run.
+  EXPECT_GT(MetricValue(m, "pdserve_worker_queue_time_seconds_sum"), 0.01) << m;
+  EXPECT_TRUE(WaitFor([&] { return MetricValue(w.Metrics("c0"), "pdserve_worker_queued_tokens") == 0; }, 5s, 100ms));
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
 }  // namespace
 }  // namespace pdserve::services::worker

@@ -44,7 +44,26 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& registry, WorkerRole role, 
                              .Register(registry)
                              .Add({})),
       transfers_ok(transfers_family_.Add({{"outcome", "ok"}})),
-      transfers_failed(transfers_family_.Add({{"outcome", "failed"}})) {}
+      transfers_failed(transfers_family_.Add({{"outcome", "failed"}})),
+      layers_streamed(prometheus::BuildCounter()
+                          .Name("pdserve_worker_kv_layers_streamed_total")
+                          .Help("Layers whose KV writes were queued during the prompt's forward (prefill)")
+                          .Labels(Constant(role, worker_id))
+                          .Register(registry)
+                          .Add({})),
+      stream_landed_bytes(prometheus::BuildCounter()
+                              .Name("pdserve_worker_kv_stream_landed_bytes_total")
+                              .Help("KV bytes written to the decode worker before the prompt's forward ended (prefill)")
+                              .Labels(Constant(role, worker_id))
+                              .Register(registry)
+                              .Add({})),
+      transfer_tail(prometheus::BuildHistogram()
+                        .Name("pdserve_worker_kv_transfer_tail_seconds")
+                        .Help("First token sampled -> KV verified by the decode worker (prefill)")
+                        .Labels(Constant(role, worker_id))
+                        .Register(registry)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                                                         0.05, 0.1, 0.2, 0.5, 1, 2, 5})) {}
 
 void ServiceMetrics::Refresh(const engine::EngineStats& s, uint32_t quarantined) {
   if (s.steps > last_steps_) steps.Increment(static_cast<double>(s.steps - last_steps_));

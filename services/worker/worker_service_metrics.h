@@ -10,6 +10,12 @@
 //   pdserve_worker_kv_quarantined_blocks         decode: blocks of aborted transfers not yet
 //                                                reusable (a writer may still write)
 //   pdserve_worker_kv_transfers_total{outcome}   transfers by outcome (ok | failed)
+//   pdserve_worker_kv_layers_streamed_total      prefill: layers whose KV writes were queued
+//                                                during the prompt's forward (layer streaming)
+//   pdserve_worker_kv_stream_landed_bytes_total  prefill: KV bytes already written to the
+//                                                decode worker when the forward ended
+//   pdserve_worker_kv_transfer_tail_seconds      prefill: first token sampled -> KV verified by
+//                                                the decode side (what the transfer adds to TTFT)
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe; Refresh is called by one thread at a
 // time (the agent's heartbeat).
@@ -21,6 +27,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include "engine/engine.h"
@@ -41,6 +48,9 @@ class ServiceMetrics {
   prometheus::Gauge& quarantined_blocks;
   prometheus::Counter& transfers_ok;
   prometheus::Counter& transfers_failed;
+  prometheus::Counter& layers_streamed;
+  prometheus::Counter& stream_landed_bytes;
+  prometheus::Histogram& transfer_tail;
 
   // Counters advance by the growth of the engine's cumulative stats since the last call.
   void Refresh(const engine::EngineStats& stats, uint32_t quarantined);
