@@ -264,7 +264,9 @@ TEST(WorkerE2eTest, WholePromptTransferStillMatchesGreedy) {
 TEST(WorkerE2eTest, PrefillFailingMidLayersLeaksNothing) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("worker-midfail");
-  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  // Migration off: each request gets exactly one attempt, so the counts below are per request
+  // (with migration on, the router would retry the failed prefill, docs/router.md).
+  ASSERT_OK_W(c.StartRouter({"--max-migrations", "0"}), Workers(&c));
   Workers w(&c);
   ASSERT_OK_W(w.Start("p0", "prefill", {"--test-fail-prefill-at-layer", "1"}), w);
   ASSERT_OK_W(w.Start("d0", "decode"), w);
