@@ -55,4 +55,7 @@ for line in sys.stdin:
     for c in j.get("choices", []):
         sys.stdout.write(c.get("delta", {}).get("content", "") or ""); sys.stdout.flush()
 print()'
+echo "== the same over the ZeroMQ request API (build/bin/pdserve client, docs/request-api.md)"
+"$BIN/pdserve" client --endpoint tcp://127.0.0.1:8001 --model pdserve-demo-tiny \
+  --chat "Tell me about disaggregated serving." --max-tokens 16 --temperature 0 | sed 's/^/   /' || echo "   (request API unavailable)"
 echo "== metrics: router $API/metrics, prefill http://127.0.0.1:9101/metrics, decode http://127.0.0.1:9201/metrics"
