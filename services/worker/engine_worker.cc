@@ -104,7 +104,15 @@ Status EngineWorker::Init() {
     PDSERVE_ASSIGN_OR_RETURN(receiver_, kvtransfer::KvReceiver::Create(transport_.get(), pool, ro));
     receiver_thread_ = std::jthread([this](std::stop_token st) { ReceiverLoop(st); });
   } else if (config_.role == WorkerRole::kPrefill) {
-    PDSERVE_ASSIGN_OR_RETURN(sender_, kvtransfer::KvSender::Create(transport_.get()));
+    kvtransfer::Transport* send_through = transport_.get();
+    if (config_.test_tear_kv_writes > 0) {
+      tearing_transport_ = std::make_unique<kvtransfer::testing::FaultTransport>(transport_.get());
+      tearing_transport_->set_drop_writes(static_cast<int>(config_.test_tear_kv_writes));
+      send_through = tearing_transport_.get();
+      GetLogger("worker")->warn("TEST ONLY: the first {} KV write batches lose their last write",
+                                config_.test_tear_kv_writes);
+    }
+    PDSERVE_ASSIGN_OR_RETURN(sender_, kvtransfer::KvSender::Create(send_through));
     transfer_thread_ = std::jthread([this](std::stop_token st) { TransferLoop(st); });
   }
   engine_->Start();
@@ -125,6 +133,7 @@ EngineWorker::~EngineWorker() {
   receiver_thread_ = {};
   if (engine_) engine_->Stop();
   sender_.reset();
+  tearing_transport_.reset();
   engine_.reset();
   receiver_.reset();
   allocator_.reset();

@@ -44,6 +44,7 @@
 #include "engine/engine.h"
 #include "kvtransfer/kv_receiver.h"
 #include "kvtransfer/kv_sender.h"
+#include "kvtransfer/testing/fault_transport.h"
 #include "kvtransfer/transport.h"
 #include "services/common/worker_agent.h"
 #include "services/worker/worker_config.h"
@@ -148,6 +149,8 @@ class EngineWorker final : public WorkerHandler {
   // read the engine's pool after it), then the engine (it aborts what is left), receiver,
   // region and transport.
   std::unique_ptr<kvtransfer::Transport> transport_;
+  // TEST ONLY (--test-tear-kv-writes): the prefill's sender writes through this wrapper.
+  std::unique_ptr<kvtransfer::testing::FaultTransport> tearing_transport_;
   std::unique_ptr<kvtransfer::LocalRegion> region_;
   std::unique_ptr<ImportAllocator> allocator_;
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;

@@ -237,6 +237,7 @@ void EngineWorker::RunTransfer(uint64_t rid) {
       metrics_->transfer_tail.Observe(Since(sampled_at));
     }
   } else {
+    GetLogger("worker")->warn("KV transfer of request {} failed: {}", rid, s.ToString());
     if (wm) wm->kv_transfer_failures.Increment();
     if (metrics_) metrics_->transfers_failed.Increment();
   }

@@ -51,7 +51,8 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
                          {"config", "role", "router", "worker-id", "model-name", "model", "threads", "kv-gib",
                           "block-tokens", "max-seqs", "metrics-host", "metrics-port", "ready-file", "drain-timeout-ms",
                           "register-retry-ms", "ucx-tls", "ucx-net-devices", "kv-lease-ms",
-                          "kv-transfer-timeout-ms", "kv-stream-layers", "log-level", "test-fail-prefill-at-layer"},
+                          "kv-transfer-timeout-ms", "kv-stream-layers", "log-level", "test-fail-prefill-at-layer",
+                           "test-tear-kv-writes"},
                          {}));
   WorkerServiceConfig c;
   std::string role = fixed_role ? WorkerRoleName(*fixed_role) : "colocated";
@@ -86,6 +87,8 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   }
   PDSERVE_ASSIGN_OR_RETURN(c.test_fail_prefill_at_layer,
                            cl.GetInt("test-fail-prefill-at-layer", c.test_fail_prefill_at_layer));
+  PDSERVE_ASSIGN_OR_RETURN(c.test_tear_kv_writes, cl.GetInt("test-tear-kv-writes", c.test_tear_kv_writes));
+  if (c.test_tear_kv_writes < 0) return Status::InvalidArgument("--test-tear-kv-writes must be >= 0");
   c.threads = static_cast<int>(threads);
   c.metrics_port = static_cast<int>(port);
   c.drain_timeout = std::chrono::milliseconds(drain);

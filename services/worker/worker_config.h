@@ -45,6 +45,10 @@ struct WorkerServiceConfig {
   // TEST ONLY (fault injection, < 0: off): every prefill forward fails after this layer's KV
   // was streamed (engine::EngineOptions::test_fail_export_at_layer).
   int64_t test_fail_prefill_at_layer = -1;
+  // TEST ONLY (fault injection, 0: off): the first N KV write batches of this prefill worker
+  // each silently lose their last write, so the decode side receives KV that does not match
+  // the digest the completion notice carries (a transfer corrupted in flight).
+  int64_t test_tear_kv_writes = 0;
 };
 
 // Parses argv (flags as in docs/services.md). `fixed_role` is the role of a role-named binary

@@ -186,6 +186,52 @@ TEST(WorkerFaultTest, PrefillKilledMidTransferIsRetriedElsewhere) {
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
+// A transfer corrupted in flight (the prefill's first write batch loses a write, so the KV in
+// the decode worker's blocks does not match the digest its completion notice carries): the
+// decode worker's digest check refuses it, no token computed from it is ever served, and the
+// router re-runs the request, whose output is then exactly the uninterrupted greedy output.
+// With migration off, the client gets an error instead, and still nothing corrupt.
+TEST(WorkerFaultTest, CorruptedTransferIsDetectedNeverServedAndRetried) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  for (const bool migrate : {true, false}) {
+    SCOPED_TRACE(migrate ? "migration on" : "migration off");
+    TestCluster c(migrate ? "fault-tear" : "fault-tear-nomig");
+    ASSERT_OK_W(c.StartRouter(migrate ? std::vector<std::string>{} : std::vector<std::string>{"--max-migrations", "0"}),
+                Workers(&c));
+    Workers w(&c);
+    ASSERT_OK_W(w.Start("p0", "prefill", {"--test-tear-kv-writes", "1"}), w);
+    ASSERT_OK_W(w.Start("d0", "decode"), w);
+    ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+    constexpr int kMax = 8;
+    const auto prompt = Prompt(700);
+    const std::string expected = Text(Reference(prompt, kMax));
+    const auto reply = HttpPostSse(c.http_port(), "/v1/completions", Body(prompt, kMax, true), 60s);
+    const Streamed got = Collect(reply);
+    if (migrate) {
+      EXPECT_EQ(reply.status, 200) << reply.raw;
+      EXPECT_FALSE(got.error) << got.error_message;
+      EXPECT_EQ(got.text, expected);
+      EXPECT_GE(RouterMetric(c, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\"") +
+                    RouterMetric(c, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"prefill\""),
+                1);
+    } else {
+      // Failed before its first token: an HTTP error (or an error event had the stream begun),
+      // and no text that is not the greedy output's beginning.
+      EXPECT_TRUE(reply.status != 200 || got.error) << reply.raw;
+      EXPECT_EQ(expected.rfind(got.text, 0), 0u) << "served text that is not a prefix of the greedy output: " << got.text;
+    }
+    // The prefill learns of the refused transfer from the decode worker's verdict (the digest
+    // check); whichever of its failure and the router's abort reaches the decode worker first
+    // ends the decode job, so the decode side's own counters are not asserted.
+    const std::string pm = w.Metrics("p0");
+    EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfers_total", "failed"), 1) << pm;
+    EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfers_total", "ok"), migrate ? 1 : 0) << pm;
+    EXPECT_TRUE(RouterIdle(c));
+    for (const char* id : {"d0", "p0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 10s)) << "KV blocks leaked on " << id;
+    if (HasFailure()) ADD_FAILURE() << w.Logs();
+  }
+}
+
 TEST(WorkerFaultTest, PausedDecodeIsMigratedAndRejoinsClean) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("fault-dstop");
