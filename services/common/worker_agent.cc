@@ -202,6 +202,8 @@ void WorkerAgent::SendRegister() {
   m.transfer_address = options_.transfer_address;
   m.capacity = options_.capacity;
   const WorkerLoad load = handler_->CurrentLoad();
+  // The load gauges stay fresh while the worker has no router (heartbeats refresh them otherwise).
+  if (metrics_) metrics_->SetLoad(load);
   if (load.kv_blocks_total > 0) m.capacity.kv_blocks_free = load.kv_blocks_free;
   m.model_name = options_.model_name;
   m.compat_hash = options_.compat_hash;

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "services/common/testing/tcp_proxy.h"
 #include "services/router/cluster_fixture.h"
 #include "services/worker/worker_test_cluster.h"
 
@@ -140,6 +141,50 @@ TEST(WorkerFaultTest, DecodeKilledMidStreamIsMigrated) {
   EXPECT_TRUE(RouterIdle(c));
   EXPECT_TRUE(w.NoBlocksUsed("d1", 10s)) << "KV blocks leaked on the surviving decode worker";
   EXPECT_TRUE(w.NoBlocksUsed("p0", 10s));
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// A decode worker cut off from the router's network (a TCP proxy on its control connection
+// stops moving bytes; the process and its connections stay up): the router times it out and
+// migrates its streams, which complete exactly; the cut-off worker notices the silence and
+// aborts its jobs. When the network heals, the bytes it sent meanwhile (token events of
+// migrated requests) arrive late and are ignored, it registers again with no block in use and
+// serves new requests exactly.
+TEST(WorkerFaultTest, DecodeCutOffFromTheNetworkIsMigratedAndRejoins) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("fault-netcut");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  const std::string& control = c.control_endpoint();
+  const int control_port = std::stoi(control.substr(control.rfind(':') + 1));
+  auto proxy = testing::TcpProxy::Start(control_port);
+  ASSERT_TRUE(proxy.ok()) << proxy.status().ToString();
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  w.RouteThrough("d0", "tcp://127.0.0.1:" + std::to_string((*proxy)->port()));
+  for (const char* id : {"d0", "d1"}) ASSERT_OK_W(w.Start(id, "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
+  constexpr int kN = 4, kMax = 300;
+  for (int k = 0; k < kN; ++k) Reference(Prompt(900 + k), kMax);
+  auto run = StreamWithFault(c, 900, kN, kMax, 6, [&] { (*proxy)->Partition(true); });
+  ExpectAllExact(run, 900, kMax);
+  EXPECT_GE(RouterMetric(c, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\""), 1);
+  EXPECT_TRUE(RouterIdle(c));
+  EXPECT_TRUE(w.NoBlocksUsed("d1", 10s)) << "KV blocks leaked on the surviving decode worker";
+  EXPECT_TRUE(w.NoBlocksUsed("p0", 10s));
+  // Still cut off: d0 reaches nobody, but it must free its own blocks (its router timeout).
+  EXPECT_TRUE(w.NoBlocksUsed("d0", 10s)) << "the cut-off worker kept its KV blocks";
+  (*proxy)->Partition(false);
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
+  EXPECT_TRUE(w.proc("d0")->Running());
+  // Every decode worker serves again, exactly (four requests spread over d0 and d1).
+  for (int k = 0; k < 4; ++k) {
+    const auto prompt = Prompt(950 + k);
+    const Streamed got = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(prompt, 6, true), 60s));
+    EXPECT_FALSE(got.error) << got.error_message;
+    EXPECT_EQ(got.text, Text(Reference(prompt, 6))) << k;
+  }
+  EXPECT_TRUE(RouterIdle(c));
+  for (const char* id : {"d0", "d1", "p0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 10s)) << id;
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 

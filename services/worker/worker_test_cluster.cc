@@ -107,7 +107,9 @@ bool UcxTcpUsable() { return std::filesystem::exists("/sys/class/net"); }
 
 Status Workers::Start(const std::string& id, const std::string& role, std::vector<std::string> extra) {
   const std::string ready = c_->dir() + "/" + id + ".ready";
-  std::vector<std::string> argv = {kBin + "/pdserve-" + role, "--router", c_->control_endpoint(), "--worker-id", id,
+  auto via = router_endpoints_.find(id);
+  const std::string router = via != router_endpoints_.end() ? via->second : c_->control_endpoint();
+  std::vector<std::string> argv = {kBin + "/pdserve-" + role, "--router", router, "--worker-id", id,
                                    "--model", ModelDir(), "--model-name", "pdserve", "--ready-file", ready,
                                    "--register-retry-ms", "50", "--kv-gib", "0.0625", "--threads", "1",
                                    "--kv-lease-ms", "4000", "--kv-transfer-timeout-ms", "4000"};

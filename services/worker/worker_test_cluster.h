@@ -53,6 +53,9 @@ class Workers {
   // Starts pdserve-<role> `id` (small KV pool, one thread, 4 s leases) and waits for its ready
   // file. Registration is not awaited (TestCluster::WaitForWorkers).
   Status Start(const std::string& id, const std::string& role, std::vector<std::string> extra = {});
+  // Makes the next Start of `id` reach the router's control plane at `endpoint` instead (e.g.
+  // through a TcpProxy that can cut the network).
+  void RouteThrough(const std::string& id, const std::string& endpoint) { router_endpoints_[id] = endpoint; }
   services::testing::ChildProcess* proc(const std::string& id) { return procs_.at(id).get(); }
   int port(const std::string& id) { return ports_.at(id); }
   std::string Metrics(const std::string& id);
@@ -64,6 +67,7 @@ class Workers {
   router::testing::TestCluster* c_;
   std::map<std::string, std::unique_ptr<services::testing::ChildProcess>> procs_;
   std::map<std::string, int> ports_;
+  std::map<std::string, std::string> router_endpoints_;  // id -> control endpoint override
 };
 
 #define ASSERT_OK_W(expr, w)                                      \
