@@ -8,7 +8,10 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
                                        "heartbeat_interval_ms", "heartbeat_timeout_ms", "request_timeout_ms",
                                        "first_token_timeout_ms", "default_max_tokens", "max_body_bytes",
                                        "max_outstanding_requests", "http_threads", "compat_hash",
-                                       "disconnect_poll_ms", "admin_api", "ready_file"}));
+                                       "disconnect_poll_ms", "admin_api", "ready_file", "api_keys_file",
+                                       "auth_exempt_paths", "max_prompt_tokens", "retry_after_s",
+                                       "http_read_timeout_ms", "control_curve_secret_key_file",
+                                       "control_curve_allowed_clients_file"}));
   PDSERVE_RETURN_IF_ERROR(s.Get("host", &c.host));
   int64_t port = c.port;
   PDSERVE_RETURN_IF_ERROR(s.Get("port", &port));
@@ -42,6 +45,13 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.Get("disconnect_poll_ms", &c.disconnect_poll));
   PDSERVE_RETURN_IF_ERROR(s.Get("admin_api", &c.admin_api));
   PDSERVE_RETURN_IF_ERROR(s.Get("ready_file", &c.ready_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("api_keys_file", &c.api_keys_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("auth_exempt_paths", &c.auth_exempt_paths));
+  PDSERVE_RETURN_IF_ERROR(s.Get("max_prompt_tokens", &c.max_prompt_tokens));
+  PDSERVE_RETURN_IF_ERROR(s.Get("retry_after_s", &c.retry_after_s));
+  PDSERVE_RETURN_IF_ERROR(s.Get("http_read_timeout_ms", &c.http_read_timeout));
+  PDSERVE_RETURN_IF_ERROR(s.Get("control_curve_secret_key_file", &c.control_curve_secret_key_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("control_curve_allowed_clients_file", &c.control_curve_allowed_clients_file));
   PDSERVE_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -68,6 +78,12 @@ Status RouterConfig::Validate() const {
   if (max_outstanding_requests == 0) return Status::InvalidArgument("router.max_outstanding_requests must be > 0");
   if (http_threads < 2 || http_threads > 4096) return Status::InvalidArgument("router.http_threads must be in [2, 4096]");
   if (disconnect_poll.count() <= 0) return Status::InvalidArgument("router.disconnect_poll_ms must be > 0");
+  if (http_read_timeout.count() <= 0) return Status::InvalidArgument("router.http_read_timeout_ms must be > 0");
+  for (const auto& p : auth_exempt_paths)
+    if (p.empty() || p[0] != '/') return Status::InvalidArgument("router.auth_exempt_paths entries must start with '/'");
+  if (control_curve_secret_key_file.empty() && !control_curve_allowed_clients_file.empty())
+    return Status::InvalidArgument(
+        "router.control_curve_allowed_clients_file needs router.control_curve_secret_key_file");
   return Status::Ok();
 }
 

@@ -56,6 +56,7 @@ struct RouterCoreOptions {
   RoutingPolicy colocated_policy = RoutingPolicy::kLeastOutstandingTokens;
   uint32_t default_max_tokens = 0;
   uint32_t max_outstanding_requests = 1024;
+  services::CurveOptions control_curve;  // CURVE on the control socket (disabled: plain TCP)
 };
 
 struct SubmitSpec {
@@ -95,6 +96,8 @@ class RouterCore {
   Status DrainWorker(const std::string& worker_id, uint32_t timeout_ms);
 
   const std::string& control_endpoint() const { return channel_->endpoint(); }
+  // CURVE handshakes refused by the allowed-clients list (control_channel.h).
+  uint64_t refused_handshakes() const { return channel_->refused_handshakes(); }
   uint64_t incarnation() const { return incarnation_; }
   size_t outstanding() const;
 

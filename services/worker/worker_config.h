@@ -39,6 +39,10 @@ struct WorkerServiceConfig {
   std::chrono::milliseconds kv_lease{30000};
   std::chrono::milliseconds kv_transfer_timeout{10000};
   std::string log_level;
+  // CURVE on the control plane (docs/operations.md, "Security"): this worker's secret key file
+  // and the router's public key file; both or neither.
+  std::string curve_secret_key_file;
+  std::string router_public_key_file;
 };
 
 // Parses argv (flags as in docs/services.md). `fixed_role` is the role of a role-named binary
