@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/) with clang in a build directory of their own and
-# runs each for SECONDS, starting from the seed corpora committed under tests/fuzz/corpus/.
+# runs each for SECONDS, starting from the seed corpora committed under tests/fuzz/corpus/ (and
+# the dictionary tests/fuzz/TARGET.dict when there is one).
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      default: 60 s each, all four targets
 #   FUZZ_BUILD_DIR=DIR (default build-fuzz)    FUZZ_JOBS=N (default 2)
@@ -46,8 +47,10 @@ for t in "${targets[@]}"; do
   mkdir -p "$work"
   log="$build/fuzz_$t.log"
   echo "fuzz.sh: fuzz_$t for ${seconds}s (log $log)"
+  dict=()
+  [[ -f "$root/tests/fuzz/$t.dict" ]] && dict=(-dict="$root/tests/fuzz/$t.dict")
   if ! "$build/bin/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$build/artifacts/${t}-" "$work" "$seeds" >"$log" 2>&1; then
+      "${dict[@]}" -artifact_prefix="$build/artifacts/${t}-" "$work" "$seeds" >"$log" 2>&1; then
     failed+=("$t")
     grep -E "ERROR|SUMMARY|Test unit written" "$log" | head -n 20 >&2 || true
   fi
