@@ -17,7 +17,8 @@ namespace {
 
 constexpr size_t kZ85KeyChars = 40;
 
-// The non-comment lines of a key file, trimmed, with their 1-based line numbers.
+// The non-comment lines of a key file, trimmed, with their 1-based line numbers. A '#' line is
+// never a key: the first Z85 digit of a 32-bit group is at most 82 ('%'), and '#' is digit 84.
 struct KeyLine {
   std::string text;
   int line;
