@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/json_excerpt.h"
 #include "common/mapped_file.h"
 
 namespace pdserve::model {
@@ -30,7 +31,7 @@ Status ReadField(const nlohmann::json& j, const char* name, bool required, T* ou
     *out = it->get<T>();
   } catch (const std::exception& e) {
     return Status::InvalidArgument(std::string("field '") + name + "' is " + e.what() +
-                                       ": " + it->dump(),
+                                       ": " + JsonExcerpt(*it),
                                    where);
   }
   return Status::Ok();
@@ -107,7 +108,7 @@ Result<ModelConfig> ModelConfig::FromJson(const nlohmann::json& j, const std::st
       if (qc->contains("weight_block_size")) {
         const auto& b = (*qc)["weight_block_size"];
         if (!b.is_array() || b.size() != 2 || b[0] != 128 || b[1] != 128)
-          return Status::InvalidArgument("field 'quantization_config.weight_block_size' must be [128, 128], got " + b.dump(), where);
+          return Status::InvalidArgument("field 'quantization_config.weight_block_size' must be [128, 128], got " + JsonExcerpt(b), where);
       }
     } else if (method == "w8a8_int8") {
       c.weight_format = "w8a8_int8";

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_excerpt.h"
+
 namespace pdserve::model {
 
 std::string TensorInfo::ShapeString() const {
@@ -21,22 +23,29 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   PDSERVE_ASSIGN_OR_RETURN(auto mapped, MappedFile::Open(path));
-  const size_t file_size = mapped->size();
+  PDSERVE_ASSIGN_OR_RETURN(auto tensors, ParseHeader(mapped->data(), mapped->size(), path));
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(mapped)));
+  file->tensors_ = std::move(tensors);
+  return file;
+}
+
+Result<std::map<std::string, TensorInfo>> SafetensorsFile::ParseHeader(const uint8_t* bytes, size_t file_size,
+                                                                       const std::string& path) {
   if (file_size < 8) return Status::InvalidArgument("file shorter than the 8-byte header length", path);
   uint64_t header_len;
-  std::memcpy(&header_len, mapped->data(), 8);
+  std::memcpy(&header_len, bytes, 8);
   if (header_len > kMaxHeaderBytes || header_len > file_size - 8)
     return Status::InvalidArgument("header length " + std::to_string(header_len) +
                                        " exceeds the file size " + std::to_string(file_size),
                                    path);
-  const char* hdr = reinterpret_cast<const char*>(mapped->data() + 8);
+  const char* hdr = reinterpret_cast<const char*>(bytes + 8);
   nlohmann::json j = nlohmann::json::parse(hdr, hdr + header_len, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Status::InvalidArgument("header is not a valid JSON object", path);
-  const uint8_t* data_start = mapped->data() + 8 + header_len;
+  const uint8_t* data_start = bytes + 8 + header_len;
   const uint64_t data_size = file_size - 8 - header_len;
 
-  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(mapped)));
+  std::map<std::string, TensorInfo> tensors;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const std::string where = path + ": tensor '" + it.key() + "'";
@@ -47,23 +56,25 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
     info.name = it.key();
     info.file = path;
     if (!e["dtype"].is_string() || !ParseDType(e["dtype"].get<std::string>(), &info.dtype))
-      return Status::InvalidArgument("unsupported dtype " + e["dtype"].dump(), where);
+      return Status::InvalidArgument("unsupported dtype " + JsonExcerpt(e["dtype"]), where);
     if (!e["shape"].is_array()) return Status::InvalidArgument("shape is not an array", where);
     uint64_t numel = 1;
     for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned()) return Status::InvalidArgument("bad shape " + e["shape"].dump(), where);
+      if (!d.is_number_unsigned()) return Status::InvalidArgument("bad shape " + JsonExcerpt(e["shape"]), where);
       const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return Status::InvalidArgument("shape dimension " + std::to_string(dim) + " is out of range", where);
       if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 16 / dim)
-        return Status::InvalidArgument("shape overflows " + e["shape"].dump(), where);
+        return Status::InvalidArgument("shape overflows " + JsonExcerpt(e["shape"]), where);
       numel *= dim;
       info.shape.push_back(static_cast<int64_t>(dim));
     }
     const auto& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      return Status::InvalidArgument("bad data_offsets " + off.dump(), where);
+      return Status::InvalidArgument("bad data_offsets " + JsonExcerpt(off), where);
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (begin > end || end > data_size)
-      return Status::InvalidArgument("data_offsets " + off.dump() + " outside the data region of " +
+      return Status::InvalidArgument("data_offsets " + JsonExcerpt(off) + " outside the data region of " +
                                          std::to_string(data_size) + " bytes",
                                      where);
     if (end - begin != numel * DTypeSize(info.dtype))
@@ -73,9 +84,9 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
                                      where);
     info.data = data_start + begin;
     info.n_bytes = end - begin;
-    file->tensors_.emplace(info.name, std::move(info));
+    tensors.emplace(info.name, std::move(info));
   }
-  return file;
+  return tensors;
 }
 
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {

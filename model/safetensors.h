@@ -42,6 +42,13 @@ class SafetensorsFile {
   // entry, offsets outside the file) -- each naming the file and the tensor.
   static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
+  // Parses and validates the header of a safetensors image held in memory (`bytes` is the whole
+  // file; TensorInfo::data points into it). `path` only names the file in errors and in
+  // TensorInfo::file. Same errors as Open() but NotFound. Open() is this on the mapping; the
+  // fuzzer (tests/fuzz/) calls it directly.
+  static Result<std::map<std::string, TensorInfo>> ParseHeader(const uint8_t* bytes, size_t size,
+                                                               const std::string& path);
+
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::string& path() const { return file_->path(); }
 

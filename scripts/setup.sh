@@ -12,6 +12,7 @@ APT_PACKAGES=(
   prometheus-cpp-dev libspdlog-dev libfmt-dev libyaml-cpp-dev libcpp-httplib-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev ocl-icd-opencl-dev
   libpcre2-dev libxxhash-dev prometheus docker-compose
+  clang libclang-rt-14-dev
   python3-numpy python3-matplotlib
 )
 # Node.js may come from another source (e.g. NodeSource, whose nodejs bundles npm and conflicts

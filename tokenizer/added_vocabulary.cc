@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_excerpt.h"
 #include "tokenizer/utf8.h"
 
 namespace pdserve::tokenizer {
@@ -45,7 +46,7 @@ Result<AddedVocabulary> AddedVocabulary::FromJson(const json& added_tokens) {
       AddedToken t;
       const json& id = entry.at("id");
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 24))
-        return Status::InvalidArgument("added token id " + id.dump() + " is not an integer in [0, 2^24)");
+        return Status::InvalidArgument("added token id " + JsonExcerpt(id) + " is not an integer in [0, 2^24)");
       t.id = id.get<int32_t>();
       t.content = entry.at("content").get<std::string>();
       t.special = entry.value("special", false);

@@ -110,7 +110,13 @@ class StripNormalizer final : public Normalizer {
   bool left_, right_;
 };
 
-Result<std::unique_ptr<Normalizer>> Build(const json& j, RegexDialect dialect) {
+// Sequences nest at most this deep (real files use one level; an unbounded depth would let a
+// crafted file overflow the stack here and at every Normalize call).
+constexpr int kMaxSequenceDepth = 8;
+
+Result<std::unique_ptr<Normalizer>> Build(const json& j, RegexDialect dialect, int depth = 0) {
+  if (depth > kMaxSequenceDepth)
+    return Status::InvalidArgument("normalizer Sequences nest deeper than " + std::to_string(kMaxSequenceDepth));
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
     return Status::InvalidArgument("normalizer must be an object with a string \"type\"");
   const std::string type = j["type"].get<std::string>();
@@ -120,7 +126,7 @@ Result<std::unique_ptr<Normalizer>> Build(const json& j, RegexDialect dialect) {
       return Status::InvalidArgument("Sequence normalizer needs a \"normalizers\" array");
     std::vector<std::unique_ptr<Normalizer>> children;
     for (const json& child : *it) {
-      PDSERVE_ASSIGN_OR_RETURN(auto n, Build(child, dialect));
+      PDSERVE_ASSIGN_OR_RETURN(auto n, Build(child, dialect, depth + 1));
       if (n) children.push_back(std::move(n));
     }
     if (children.empty()) return std::unique_ptr<Normalizer>();

@@ -245,7 +245,13 @@ bool BoolOr(const json& j, const char* key, bool fallback) {
   return it->get<bool>();  // throws type_error on a non-bool: caught by FromJson
 }
 
-Result<std::unique_ptr<PreTokenizer>> Build(const json& j, RegexDialect dialect) {
+// Sequences nest at most this deep (real files use one level; an unbounded depth would let a
+// crafted file overflow the stack here and at every Split call).
+constexpr int kMaxSequenceDepth = 8;
+
+Result<std::unique_ptr<PreTokenizer>> Build(const json& j, RegexDialect dialect, int depth = 0) {
+  if (depth > kMaxSequenceDepth)
+    return Status::InvalidArgument("pre_tokenizer Sequences nest deeper than " + std::to_string(kMaxSequenceDepth));
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
     return Status::InvalidArgument("pre_tokenizer entry must be an object with a string \"type\"");
   const std::string type = j["type"].get<std::string>();
@@ -255,7 +261,7 @@ Result<std::unique_ptr<PreTokenizer>> Build(const json& j, RegexDialect dialect)
       return Status::InvalidArgument("Sequence pre_tokenizer needs a \"pretokenizers\" array");
     std::vector<std::unique_ptr<PreTokenizer>> stages;
     for (const json& child : *it) {
-      PDSERVE_ASSIGN_OR_RETURN(auto stage, Build(child, dialect));
+      PDSERVE_ASSIGN_OR_RETURN(auto stage, Build(child, dialect, depth + 1));
       stages.push_back(std::move(stage));
     }
     return std::unique_ptr<PreTokenizer>(new SequenceStage(std::move(stages)));

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_excerpt.h"
 #include "common/mapped_file.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/utf8.h"
@@ -12,14 +13,18 @@ namespace {
 using nlohmann::json;
 
 // Only the ByteLevel decoder (alone or as the single member of a Sequence) is byte-level BPE.
+// Iterative: a crafted file may nest Sequences arbitrarily deep. The message shows an excerpt
+// (dump() of a deep value would overflow the stack).
 Status CheckDecoder(const json& decoder) {
-  if (decoder.is_object() && decoder.value("type", std::string()) == "ByteLevel") return Status::Ok();
-  if (decoder.is_object() && decoder.value("type", std::string()) == "Sequence") {
-    auto it = decoder.find("decoders");
-    if (it != decoder.end() && it->is_array() && it->size() == 1) return CheckDecoder((*it)[0]);
+  const json* d = &decoder;
+  while (true) {
+    if (d->is_object() && d->value("type", std::string()) == "ByteLevel") return Status::Ok();
+    if (!d->is_object() || d->value("type", std::string()) != "Sequence") break;
+    auto it = d->find("decoders");
+    if (it == d->end() || !it->is_array() || it->size() != 1) break;
+    d = &(*it)[0];
   }
-  return Status::Unimplemented("decoder " + decoder.dump().substr(0, 200) +
-                               " is not supported (only ByteLevel)");
+  return Status::Unimplemented("decoder " + JsonExcerpt(decoder, 200) + " is not supported (only ByteLevel)");
 }
 }  // namespace
 

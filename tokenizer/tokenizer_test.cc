@@ -201,6 +201,50 @@ TEST(Tokenizer, MutatedTokenizerJsonNeverCrashes) {
   EXPECT_GT(loaded, 0);
 }
 
+// Regressions (tests/fuzz/fuzz_tokenizer.cc): values nested arbitrarily deep used to be dump()ed
+// into messages or walked recursively, overflowing the stack on a crafted tokenizer.json.
+TEST(Tokenizer, DeeplyNestedComponentsGiveAnError) {
+  using nlohmann::json;
+  const int depth = 200000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  // A decoder Sequence of Sequences ... (CheckDecoder recursed) around a non-ByteLevel leaf.
+  std::string decoder;
+  for (int i = 0; i < depth; ++i) decoder += R"({"type":"Sequence","decoders":[)";
+  decoder += R"({"type":"Strip"})";
+  for (int i = 0; i < depth; ++i) decoder += "]}";
+  json base = SmallTokenizerJson();
+  base["decoder"] = nullptr;
+  std::string text = base.dump();
+  const std::string null_decoder = "\"decoder\":null";
+  ASSERT_NE(text.find(null_decoder), std::string::npos);
+  text.replace(text.find(null_decoder), null_decoder.size(), "\"decoder\":" + decoder);
+  auto t = Tokenizer::FromJson(text, "");
+  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << t.status().ToString().substr(0, 300);
+  EXPECT_LT(t.status().message().size(), 400u);
+
+  // An added token id nested deep (its message dump()ed it).
+  base = SmallTokenizerJson();
+  base["added_tokens"][0]["id"] = "DEEP";
+  text = base.dump();
+  text.replace(text.find("\"DEEP\""), 6, deep);
+  t = Tokenizer::FromJson(text, "");
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString().substr(0, 300);
+  EXPECT_LT(t.status().message().size(), 400u);
+
+  // Normalizer / pre_tokenizer Sequences nested past the limit.
+  for (const char* component : {"normalizer", "pre_tokenizer"}) {
+    const bool norm = std::string(component) == "normalizer";
+    json nested = norm ? json{{"type", "NFC"}} : json{{"type", "ByteLevel"}, {"add_prefix_space", false}};
+    for (int i = 0; i < 50; ++i)
+      nested = {{"type", "Sequence"}, {norm ? "normalizers" : "pretokenizers", json::array({nested})}};
+    base = SmallTokenizerJson();
+    base[component] = nested;
+    t = Tokenizer::FromJson(base.dump(), "");
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << component;
+    EXPECT_NE(t.status().message().find("nest deeper"), std::string::npos) << t.status().ToString();
+  }
+}
+
 TEST(Tokenizer, RandomTextRoundTripsAndRandomBytesNeverCrash) {
   PDSERVE_DEEPSEEK_OR_FAIL(tok);
   std::mt19937 rng(2024);

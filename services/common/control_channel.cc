@@ -6,7 +6,10 @@
 #include <cerrno>
 #include <cstring>
 #include <future>
+#include <set>
 #include <vector>
+
+#include <optional>
 
 #include <zmq.h>
 
@@ -56,21 +59,63 @@ bool ReceiveFrames(void* sock, std::vector<std::string>* frames) {
   }
 }
 
+Status SetKeyOption(void* sock, int option, const std::string& z85_key, const char* name) {
+  // A Z85 key is passed as its 40 characters plus the terminating NUL (41 bytes).
+  if (zmq_setsockopt(sock, option, z85_key.c_str(), z85_key.size() + 1) != 0)
+    return Status::Internal(ZmqError((std::string("zmq_setsockopt ") + name).c_str()));
+  return Status::Ok();
+}
+
+// The well-known endpoint libzmq sends ZAP (authentication) requests to, per context.
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+
+// Answers one ZAP request (RFC 27): 200 when the CURVE client key is in `allowed`, else 400.
+// Returns the refused client's key (Z85) and address, or nothing when it was accepted.
+std::optional<std::pair<std::string, std::string>> AnswerZapRequest(void* zap, const std::set<std::string>& allowed,
+                                                                    const std::vector<std::string>& request) {
+  // version, request id, domain, address, identity, mechanism, credentials...
+  std::string status = "400", text = "malformed ZAP request", user;
+  std::optional<std::pair<std::string, std::string>> refused;
+  if (request.size() >= 7 && request[0] == "1.0" && request[5] == "CURVE" && request[6].size() == 32) {
+    char z85[41];
+    zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(request[6].data()), 32);
+    if (allowed.count(z85)) {
+      status = "200";
+      text = "OK";
+      user = z85;
+    } else {
+      text = "client key not allowed";
+      refused.emplace(z85, request[3]);
+    }
+  } else {
+    refused.emplace("(no CURVE key)", request.size() > 3 ? request[3] : "");
+  }
+  const std::string request_id = request.size() > 1 ? request[1] : "";
+  const std::string reply[] = {"1.0", request_id, status, text, user, ""};
+  for (size_t i = 0; i < 6; ++i)
+    zmq_send(zap, reply[i].data(), reply[i].size(), i + 1 < 6 ? ZMQ_SNDMORE : 0);
+  return refused;
+}
+
 }  // namespace
 
-ControlChannel::ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick)
-    : options_(std::move(options)), on_message_(std::move(on_message)), on_tick_(std::move(on_tick)) {
+ControlChannel::ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick,
+                               CurveOptions curve)
+    : options_(std::move(options)),
+      on_message_(std::move(on_message)),
+      on_tick_(std::move(on_tick)),
+      curve_(std::move(curve)) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 
 Result<std::unique_ptr<ControlChannel>> ControlChannel::Start(ControlChannelOptions options,
                                                               MessageHandler on_message,
-                                                              TickHandler on_tick) {
+                                                              TickHandler on_tick, CurveOptions curve) {
   if (options.endpoint.empty()) return Status::InvalidArgument("control channel endpoint is empty");
   if (!on_message) return Status::InvalidArgument("control channel needs a message handler");
   if (options.tick_interval.count() <= 0) return Status::InvalidArgument("tick_interval must be positive");
   std::unique_ptr<ControlChannel> channel(
-      new ControlChannel(std::move(options), std::move(on_message), std::move(on_tick)));
+      new ControlChannel(std::move(options), std::move(on_message), std::move(on_tick), std::move(curve)));
   if (channel->wake_fd_ < 0) return Status::Internal(std::string("eventfd: ") + std::strerror(errno));
 
   std::promise<std::pair<Status, std::string>> ready;
@@ -111,7 +156,10 @@ void ControlChannel::Wake() {
 void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::string)> ready) {
   auto log = GetLogger("control");
   ZmqContext context;
+  ZmqSocket zap;  // closed after `socket` (declared first): libzmq may still ask it during close
   ZmqSocket socket;
+  const CurveOptions& curve = curve_;
+  const std::set<std::string> allowed(curve.allowed_client_keys.begin(), curve.allowed_client_keys.end());
   const bool is_router = options_.kind == ControlChannelOptions::Kind::kRouterBind;
   {
     Status s;
@@ -135,6 +183,23 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
       if (s.ok()) s = SetIntOption(socket.sock, ZMQ_RECONNECT_IVL, 100, "ZMQ_RECONNECT_IVL");
       if (s.ok()) s = SetIntOption(socket.sock, ZMQ_RECONNECT_IVL_MAX, 1000, "ZMQ_RECONNECT_IVL_MAX");
     }
+    if (s.ok() && curve.enabled) {
+      if (is_router) {
+        if (!allowed.empty()) {
+          // The ZAP handler must be bound before the ROUTER accepts its first connection.
+          zap.sock = zmq_socket(context.ctx, ZMQ_REP);
+          if (!zap.sock || zmq_bind(zap.sock, kZapEndpoint) != 0) s = Status::Internal(ZmqError("ZAP handler"));
+          if (s.ok()) s = SetIntOption(zap.sock, ZMQ_LINGER, 0, "ZMQ_LINGER");
+          if (s.ok() && zmq_setsockopt(socket.sock, ZMQ_ZAP_DOMAIN, "pdserve", 7) != 0)
+            s = Status::Internal(ZmqError("zmq_setsockopt ZMQ_ZAP_DOMAIN"));
+        }
+        if (s.ok()) s = SetIntOption(socket.sock, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER");
+      } else {
+        s = SetKeyOption(socket.sock, ZMQ_CURVE_SERVERKEY, curve.server_public_key, "ZMQ_CURVE_SERVERKEY");
+        if (s.ok()) s = SetKeyOption(socket.sock, ZMQ_CURVE_PUBLICKEY, curve.own.public_key, "ZMQ_CURVE_PUBLICKEY");
+      }
+      if (s.ok()) s = SetKeyOption(socket.sock, ZMQ_CURVE_SECRETKEY, curve.own.secret_key, "ZMQ_CURVE_SECRETKEY");
+    }
     std::string endpoint = options_.endpoint;
     if (s.ok()) {
       const int rc = is_router ? zmq_bind(socket.sock, endpoint.c_str()) : zmq_connect(socket.sock, endpoint.c_str());
@@ -155,6 +220,7 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
   }
 
   std::vector<std::string> frames;
+  std::set<std::string> refused_keys;  // logged once each
   std::deque<std::pair<std::string, std::string>> outgoing;
   auto next_tick = std::chrono::steady_clock::now() + options_.tick_interval;
   while (!stop.stop_requested()) {
@@ -182,14 +248,27 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
     const auto now = std::chrono::steady_clock::now();
     const long timeout_ms =
         std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count());
-    zmq_pollitem_t items[2] = {{socket.sock, 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
-    if (zmq_poll(items, 2, timeout_ms) < 0 && zmq_errno() != EINTR) {
+    zmq_pollitem_t items[3] = {{socket.sock, 0, ZMQ_POLLIN, 0},
+                               {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+                               {zap.sock, 0, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items, zap.sock ? 3 : 2, timeout_ms) < 0 && zmq_errno() != EINTR) {
       log->error("{}: zmq_poll failed: {}", options_.name, zmq_strerror(zmq_errno()));
       break;
     }
     if (items[1].revents & ZMQ_POLLIN) {
       uint64_t counter;
       [[maybe_unused]] ssize_t n = read(wake_fd_, &counter, sizeof(counter));
+    }
+    if (zap.sock && (items[2].revents & ZMQ_POLLIN)) {
+      for (int i = 0; i < 64 && ReceiveFrames(zap.sock, &frames); ++i) {
+        auto refused = AnswerZapRequest(zap.sock, allowed, frames);
+        if (!refused) continue;
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        // A refused worker retries every reconnect interval: log each key once.
+        if (refused_keys.insert(refused->first).second)
+          log->warn("{}: refused a CURVE client from {} (key {} is not in the allowed list)", options_.name,
+                    refused->second, refused->first);
+      }
     }
     // Bounded batch so timers still run under a flood of messages.
     for (int i = 0; i < 1024 && ReceiveFrames(socket.sock, &frames); ++i) {

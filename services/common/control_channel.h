@@ -15,6 +15,12 @@
 // (ZMQ_IMMEDIATE): the control plane never replays stale heartbeats or token events to a
 // router that restarted; workers notice the silence and register again.
 //
+// Security (Start's `curve`, docs/operations.md): with CURVE enabled the ROUTER is a CURVE server
+// and every DEALER must present the router's public key and a key pair of its own; with an
+// allowed-clients list the ROUTER also runs a ZAP handler (on the owner thread, polled with the
+// socket) that refuses every other client key. A refused or mismatched peer never completes the
+// handshake, so no message of it ever reaches on_message; its DEALER keeps retrying quietly.
+//
 // Thread-safety: Send, Wake, endpoint, dropped_messages: any thread. Destruction: not from a
 // handler.
 #pragma once
@@ -32,6 +38,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "services/common/curve_keys.h"
 
 namespace pdserve::services {
 
@@ -62,9 +69,12 @@ class ControlChannel {
 
   // Starts the owner thread and waits until the socket is bound / connecting.
   // Errors: InvalidArgument (bad endpoint), Unavailable (the address is in use), Internal.
+  // `curve` (disabled: plain TCP) is separate from `options` so that brace-initialized
+  // options stay valid. Keys are checked when loaded (curve_keys.h); a bad one here: Internal.
   static Result<std::unique_ptr<ControlChannel>> Start(ControlChannelOptions options,
                                                        MessageHandler on_message,
-                                                       TickHandler on_tick = nullptr);
+                                                       TickHandler on_tick = nullptr,
+                                                       CurveOptions curve = {});
   // Stops and joins the owner thread; unsent messages are dropped (linger 0).
   ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
@@ -79,14 +89,17 @@ class ControlChannel {
   const std::string& endpoint() const { return endpoint_; }
   uint64_t dropped_messages() const { return dropped_.load(std::memory_order_relaxed); }
   uint64_t received_messages() const { return received_.load(std::memory_order_relaxed); }
+  // ROUTER with an allowed-clients list: CURVE handshakes refused by the ZAP handler.
+  uint64_t refused_handshakes() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
-  ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick);
+  ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick, CurveOptions curve);
   void Run(std::stop_token stop, std::function<void(Status, std::string)> ready);
 
   const ControlChannelOptions options_;
   const MessageHandler on_message_;
   const TickHandler on_tick_;
+  const CurveOptions curve_;
   std::string endpoint_;
   int wake_fd_ = -1;  // eventfd; closed in the destructor after the thread is joined
 
@@ -94,6 +107,7 @@ class ControlChannel {
   std::deque<std::pair<std::string, std::string>> outbox_;
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> received_{0};
+  std::atomic<uint64_t> refused_{0};
 
   std::jthread thread_;  // last: joined before the members it uses go away
 };

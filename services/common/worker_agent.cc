@@ -58,7 +58,7 @@ Result<std::unique_ptr<WorkerAgent>> WorkerAgent::Start(WorkerAgentOptions optio
       std::unique_ptr<ControlChannel> channel,
       ControlChannel::Start(
           co, [self](std::string_view, std::string_view payload) { self->OnMessage(payload); },
-          [self](Clock::time_point now) { self->OnTick(now); }));
+          [self](Clock::time_point now) { self->OnTick(now); }, self->options_.curve));
   {
     std::lock_guard<std::mutex> lock(self->mu_);
     self->channel_ = std::move(channel);

@@ -90,6 +90,8 @@ struct WorkerAgentOptions {
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds router_timeout{2500};
   std::chrono::milliseconds tick{20};
+  // CURVE on the control connection (curve_keys.h; disabled: plain TCP).
+  CurveOptions curve;
   // Agent metrics are registered here when set (see worker_metrics.h).
   std::shared_ptr<prometheus::Registry> metrics_registry;
 };

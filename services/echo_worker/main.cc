@@ -8,6 +8,7 @@
 //       [--kv-blocks N] [--block-tokens N] [--max-batch N] [--compat-hash N]
 //       [--metrics-host H] [--metrics-port P] [--ready-file PATH] [--drain-timeout-ms N]
 //       [--register-retry-ms N] [--stall-after N] [--log-level L]
+//       [--curve-secret-key-file F --router-public-key-file F]   (CURVE on the control plane)
 // Exit: 0 after SIGINT/SIGTERM (drains first) or a router-requested drain; 3 when the router
 // refuses the registration; 2 for bad arguments.
 #include <cstdio>
@@ -29,7 +30,8 @@ int Run(int argc, char** argv) {
   auto cl = CommandLine::Parse(argc, argv,
                                {"router", "worker-id", "role", "model-name", "token-delay-us", "prefill-us-per-token",
                                 "max-context", "kv-blocks", "block-tokens", "max-batch", "compat-hash", "metrics-host",
-                                "metrics-port", "ready-file", "drain-timeout-ms", "register-retry-ms", "stall-after", "log-level"},
+                                "metrics-port", "ready-file", "drain-timeout-ms", "register-retry-ms", "stall-after", "log-level",
+                                "curve-secret-key-file", "router-public-key-file"},
                                {});
   if (!cl.ok()) {
     std::fprintf(stderr, "pdserve-echo-worker: %s\n", cl.status().ToString().c_str());
@@ -49,6 +51,11 @@ int Run(int argc, char** argv) {
   eo.worker_id = ao.worker_id = cl->GetOr("worker-id", "echo-0");
   ao.router_address = cl->GetOr("router", "tcp://127.0.0.1:7000");
   ao.model_name = cl->GetOr("model-name", "pdserve");
+  if (cl->Has("curve-secret-key-file") || cl->Has("router-public-key-file")) {
+    auto curve = LoadClientCurveOptions(cl->GetOr("curve-secret-key-file", ""), cl->GetOr("router-public-key-file", ""));
+    if (!curve.ok()) return fail(curve.status());
+    ao.curve = std::move(curve).value();
+  }
   struct IntOpt {
     const char* key;
     int64_t def;

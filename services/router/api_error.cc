@@ -8,6 +8,9 @@ ApiError ApiError::BadRequest(std::string message, std::string param, std::strin
 ApiError ApiError::NotFound(std::string message, std::string code) {
   return {404, "invalid_request_error", std::move(message), {}, std::move(code)};
 }
+ApiError ApiError::Unauthorized(std::string message) {
+  return {401, "invalid_request_error", std::move(message), {}, "invalid_api_key"};
+}
 ApiError ApiError::TooLarge(std::string message) {
   return {413, "invalid_request_error", std::move(message), {}, "request_too_large"};
 }

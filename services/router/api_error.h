@@ -5,6 +5,7 @@
 // is in the X-Request-Id header and, for 5xx, in the message too.
 //
 //   400 invalid_request_error   malformed JSON, wrong types, bad values, context too long
+//   401 invalid_request_error   missing or wrong API key (code invalid_api_key; api_keys_file)
 //   404 invalid_request_error   unknown model (code model_not_found) or path
 //   413 invalid_request_error   body over router.max_body_bytes (code request_too_large)
 //   429 rate_limit_error        saturated: outstanding cap, no KV capacity, worker full
@@ -32,6 +33,7 @@ struct ApiError {
 
   static ApiError BadRequest(std::string message, std::string param = {}, std::string code = {});
   static ApiError NotFound(std::string message, std::string code = {});
+  static ApiError Unauthorized(std::string message);
   static ApiError TooLarge(std::string message);
   static ApiError Saturated(std::string message);
   static ApiError Unavailable(std::string message, std::string code = {});

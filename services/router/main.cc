@@ -9,6 +9,8 @@
 //                  [--ready-file PATH] [--log-level L]
 //                  [--request-endpoint tcp://HOST:PORT] [--request-keepalive-ms N]
 //                  (the ZeroMQ request API, docs/request-api.md)
+//                  [--api-keys-file F] [--max-prompt-tokens N] [--control-curve-secret-key-file F]
+//                  [--control-curve-allowed-clients-file F]
 // --config reads the `router:` section of a YAML file (docs/configuration.md); flags override
 // it. Runs until SIGINT / SIGTERM, then stops cleanly (exit 0).
 #include <cstdio>
@@ -32,7 +34,8 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
                     "decode-policy", "colocated-policy", "heartbeat-interval-ms", "heartbeat-timeout-ms",
                     "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "max-migrations",
                     "stall-timeout-ms", "ready-file", "log-level", "http-threads", "request-endpoint",
-                    "request-keepalive-ms"},
+                    "request-keepalive-ms", "api-keys-file", "max-prompt-tokens", "control-curve-secret-key-file",
+                    "control-curve-allowed-clients-file"},
                    {}));
   RouterConfig c;
   if (auto path = cl.Get("config")) {
@@ -68,6 +71,13 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
   c.http_threads = static_cast<int>(threads);
   c.ready_file = cl.GetOr("ready-file", c.ready_file);
   c.request_endpoint = cl.GetOr("request-endpoint", c.request_endpoint);
+  c.api_keys_file = cl.GetOr("api-keys-file", c.api_keys_file);
+  PDSERVE_ASSIGN_OR_RETURN(int64_t max_prompt, cl.GetInt("max-prompt-tokens", c.max_prompt_tokens));
+  if (max_prompt < 0 || max_prompt > UINT32_MAX) return Status::InvalidArgument("--max-prompt-tokens out of range");
+  c.max_prompt_tokens = static_cast<uint32_t>(max_prompt);
+  c.control_curve_secret_key_file = cl.GetOr("control-curve-secret-key-file", c.control_curve_secret_key_file);
+  c.control_curve_allowed_clients_file =
+      cl.GetOr("control-curve-allowed-clients-file", c.control_curve_allowed_clients_file);
   if (c.routing.mode != "auto" && c.routing.mode != "disaggregated" && c.routing.mode != "colocated")
     return Status::InvalidArgument("--mode must be auto, disaggregated or colocated");
   PDSERVE_RETURN_IF_ERROR(c.Validate());

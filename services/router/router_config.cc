@@ -9,7 +9,9 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
                                        "first_token_timeout_ms", "default_max_tokens", "max_body_bytes",
                                        "max_outstanding_requests", "max_migrations", "stall_timeout_ms", "http_threads",
                                        "compat_hash", "disconnect_poll_ms", "admin_api", "ready_file", "request_endpoint",
-                                       "request_keepalive_ms"}));
+                                       "request_keepalive_ms", "api_keys_file", "auth_exempt_paths", "max_prompt_tokens",
+                                       "retry_after_s", "http_read_timeout_ms", "control_curve_secret_key_file",
+                                       "control_curve_allowed_clients_file"}));
   PDSERVE_RETURN_IF_ERROR(s.Get("host", &c.host));
   int64_t port = c.port;
   PDSERVE_RETURN_IF_ERROR(s.Get("port", &port));
@@ -47,6 +49,13 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.Get("ready_file", &c.ready_file));
   PDSERVE_RETURN_IF_ERROR(s.Get("request_endpoint", &c.request_endpoint));
   PDSERVE_RETURN_IF_ERROR(s.Get("request_keepalive_ms", &c.request_keepalive));
+  PDSERVE_RETURN_IF_ERROR(s.Get("api_keys_file", &c.api_keys_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("auth_exempt_paths", &c.auth_exempt_paths));
+  PDSERVE_RETURN_IF_ERROR(s.Get("max_prompt_tokens", &c.max_prompt_tokens));
+  PDSERVE_RETURN_IF_ERROR(s.Get("retry_after_s", &c.retry_after_s));
+  PDSERVE_RETURN_IF_ERROR(s.Get("http_read_timeout_ms", &c.http_read_timeout));
+  PDSERVE_RETURN_IF_ERROR(s.Get("control_curve_secret_key_file", &c.control_curve_secret_key_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("control_curve_allowed_clients_file", &c.control_curve_allowed_clients_file));
   PDSERVE_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -79,6 +88,12 @@ Status RouterConfig::Validate() const {
     return Status::InvalidArgument("router.request_endpoint must be empty (off), tcp://HOST:PORT or ipc://PATH");
   if (request_keepalive.count() < 10 || request_keepalive.count() > 3600000)
     return Status::InvalidArgument("router.request_keepalive_ms must be in [10, 3600000]");
+  if (http_read_timeout.count() <= 0) return Status::InvalidArgument("router.http_read_timeout_ms must be > 0");
+  for (const auto& p : auth_exempt_paths)
+    if (p.empty() || p[0] != '/') return Status::InvalidArgument("router.auth_exempt_paths entries must start with '/'");
+  if (control_curve_secret_key_file.empty() && !control_curve_allowed_clients_file.empty())
+    return Status::InvalidArgument(
+        "router.control_curve_allowed_clients_file needs router.control_curve_secret_key_file");
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "services/common/yaml_config.h"
@@ -54,6 +55,19 @@ struct RouterConfig {
   // Silence towards a client with requests in flight after which the router probes it (and
   // ZMTP heartbeat interval): a client that is gone is noticed within about this long.
   std::chrono::milliseconds request_keepalive{1000};
+
+  // Hardening (docs/operations.md, "Security").
+  // File of API keys (one a line, '#' comments): when set, every HTTP request but those to
+  // auth_exempt_paths needs `Authorization: Bearer KEY` (else 401). Empty: no authentication.
+  std::string api_keys_file;
+  std::vector<std::string> auth_exempt_paths = {"/health", "/metrics"};
+  uint32_t max_prompt_tokens = 0;     // longer prompts get 400; 0: only the workers' context limit
+  uint32_t retry_after_s = 1;         // Retry-After header of 429 replies
+  std::chrono::milliseconds http_read_timeout{30000};  // a client sending its request slower: dropped
+  // ZeroMQ CURVE on the control socket: the router's secret key file (`pdserve keygen`), and
+  // optionally a file of the worker public keys allowed to connect (empty: any worker key).
+  std::string control_curve_secret_key_file;
+  std::string control_curve_allowed_clients_file;
 
   // Errors: InvalidArgument naming the key.
   static Result<RouterConfig> FromYaml(const services::YamlSection& section);

@@ -31,6 +31,9 @@ router:
   EXPECT_EQ(c->max_migrations, 0u);
   EXPECT_EQ(RouterConfig().max_migrations, 3u);
   EXPECT_EQ(RouterConfig().stall_timeout.count(), 60000);
+  EXPECT_TRUE(c->api_keys_file.empty());  // no authentication unless configured
+  EXPECT_EQ(c->auth_exempt_paths, (std::vector<std::string>{"/health", "/metrics"}));
+  EXPECT_EQ(c->retry_after_s, 1u);
 }
 
 TEST(RouterConfigTest, RequestApi) {
@@ -42,6 +45,32 @@ TEST(RouterConfigTest, RequestApi) {
   auto bad = [](const char* yaml) { return RouterConfig::FromYaml(services::YamlSection::Parse(yaml).value()).status(); };
   EXPECT_NE(bad("request_endpoint: localhost:7100").message().find("router.request_endpoint"), std::string::npos);
   EXPECT_NE(bad("request_keepalive_ms: 0").message().find("router.request_keepalive_ms"), std::string::npos);
+}
+
+TEST(RouterConfigTest, SecurityKeys) {
+  auto root = services::YamlSection::Parse(R"(
+router:
+  api_keys_file: /etc/pdserve/api_keys
+  auth_exempt_paths: [/health]
+  max_prompt_tokens: 4096
+  retry_after_s: 3
+  http_read_timeout_ms: 5000
+  control_curve_secret_key_file: /etc/pdserve/router.secret
+  control_curve_allowed_clients_file: /etc/pdserve/workers.public
+)").value();
+  auto c = RouterConfig::FromYaml(root.Section("router").value());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->api_keys_file, "/etc/pdserve/api_keys");
+  EXPECT_EQ(c->auth_exempt_paths, std::vector<std::string>{"/health"});
+  EXPECT_EQ(c->max_prompt_tokens, 4096u);
+  EXPECT_EQ(c->retry_after_s, 3u);
+  EXPECT_EQ(c->http_read_timeout.count(), 5000);
+  EXPECT_EQ(c->control_curve_secret_key_file, "/etc/pdserve/router.secret");
+  EXPECT_EQ(c->control_curve_allowed_clients_file, "/etc/pdserve/workers.public");
+  auto bad = [](const char* yaml) { return RouterConfig::FromYaml(services::YamlSection::Parse(yaml).value()).status(); };
+  EXPECT_NE(bad("control_curve_allowed_clients_file: /x").message().find("control_curve_secret_key_file"),
+            std::string::npos);
+  EXPECT_FALSE(bad("auth_exempt_paths: [health]").ok());
 }
 
 TEST(RouterConfigTest, Errors) {

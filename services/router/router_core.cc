@@ -47,7 +47,7 @@ Result<std::unique_ptr<RouterCore>> RouterCore::Start(RouterCoreOptions options,
       self->channel_,
       services::ControlChannel::Start(
           co, [self](std::string_view peer, std::string_view payload) { self->OnMessage(peer, payload); },
-          [self](std::chrono::steady_clock::time_point now) { self->OnTick(now); }));
+          [self](std::chrono::steady_clock::time_point now) { self->OnTick(now); }, self->options_.control_curve));
   lock.unlock();
   GetLogger("router")->info("control plane on {} (incarnation {:x})", self->channel_->endpoint(), self->incarnation_);
   return core;

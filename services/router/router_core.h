@@ -66,6 +66,7 @@ struct RouterCoreOptions {
   // A decoding attempt (it produced a token) with no further output for this long is treated
   // as a failure of its worker (a wedged engine behind a live control thread). 0: off.
   std::chrono::milliseconds stall_timeout{60000};
+  services::CurveOptions control_curve;  // CURVE on the control socket (disabled: plain TCP)
 };
 
 struct SubmitSpec {
@@ -115,6 +116,8 @@ class RouterCore {
   Status DrainWorker(const std::string& worker_id, uint32_t timeout_ms);
 
   const std::string& control_endpoint() const { return channel_->endpoint(); }
+  // CURVE handshakes refused by the allowed-clients list (control_channel.h).
+  uint64_t refused_handshakes() const { return channel_->refused_handshakes(); }
   uint64_t incarnation() const { return incarnation_; }
   size_t outstanding() const;
 

@@ -717,6 +717,7 @@ TEST(RouterE2eTest, SaturationTimeoutsAndDrain) {
   auto r = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(2), 2));
   EXPECT_EQ(r.status, 429) << r.body;
   EXPECT_EQ(json::parse(r.body)["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(r.headers["Retry-After"], "1");  // router.retry_after_s
   busy.join();
   // Drain: the worker finishes what it runs, deregisters and exits 0.
   std::thread running([&] {

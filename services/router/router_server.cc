@@ -107,6 +107,21 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   auto log = GetLogger("router");
   std::unique_ptr<RouterServer> s(new RouterServer(std::move(config)));
   const RouterConfig& c = s->config_;
+  // Key files first: a typo fails at once, before the tokenizer loads.
+  if (!c.api_keys_file.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(ApiKeyAuth auth, ApiKeyAuth::LoadFile(c.api_keys_file));
+    log->info("API key authentication on: {} key(s) from '{}'", auth.key_count(), c.api_keys_file);
+    s->auth_.emplace(std::move(auth));
+  }
+  services::CurveOptions control_curve;
+  if (!c.control_curve_secret_key_file.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(control_curve, services::LoadServerCurveOptions(c.control_curve_secret_key_file,
+                                                                             c.control_curve_allowed_clients_file));
+    log->info("control plane: CURVE on ({})", control_curve.allowed_client_keys.empty()
+                                                   ? std::string("any worker key pair")
+                                                   : fmt::format("{} allowed worker key(s)",
+                                                                 control_curve.allowed_client_keys.size()));
+  }
 
   const std::string tok_dir = c.tokenizer_dir.empty() ? tokenizer::DefaultTokenizerDir() : c.tokenizer_dir;
   auto tok = tokenizer::Tokenizer::Load(tok_dir);
@@ -137,6 +152,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   co.max_outstanding_requests = c.max_outstanding_requests;
   co.max_migrations = c.max_migrations;
   co.stall_timeout = c.stall_timeout;
+  co.control_curve = std::move(control_curve);
 
   s->registry_ = std::make_shared<prometheus::Registry>();
   s->metrics_ = std::make_unique<RouterMetrics>(s->registry_);
@@ -147,7 +163,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s->http_->set_payload_max_length(static_cast<size_t>(c.max_body_bytes));
   s->http_->set_tcp_nodelay(true);
-  s->http_->set_read_timeout(std::chrono::seconds(30));
+  s->http_->set_read_timeout(c.http_read_timeout);
   s->http_->set_write_timeout(std::chrono::seconds(30));
   s->InstallRoutes();
   if (c.port == 0) {
@@ -192,11 +208,29 @@ std::string RouterServer::request_endpoint() const { return request_api_ ? reque
 void RouterServer::ReplyError(httplib::Response& res, const ApiError& error, bool count) {
   res.status = error.http_status;
   res.set_content(error.Body(), "application/json");
+  if (error.http_status == 429) res.set_header("Retry-After", std::to_string(config_.retry_after_s));
   if (count) metrics_->CountRequest(OutcomeFor(error.http_status));
+}
+
+bool RouterServer::Authorize(const httplib::Request& req, httplib::Response& res) {
+  if (!auth_) return true;
+  for (const auto& open : config_.auth_exempt_paths)
+    if (req.path == open) return true;
+  const auto verdict = auth_->Check(req.get_header_value("Authorization"));
+  if (verdict == ApiKeyAuth::Verdict::kAllowed) return true;
+  res.set_header("WWW-Authenticate", "Bearer");
+  ReplyError(res, ApiError::Unauthorized(verdict == ApiKeyAuth::Verdict::kMissing
+                                             ? "Missing API key: send the header 'Authorization: Bearer KEY'"
+                                             : "Incorrect API key provided"));
+  return false;
 }
 
 void RouterServer::InstallRoutes() {
   httplib::Server& h = *http_;
+  h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return Authorize(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                               : httplib::Server::HandlerResponse::Handled;
+  });
   h.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(ApiEndpoint::kCompletions, req, res);
   });
@@ -323,6 +357,11 @@ void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& 
     prompt = std::move(pr.prompt_ids);
   }
   if (prompt.empty()) return ReplyError(res, ApiError::BadRequest("the prompt is empty", prompt_param));
+  if (config_.max_prompt_tokens != 0 && prompt.size() > config_.max_prompt_tokens)
+    return ReplyError(res, ApiError::BadRequest(fmt::format("the prompt has {} tokens, more than this server's limit "
+                                                            "of {} (router.max_prompt_tokens)",
+                                                            prompt.size(), config_.max_prompt_tokens),
+                                                prompt_param, "context_length_exceeded"));
 
   SubmitSpec spec;
   spec.tag = tag;

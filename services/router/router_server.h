@@ -11,6 +11,9 @@
 //   GET  /admin/workers, POST /admin/drain {"worker_id": ..., "timeout_ms": ...}
 //   GET  /v1/workers                             workers_view.h (with router.admin_api)
 // With router.request_endpoint it also serves the ZeroMQ request API (request_api_server.h).
+// With router.api_keys_file every path but router.auth_exempt_paths needs
+// `Authorization: Bearer KEY` (401 invalid_api_key otherwise, checked before routing). Every 429
+// carries Retry-After (router.retry_after_s).
 //
 // A generation request: parse and validate, apply the chat template, tokenize, Submit to
 // RouterCore (routing + dispatch), then wait for the first token or the first error before
@@ -35,6 +38,7 @@
 #include <prometheus/registry.h>
 
 #include "common/status.h"
+#include "services/router/api_auth.h"
 #include "services/router/router_config.h"
 #include "services/router/router_core.h"
 #include "services/router/router_metrics.h"
@@ -79,10 +83,13 @@ class RouterServer {
   void HandleModels(httplib::Response& res);
   void HandleDrain(const httplib::Request& req, httplib::Response& res);
   void ReplyError(httplib::Response& res, const ApiError& error, bool count = true);
+  // True when the request may go on; else the 401 is in `res`.
+  bool Authorize(const httplib::Request& req, httplib::Response& res);
 
   const RouterConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::optional<tokenizer::ChatTemplate> chat_template_;
+  std::optional<ApiKeyAuth> auth_;  // set when router.api_keys_file is
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RouterCore> core_;

@@ -15,7 +15,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
                                        "kv_cache_gib", "block_tokens", "max_seqs", "metrics_host", "metrics_port",
                                        "ready_file", "drain_timeout_ms", "register_retry_ms", "ucx_tls",
                                        "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
-                                       "log_level"}));
+                                       "log_level", "curve_secret_key_file", "router_public_key_file"}));
   int64_t threads = c->threads, port = c->metrics_port;
   PDSERVE_RETURN_IF_ERROR(w.Get("role", role));
   PDSERVE_RETURN_IF_ERROR(w.Get("router", &c->router));
@@ -37,6 +37,8 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_transfer_timeout_ms", &c->kv_transfer_timeout));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_stream_layers", &c->kv_stream_layers));
   PDSERVE_RETURN_IF_ERROR(w.Get("log_level", &c->log_level));
+  PDSERVE_RETURN_IF_ERROR(w.Get("curve_secret_key_file", &c->curve_secret_key_file));
+  PDSERVE_RETURN_IF_ERROR(w.Get("router_public_key_file", &c->router_public_key_file));
   c->threads = static_cast<int>(threads);
   c->metrics_port = static_cast<int>(port);
   return Status::Ok();
@@ -52,7 +54,7 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
                           "block-tokens", "max-seqs", "metrics-host", "metrics-port", "ready-file", "drain-timeout-ms",
                           "register-retry-ms", "ucx-tls", "ucx-net-devices", "kv-lease-ms",
                           "kv-transfer-timeout-ms", "kv-stream-layers", "log-level", "test-fail-prefill-at-layer",
-                           "test-tear-kv-writes"},
+                           "test-tear-kv-writes", "curve-secret-key-file", "router-public-key-file"},
                          {}));
   WorkerServiceConfig c;
   std::string role = fixed_role ? WorkerRoleName(*fixed_role) : "colocated";
@@ -71,6 +73,8 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   c.ucx_tls = cl.GetOr("ucx-tls", c.ucx_tls);
   c.ucx_net_devices = cl.GetOr("ucx-net-devices", c.ucx_net_devices);
   c.log_level = cl.GetOr("log-level", c.log_level);
+  c.curve_secret_key_file = cl.GetOr("curve-secret-key-file", c.curve_secret_key_file);
+  c.router_public_key_file = cl.GetOr("router-public-key-file", c.router_public_key_file);
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, cl.GetInt("threads", c.threads));
   PDSERVE_ASSIGN_OR_RETURN(c.kv_cache_gib, cl.GetDouble("kv-gib", c.kv_cache_gib));
   PDSERVE_ASSIGN_OR_RETURN(c.block_tokens, cl.GetInt("block-tokens", c.block_tokens));
@@ -95,6 +99,8 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   c.register_retry = std::chrono::milliseconds(std::max<int64_t>(1, retry));
   c.kv_lease = std::chrono::milliseconds(lease);
   c.kv_transfer_timeout = std::chrono::milliseconds(xfer);
+  if (c.curve_secret_key_file.empty() != c.router_public_key_file.empty())
+    return Status::InvalidArgument("CURVE needs both --curve-secret-key-file and --router-public-key-file");
   if (c.model_dir.empty()) return Status::InvalidArgument("--model (or worker.model_dir) is required");
   if (c.threads < 0 || c.kv_cache_gib <= 0 || c.block_tokens <= 0 || c.max_seqs < 0 || port < 0 || port > 65535 ||
       drain < 0 || lease <= 0 || xfer <= 0)

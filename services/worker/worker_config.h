@@ -49,6 +49,10 @@ struct WorkerServiceConfig {
   // each silently lose their last write, so the decode side receives KV that does not match
   // the digest the completion notice carries (a transfer corrupted in flight).
   int64_t test_tear_kv_writes = 0;
+  // CURVE on the control plane (docs/operations.md, "Security"): this worker's secret key file
+  // and the router's public key file; both or neither.
+  std::string curve_secret_key_file;
+  std::string router_public_key_file;
 };
 
 // Parses argv (flags as in docs/services.md). `fixed_role` is the role of a role-named binary

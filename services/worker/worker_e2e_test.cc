@@ -61,6 +61,36 @@ TEST(WorkerE2eTest, ColocatedMatchesSingleProcessGreedy) {
   EXPECT_TRUE(w.NoBlocksUsed("c0", 5s));
 }
 
+// CURVE on the control plane with an engine worker: keys from `pdserve keygen`, the router's
+// allow-list holding the worker's key. A worker whose key file is missing stops at once (before
+// loading the model) naming the file.
+TEST(WorkerE2eTest, ColocatedWorkerOverCurve) {
+  TestCluster c("worker-curve");
+  const std::string keys = c.dir() + "/keys";
+  const std::string keygen = kBin + "/pdserve keygen --out " + keys + " --name router --name c0 > " + keys + ".log 2>&1";
+  ASSERT_EQ(std::system(keygen.c_str()), 0) << keygen;
+  ASSERT_OK_W(c.StartRouter({"--control-curve-secret-key-file", keys + "/router.secret",
+                             "--control-curve-allowed-clients-file", keys + "/c0.public"}),
+              Workers(&c));
+  Workers w(&c);
+  const std::vector<std::string> curve = {"--curve-secret-key-file", keys + "/c0.secret", "--router-public-key-file",
+                                          keys + "/router.public"};
+  ASSERT_OK_W(w.Start("c0", "colocated", curve), w);
+  ASSERT_TRUE(c.WaitForWorkers(1, 30s)) << w.Logs();
+  const auto p = Prompt(4);
+  auto r = HttpPost(c.http_port(), "/v1/completions", Body(p, 6, false), 60s);
+  ASSERT_EQ(r.status, 200) << r.body << w.Logs();
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"].get<std::string>(), Text(Reference(p, 6)));
+
+  auto bad = ChildProcess::Spawn({kBin + "/pdserve-colocated", "--router", c.control_endpoint(), "--worker-id", "c1",
+                                  "--model", ModelDir(), "--curve-secret-key-file", keys + "/c1.secret",
+                                  "--router-public-key-file", keys + "/router.public"},
+                                 c.dir() + "/c1.log");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ((*bad)->WaitExit(10s), std::optional<int>(2)) << (*bad)->Log();
+  EXPECT_NE((*bad)->Log().find(keys + "/c1.secret"), std::string::npos) << (*bad)->Log();
+}
+
 TEST(WorkerE2eTest, DisaggregatedThirtyTwoStreamsMatchGreedy) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("worker-pd");

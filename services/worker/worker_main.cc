@@ -28,6 +28,13 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
     const WorkerServiceConfig& c = config.value();
     if (!c.log_level.empty()) SetLogLevel(c.log_level);
     auto log = GetLogger("worker");
+    // Key files are checked before the model loads: a typo fails in milliseconds.
+    CurveOptions curve;
+    if (!c.curve_secret_key_file.empty()) {
+      auto loaded = LoadClientCurveOptions(c.curve_secret_key_file, c.router_public_key_file);
+      if (!loaded.ok()) return fail(loaded.status());
+      curve = std::move(loaded).value();
+    }
 
     auto registry = std::make_shared<prometheus::Registry>();
     auto exposer = MetricsExposer::Start(c.metrics_host + ":" + std::to_string(c.metrics_port), registry);
@@ -47,6 +54,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
     ao.capacity = w->Capacity();
     ao.register_retry = c.register_retry;
     ao.metrics_registry = registry;
+    ao.curve = std::move(curve);
     auto agent = WorkerAgent::Start(ao, w);
     if (!agent.ok()) return fail(agent.status());
     WorkerAgent* a = agent.value().get();
