@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -33,6 +34,8 @@ using testing::HttpPostSse;
 using testing::SseReply;
 using testing::WaitFor;
 using namespace e2e;  // NOLINT: the shared e2e helpers
+
+const std::string kBin = PDSERVE_BIN_DIR;
 
 TEST(WorkerE2eTest, ColocatedMatchesSingleProcessGreedy) {
   TestCluster c("worker-colocated");
