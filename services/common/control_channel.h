@@ -79,6 +79,10 @@ class ControlChannel {
   const std::string& endpoint() const { return endpoint_; }
   uint64_t dropped_messages() const { return dropped_.load(std::memory_order_relaxed); }
   uint64_t received_messages() const { return received_.load(std::memory_order_relaxed); }
+  // Owner thread only (handlers): whether the last receive pass handled every message that had
+  // reached the socket (false: the bounded batch stopped with more waiting). Silence timeouts
+  // must not fire while the peer's messages may sit unread in our own backlog.
+  bool caught_up() const { return caught_up_; }
 
  private:
   ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick);
@@ -94,6 +98,7 @@ class ControlChannel {
   std::deque<std::pair<std::string, std::string>> outbox_;
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> received_{0};
+  bool caught_up_ = true;  // owner thread
 
   std::jthread thread_;  // last: joined before the members it uses go away
 };
