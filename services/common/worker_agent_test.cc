@@ -3,6 +3,7 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -120,6 +121,34 @@ JobMsg Job(uint64_t id, size_t prompt_len = 3) {
   j.prompt.assign(prompt_len, 1);
   j.sampling.max_tokens = 4;
   return j;
+}
+
+// The agent's own stall is not the router's silence: a handler call that holds the agent's
+// thread for almost 4x the router timeout (a slow engine call on a starved CPU) must not make
+// the agent declare the router lost, abort its jobs and register again once it resumes: its
+// next tick comes with the batch cut short (a tick was due), heartbeats out, and the timeout
+// waits until it read what arrived meanwhile. (Before liveness was judged on what the listener
+// heard while listening, the tick right after the stall declared the router lost.)
+TEST(WorkerAgentTest, OwnStallIsNotRouterSilence) {
+  FakeRouter router("tcp://127.0.0.1:*");
+  class SlowStart : public RecordingHandler {
+   public:
+    Status StartJob(const JobMsg& job) override {
+      std::this_thread::sleep_for(1500ms);
+      return RecordingHandler::StartJob(job);
+    }
+  } handler;
+  auto agent = WorkerAgent::Start(Options(router.endpoint()), &handler);  // router timeout 400 ms
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registered(); }, 5s));
+  router.Send(Job(9));
+  ASSERT_TRUE(WaitFor([&] { return handler.Started().size() == 1; }, 5s));
+  const size_t heartbeats = router.Received<HeartbeatMsg>().size();
+  ASSERT_TRUE(WaitFor([&] { return router.Received<HeartbeatMsg>().size() >= heartbeats + 4; }, 5s));
+  EXPECT_TRUE(handler.Aborted().empty());
+  EXPECT_EQ((*agent)->registrations(), 1u);
+  EXPECT_EQ((*agent)->live_jobs(), 1u);
+  EXPECT_TRUE((*agent)->registered());
 }
 
 TEST(WorkerAgentTest, RegistersHeartbeatsAndRunsJobs) {
