@@ -270,8 +270,19 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
                     refused->second, refused->first);
       }
     }
-    // Bounded batch so timers still run under a flood of messages.
-    for (int i = 0; i < 1024 && ReceiveFrames(socket.sock, &frames); ++i) {
+    // A batch bounded in count and in time (it ends once a tick is due), so that under a flood
+    // of messages, or with slow handlers on a starved CPU, timers (heartbeats) still run and
+    // queued sends still leave every tick interval. caught_up_ tells the tick whether messages
+    // were left waiting.
+    caught_up_ = false;
+    const auto batch_start = std::chrono::steady_clock::now();
+    int handled = 0;
+    for (; handled < 1024; ++handled) {
+      if (handled > 0 && std::chrono::steady_clock::now() >= next_tick) break;
+      if (!ReceiveFrames(socket.sock, &frames)) {
+        caught_up_ = true;
+        break;
+      }
       received_.fetch_add(1, std::memory_order_relaxed);
       if (is_router) {
         if (frames.size() != 2) {
@@ -287,6 +298,9 @@ void ControlChannel::Run(std::stop_token stop, std::function<void(Status, std::s
         on_message_(std::string_view(), frames[0]);
       }
     }
+    if (const auto took = std::chrono::steady_clock::now() - batch_start; took > std::chrono::seconds(1))
+      log->warn("{}: handling {} messages took {} ms (a slow handler or a starved thread)", options_.name, handled,
+                std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
     if (options_.on_wake) options_.on_wake();
     if (on_tick_ && std::chrono::steady_clock::now() >= next_tick) {
       on_tick_(std::chrono::steady_clock::now());

@@ -91,6 +91,10 @@ class ControlChannel {
   uint64_t received_messages() const { return received_.load(std::memory_order_relaxed); }
   // ROUTER with an allowed-clients list: CURVE handshakes refused by the ZAP handler.
   uint64_t refused_handshakes() const { return refused_.load(std::memory_order_relaxed); }
+  // Owner thread only (handlers): whether the last receive pass handled every message that had
+  // reached the socket (false: the bounded batch stopped with more waiting). Silence timeouts
+  // must not fire while the peer's messages may sit unread in our own backlog.
+  bool caught_up() const { return caught_up_; }
 
  private:
   ControlChannel(ControlChannelOptions options, MessageHandler on_message, TickHandler on_tick, CurveOptions curve);
@@ -108,6 +112,7 @@ class ControlChannel {
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> refused_{0};
+  bool caught_up_ = true;  // owner thread
 
   std::jthread thread_;  // last: joined before the members it uses go away
 };

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -71,6 +72,73 @@ TEST(ControlChannelTest, RouterAndDealerExchangeInOrder) {
   const uint64_t dropped = (*router)->dropped_messages();
   (*router)->Send("no-such-peer", "x");
   EXPECT_TRUE(WaitFor([&] { return (*router)->dropped_messages() == dropped + 1; }, 5s));
+}
+
+// A flood of messages with slow handlers (a starved control thread) must not hold back the
+// owner's timers or its sends: the batch ends once a tick is due, the tick learns that messages
+// are still waiting (caught_up() false: no silence timeout may fire), and a reply queued while
+// handling the first message leaves within a tick, not after the whole backlog. (Before the
+// batch was bounded in time, 500 messages of 3 ms each held ticks and sends for 1.5 s.)
+TEST(ControlChannelTest, SlowFloodStillTicksAndSends) {
+  using Clock = std::chrono::steady_clock;
+  std::atomic<ControlChannel*> router_ptr{nullptr};
+  std::mutex mu;
+  std::vector<Clock::time_point> ticks;
+  std::vector<bool> caught_up;
+  std::atomic<int> handled{0};
+  std::atomic<int64_t> first_handled_ns{0};
+  auto router = ControlChannel::Start(
+      {ControlChannelOptions::Kind::kRouterBind, "tcp://127.0.0.1:*", 50ms, "r"},
+      [&](std::string_view peer, std::string_view m) {
+        if (m == "hello") return;
+        if (handled++ == 0) {
+          first_handled_ns = Clock::now().time_since_epoch().count();
+          router_ptr.load()->Send(std::string(peer), "ack");
+        }
+        std::this_thread::sleep_for(3ms);
+      },
+      [&](Clock::time_point now) {
+        ControlChannel* r = router_ptr.load();
+        if (!r) return;
+        std::lock_guard<std::mutex> l(mu);
+        ticks.push_back(now);
+        caught_up.push_back(r->caught_up());
+      });
+  ASSERT_TRUE(router.ok()) << router.status().ToString();
+  router_ptr = router->get();
+  std::atomic<int64_t> ack_ns{0};
+  Inbox probe;
+  auto dealer = ControlChannel::Start({ControlChannelOptions::Kind::kDealerConnect, (*router)->endpoint(), 10ms, "d"},
+                                      [&](std::string_view, std::string_view m) {
+                                        if (m == "ack") ack_ns = Clock::now().time_since_epoch().count();
+                                      });
+  ASSERT_TRUE(dealer.ok());
+  ASSERT_TRUE(WaitFor([&] {
+    (*dealer)->Send("", "hello");
+    return (*router)->received_messages() > 0;
+  }, 5s, 50ms));
+  constexpr int kFlood = 500;
+  for (int i = 0; i < kFlood; ++i) (*dealer)->Send("", "m" + std::to_string(i));
+  ASSERT_TRUE(WaitFor([&] { return handled.load() == kFlood; }, 20s));
+  const auto flood_end = Clock::now();
+  ASSERT_TRUE(WaitFor([&] { return ack_ns.load() != 0; }, 5s));
+  EXPECT_LT(std::chrono::nanoseconds(ack_ns.load() - first_handled_ns.load()), 700ms);
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> l(mu);
+    return !ticks.empty() && ticks.back() > flood_end;
+  }, 5s));
+  std::lock_guard<std::mutex> l(mu);
+  const auto first_ns = Clock::time_point(Clock::duration(first_handled_ns.load()));
+  Clock::duration widest{0};
+  bool saw_backlog = false;
+  for (size_t i = 1; i < ticks.size(); ++i) {
+    if (ticks[i] <= first_ns || ticks[i - 1] >= flood_end) continue;
+    widest = std::max(widest, ticks[i] - ticks[i - 1]);
+    saw_backlog = saw_backlog || !caught_up[i];
+  }
+  EXPECT_LT(widest, 700ms) << "ticks were held back by the backlog";
+  EXPECT_TRUE(saw_backlog) << "ticks during the flood must see the backlog";
+  EXPECT_TRUE(caught_up.back());
 }
 
 TEST(ControlChannelTest, BindingABusyPortFails) {

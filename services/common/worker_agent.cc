@@ -1,5 +1,6 @@
 #include "services/common/worker_agent.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/logging.h"
@@ -220,10 +221,14 @@ void WorkerAgent::SendHeartbeat() {
 }
 
 void WorkerAgent::OnTick(Clock::time_point now) {
+  bool caught_up;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!channel_) return;
+    caught_up = channel_->caught_up();
   }
+  const auto stalled = listening_.Tick(now);
+  last_router_contact_ = std::min(last_router_contact_ + stalled, std::max(last_router_contact_, now));
   auto log = GetLogger("worker");
   bool start_drain = false;
   {
@@ -254,7 +259,8 @@ void WorkerAgent::OnTick(Clock::time_point now) {
       break;
     case State::kRegistered:
     case State::kDraining:
-      if (now - last_router_contact_ > router_timeout_) {
+      // Not while router messages wait unread in our own backlog (an ack may be among them).
+      if (caught_up && now - last_router_contact_ > router_timeout_) {
         log->warn("worker {}: no answer from router {} for {} ms: registering again", options_.worker_id,
                   options_.router_address, router_timeout_.count());
         if (metrics_) metrics_->router_lost.Increment();

@@ -37,6 +37,7 @@
 #include "common/status.h"
 #include "services/common/control_channel.h"
 #include "services/common/control_messages.h"
+#include "services/common/listening_clock.h"
 #include "services/common/worker_metrics.h"
 
 namespace pdserve::services {
@@ -168,6 +169,8 @@ class WorkerAgent {
   std::chrono::steady_clock::time_point next_register_{};
   std::chrono::steady_clock::time_point next_heartbeat_{};
   std::chrono::steady_clock::time_point last_router_contact_{};
+  // This thread's own stalls are not the router's silence (listening_clock.h).
+  ListeningClock listening_{std::chrono::milliseconds(250)};
   std::chrono::steady_clock::time_point drain_deadline_{};
   bool drain_aborted_ = false;
   uint64_t heartbeat_seq_ = 0;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -20,7 +21,8 @@ using testing::WaitFor;
 // heartbeats and records everything else.
 class FakeRouter {
  public:
-  explicit FakeRouter(const std::string& endpoint, uint64_t incarnation = 1) : incarnation_(incarnation) {
+  explicit FakeRouter(const std::string& endpoint, uint64_t incarnation = 1, uint32_t timeout_ms = 400)
+      : incarnation_(incarnation), timeout_ms_(timeout_ms) {
     auto ch = ControlChannel::Start({ControlChannelOptions::Kind::kRouterBind, endpoint, 10ms, "fake-router"},
                                     [this](std::string_view peer, std::string_view payload) { OnMessage(peer, payload); });
     EXPECT_TRUE(ch.ok()) << ch.status().ToString();
@@ -60,7 +62,7 @@ class FakeRouter {
     std::string reply;
     if (std::holds_alternative<RegisterMsg>(m.value())) {
       reply = refuse ? EncodeControlMessage(RegisterRefuseMsg{StatusCode::kFailedPrecondition, "no"}).value()
-                     : EncodeControlMessage(RegisterAckMsg{incarnation_, 50, 400}).value();
+                     : EncodeControlMessage(RegisterAckMsg{incarnation_, 50, timeout_ms_}).value();
     } else if (auto* hb = std::get_if<HeartbeatMsg>(&m.value())) {
       const bool forget = forget_once.exchange(false);
       reply = EncodeControlMessage(HeartbeatAckMsg{hb->seq, known.load() && !forget, incarnation_}).value();
@@ -69,6 +71,7 @@ class FakeRouter {
   }
 
   const uint64_t incarnation_;
+  const uint32_t timeout_ms_;
   std::mutex mu_;
   std::string peer_;
   std::vector<ControlMessage> received_;
@@ -120,6 +123,34 @@ JobMsg Job(uint64_t id, size_t prompt_len = 3) {
   j.prompt.assign(prompt_len, 1);
   j.sampling.max_tokens = 4;
   return j;
+}
+
+// The agent's own stall is not the router's silence: a handler call that holds the agent's
+// thread for 3x the router timeout (a slow engine call on a starved CPU) must not make
+// the agent declare the router lost, abort its jobs and register again once it resumes: its
+// next tick comes with the batch cut short (a tick was due), heartbeats out, and the timeout
+// waits until it read what arrived meanwhile. (Before liveness was judged on what the listener
+// heard while listening, the tick right after the stall declared the router lost.)
+TEST(WorkerAgentTest, OwnStallIsNotRouterSilence) {
+  FakeRouter router("tcp://127.0.0.1:*", 1, 1000);  // router timeout 1 s: margin on a loaded machine
+  class SlowStart : public RecordingHandler {
+   public:
+    Status StartJob(const JobMsg& job) override {
+      std::this_thread::sleep_for(3000ms);
+      return RecordingHandler::StartJob(job);
+    }
+  } handler;
+  auto agent = WorkerAgent::Start(Options(router.endpoint()), &handler);
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registered(); }, 5s));
+  router.Send(Job(9));
+  ASSERT_TRUE(WaitFor([&] { return handler.Started().size() == 1; }, 10s));
+  const size_t heartbeats = router.Received<HeartbeatMsg>().size();
+  ASSERT_TRUE(WaitFor([&] { return router.Received<HeartbeatMsg>().size() >= heartbeats + 4; }, 5s));
+  EXPECT_TRUE(handler.Aborted().empty());
+  EXPECT_EQ((*agent)->registrations(), 1u);
+  EXPECT_EQ((*agent)->live_jobs(), 1u);
+  EXPECT_TRUE((*agent)->registered());
 }
 
 TEST(WorkerAgentTest, RegistersHeartbeatsAndRunsJobs) {

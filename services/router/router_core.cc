@@ -503,7 +503,17 @@ void RouterCore::MigrateStalledLocked(std::chrono::steady_clock::time_point now)
 
 void RouterCore::OnTick(std::chrono::steady_clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const WorkerEntry& gone : registry_.Expire(now)) WorkerGoneLocked(gone, "timeout");
+  // Liveness is judged on the workers' messages, not on this thread's lag: time this thread
+  // did not run (a stalled or starved router) is not the workers' silence, and while messages
+  // wait unread in the channel a worker's heartbeat may be among them.
+  if (const auto stalled = listening_.Tick(now); stalled > std::chrono::milliseconds(0)) {
+    registry_.Forgive(stalled, now);
+    if (stalled > options_.heartbeat_interval)
+      GetLogger("router")->warn("the control thread was stalled for {} ms; not counted against the workers",
+                                std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count());
+  }
+  if (channel_ && channel_->caught_up())
+    for (const WorkerEntry& gone : registry_.Expire(now)) WorkerGoneLocked(gone, "timeout");
   MigrateStalledLocked(now);
   for (auto role : {WorkerRole::kPrefill, WorkerRole::kDecode, WorkerRole::kColocated})
     metrics_->SetWorkers(role, registry_.ReadyCount(role), registry_.DrainingCount(role));

@@ -40,6 +40,7 @@
 #include "common/status.h"
 #include "services/common/control_channel.h"
 #include "services/common/control_messages.h"
+#include "services/common/listening_clock.h"
 #include "services/router/active_request.h"
 #include "services/router/router_metrics.h"
 #include "services/router/routing_policy.h"
@@ -189,6 +190,7 @@ class RouterCore {
   std::unordered_map<uint64_t, uint64_t> job_of_request_;  // ActiveRequest id -> current job id
   uint64_t next_request_id_;
   uint64_t cursor_prefill_ = 0, cursor_decode_ = 0, cursor_colocated_ = 0;
+  services::ListeningClock listening_{std::chrono::milliseconds(250)};  // OnTick only
 
   std::unique_ptr<services::ControlChannel> channel_;  // last: stopped before the rest
 };

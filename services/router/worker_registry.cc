@@ -1,5 +1,7 @@
 #include "services/router/worker_registry.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace pdserve::router {
@@ -106,6 +108,10 @@ std::optional<WorkerEntry> WorkerRegistry::Remove(const std::string& peer) {
   by_peer_.erase(it);
   if (auto id = peer_by_id_.find(out.id); id != peer_by_id_.end() && id->second == peer) peer_by_id_.erase(id);
   return out;
+}
+
+void WorkerRegistry::Forgive(Clock::duration stalled, Clock::time_point now) {
+  for (auto& [peer, e] : by_peer_) e->last_seen = std::min(e->last_seen + stalled, std::max(e->last_seen, now));
 }
 
 std::vector<WorkerEntry> WorkerRegistry::Expire(Clock::time_point now) {

@@ -79,6 +79,9 @@ class WorkerRegistry {
   bool Heartbeat(const std::string& peer, const services::HeartbeatMsg& msg, Clock::time_point now);
   bool Touch(const std::string& peer, Clock::time_point now);
   std::optional<WorkerEntry> Remove(const std::string& peer);
+  // Moves every worker's last-heard time forward by `stalled` (at most to `now`): the router's
+  // own stall does not count as the workers' silence (services/common/listening_clock.h).
+  void Forgive(Clock::duration stalled, Clock::time_point now);
   // Removes and returns every worker silent for longer than the heartbeat timeout.
   std::vector<WorkerEntry> Expire(Clock::time_point now);
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "services/common/listening_clock.h"
+
 namespace pdserve::router {
 namespace {
 
@@ -81,6 +83,28 @@ TEST(WorkerRegistryTest, HeartbeatsAndExpiry) {
   reg.Heartbeat("a", hb, t0 + 1600ms);
   EXPECT_EQ(reg.ReadyCount(WorkerRole::kColocated), 0u);
   EXPECT_EQ(reg.DrainingCount(WorkerRole::kColocated), 1u);
+}
+
+// The router's own stall (ListeningClock) is forgiven: silence is counted only in time the
+// router was listening.
+TEST(WorkerRegistryTest, RouterStallIsNotWorkerSilence) {
+  WorkerRegistry reg({"m", 0, 1000ms});
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(reg.Register("p", Reg("c", WorkerRole::kColocated), t0).refusal.ok());
+  services::ListeningClock listening(250ms);
+  EXPECT_EQ(listening.Tick(t0), Clock::duration(0));
+  EXPECT_EQ(listening.Tick(t0 + 200ms), Clock::duration(0));  // on time
+  // The router's thread did not run for 3 s: 2.75 s of it were not listening.
+  const auto t1 = t0 + 3200ms;
+  const auto stalled = listening.Tick(t1);
+  EXPECT_EQ(stalled, Clock::duration(2750ms));
+  reg.Forgive(stalled, t1);
+  EXPECT_TRUE(reg.Expire(t1).empty());          // heard 450 ms of listening ago
+  EXPECT_EQ(reg.Expire(t1 + 600ms).size(), 1u);  // silent 1.05 s while listening: gone
+  // Forgiveness never moves a worker into the future.
+  ASSERT_TRUE(reg.Register("q", Reg("d", WorkerRole::kColocated), t1).refusal.ok());
+  reg.Forgive(10s, t1);
+  EXPECT_EQ(reg.FindByPeer("q")->last_seen, t1);
 }
 
 TEST(WorkerRegistryTest, ChooseResolvesMaxTokensAndContext) {
