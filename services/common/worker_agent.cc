@@ -179,7 +179,7 @@ void WorkerAgent::RejectJob(uint64_t request_id, const Status& status) {
   Send(std::move(ev));
 }
 
-void WorkerAgent::AbortAll(std::string_view reason) {
+std::vector<uint64_t> WorkerAgent::AbortAll(std::string_view reason) {
   std::vector<uint64_t> ids;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -187,10 +187,11 @@ void WorkerAgent::AbortAll(std::string_view reason) {
     live_.clear();
   }
   cv_.notify_all();
-  if (ids.empty()) return;
+  if (ids.empty()) return ids;
   GetLogger("worker")->warn("worker {}: aborting {} live jobs: {}", options_.worker_id, ids.size(), reason);
   for (uint64_t id : ids) handler_->AbortJob(id, reason);
   if (metrics_) metrics_->jobs_aborted.Increment(static_cast<double>(ids.size()));
+  return ids;
 }
 
 void WorkerAgent::SendRegister() {
@@ -264,7 +265,9 @@ void WorkerAgent::OnTick(Clock::time_point now) {
         log->warn("worker {}: no answer from router {} for {} ms: registering again", options_.worker_id,
                   options_.router_address, router_timeout_.count());
         if (metrics_) metrics_->router_lost.Increment();
-        AbortAll("router lost");
+        std::vector<uint64_t> dropped = AbortAll("router lost");
+        dropped_while_lost_.insert(dropped_while_lost_.end(), dropped.begin(), dropped.end());
+        incarnation_when_lost_ = router_incarnation();
         if (state() == State::kDraining) {
           SetState(State::kDeregistered);
         } else {
@@ -364,6 +367,21 @@ void WorkerAgent::OnMessage(std::string_view payload) {
     next_heartbeat_ = now;
     log->info("worker {} registered with router {} (incarnation {:x}, heartbeat {} ms)", options_.worker_id,
               options_.router_address, ack->router_incarnation, heartbeat_interval_.count());
+    // The same router instance may still route the jobs we dropped to us: tell it they are gone.
+    // (A restarted router never knew them.)
+    if (ack->router_incarnation == incarnation_when_lost_) {
+      for (uint64_t id : dropped_while_lost_) {
+        TokenEventMsg gone;
+        gone.request_id = id;
+        gone.finish = FinishReason::kError;
+        gone.error = Status::Unavailable("worker " + options_.worker_id + " lost the router and dropped this job");
+        Send(std::move(gone));
+      }
+      if (!dropped_while_lost_.empty())
+        log->warn("worker {}: told the router about {} jobs dropped while it was unreachable", options_.worker_id,
+                  dropped_while_lost_.size());
+    }
+    dropped_while_lost_.clear();
   } else if (auto* refuse = std::get_if<RegisterRefuseMsg>(&msg)) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -141,7 +141,8 @@ class WorkerAgent {
   void SendRegister();
   void SendHeartbeat();
   // Aborts every live job and forgets it (its events are dropped from now on).
-  void AbortAll(std::string_view reason);
+  // Aborts every live job in the handler; returns their ids.
+  std::vector<uint64_t> AbortAll(std::string_view reason);
   void MaybeFinishDrain(std::chrono::steady_clock::time_point now);
   void Send(const ControlMessage& message);
   void SetState(State s);
@@ -177,6 +178,11 @@ class WorkerAgent {
   // Heartbeats numbered below this were sent before the current registration: their acks
   // describe a registration that no longer exists and are ignored.
   uint64_t first_seq_of_registration_ = 1;
+  // Jobs dropped when this worker gave the router up for lost. The router may still believe
+  // they run here (it did not time us out): once registered again, each gets an error event,
+  // so the router moves or fails it at once instead of waiting for its stall timeout.
+  std::vector<uint64_t> dropped_while_lost_;
+  uint64_t incarnation_when_lost_ = 0;
 
   std::unique_ptr<ControlChannel> channel_;  // last: its thread stops before the rest goes
 };

@@ -48,6 +48,7 @@ class FakeRouter {
   }
   std::atomic<bool> known{true};
   std::atomic<bool> forget_once{false};  // the next heartbeat ack (only) says "unknown worker"
+  std::atomic<bool> silent{false};       // records but answers nothing (a network cut)
   std::atomic<bool> refuse{false};
 
  private:
@@ -67,7 +68,7 @@ class FakeRouter {
       const bool forget = forget_once.exchange(false);
       reply = EncodeControlMessage(HeartbeatAckMsg{hb->seq, known.load() && !forget, incarnation_}).value();
     }
-    if (!reply.empty()) channel_->Send(std::string(peer), reply);
+    if (!reply.empty() && !silent) channel_->Send(std::string(peer), reply);
   }
 
   const uint64_t incarnation_;
@@ -232,6 +233,30 @@ TEST(WorkerAgentTest, ForgottenWorkerRegistersAgainAndAbortsItsJobs) {
   router.Send(Job(6));
   ASSERT_TRUE(WaitFor([&] { return handler.Started().size() == 2; }, 5s));
   for (const auto& ev : router.Received<TokenEventMsg>()) EXPECT_NE(ev.request_id, 5u);
+}
+
+// The worker loses the router (no answer past its timeout) while the router still routes a job
+// to it: once registered again it reports the dropped job as failed, so the router does not
+// wait for output that will never come.
+TEST(WorkerAgentTest, JobsDroppedWhileTheRouterWasUnreachableAreReportedOnReturn) {
+  FakeRouter router("tcp://127.0.0.1:*");
+  RecordingHandler handler;
+  auto agent = WorkerAgent::Start(Options(router.endpoint()), &handler);
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registered(); }, 5s));
+  router.Send(Job(5));
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->live_jobs() == 1; }, 5s));
+  router.silent = true;
+  ASSERT_TRUE(WaitFor([&] { return handler.Aborted().size() == 1; }, 5s));
+  EXPECT_EQ(handler.Aborted()[0], 5u);
+  router.silent = false;
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registrations() == 2 && (*agent)->registered(); }, 5s));
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& ev : router.Received<TokenEventMsg>())
+      if (ev.request_id == 5 && ev.error.code() == StatusCode::kUnavailable && ev.finish == FinishReason::kError)
+        return true;
+    return false;
+  }, 5s));
 }
 
 TEST(WorkerAgentTest, DrainWaitsForLiveJobsThenDeregisters) {
