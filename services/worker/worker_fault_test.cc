@@ -268,9 +268,14 @@ TEST(WorkerFaultTest, CorruptedTransferIsDetectedNeverServedAndRetried) {
     // The prefill learns of the refused transfer from the decode worker's verdict (the digest
     // check); whichever of its failure and the router's abort reaches the decode worker first
     // ends the decode job, so the decode side's own counters are not asserted.
-    const std::string pm = w.Metrics("p0");
-    EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfers_total", "failed"), 1) << pm;
-    EXPECT_EQ(MetricValue(pm, "pdserve_worker_kv_transfers_total", "ok"), migrate ? 1 : 0) << pm;
+    // The prefill's transfer thread records the verdict after the request has ended for the
+    // client: wait for it.
+    std::string pm;
+    EXPECT_TRUE(WaitFor([&] {
+      pm = w.Metrics("p0");
+      return MetricValue(pm, "pdserve_worker_kv_transfers_total", "failed") == 1 &&
+             MetricValue(pm, "pdserve_worker_kv_transfers_total", "ok") == (migrate ? 1 : 0);
+    }, 10s, 50ms)) << pm;
     EXPECT_TRUE(RouterIdle(c));
     for (const char* id : {"d0", "p0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 10s)) << "KV blocks leaked on " << id;
     if (HasFailure()) ADD_FAILURE() << w.Logs();
