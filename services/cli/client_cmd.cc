@@ -18,24 +18,6 @@ namespace {
 
 namespace api = services::api;
 
-Result<std::vector<int32_t>> ParseIdList(const std::string& s) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    const std::string part = s.substr(i, j - i);
-    char* end = nullptr;
-    const long v = std::strtol(part.c_str(), &end, 10);
-    if (part.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
-      return Status::InvalidArgument("--prompt-ids: '" + part + "' is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
-    i = j + 1;
-  }
-  if (ids.empty()) return Status::InvalidArgument("--prompt-ids is empty");
-  return ids;
-}
-
 Result<double> ParseDouble(const Args& args, const std::string& key) {
   const std::string v = args.Get(key).value();
   char* end = nullptr;
@@ -60,7 +42,7 @@ Status Run(const std::vector<std::string>& argv) {
     req.prompt_text = *p;
   } else if (auto ids = args.Get("prompt-ids")) {
     req.kind = api::PromptKind::kTokenIds;
-    PDSERVE_ASSIGN_OR_RETURN(req.prompt_ids, ParseIdList(*ids));
+    PDSERVE_ASSIGN_OR_RETURN(req.prompt_ids, ParseTokenIds(*ids));
   } else {
     req.kind = api::PromptKind::kChat;
     req.messages.push_back({"user", args.Get("chat").value(), {}});

@@ -43,6 +43,9 @@ struct CommandRegistrar {
   explicit CommandRegistrar(Command c) { CommandRegistry()[c.name] = std::move(c); }
 };
 
+// "1,2,3" -> token ids (non-negative int32). Errors: InvalidArgument naming --prompt-ids.
+Result<std::vector<int32_t>> ParseTokenIds(const std::string& s);
+
 // Prints "pdserve <cmd>: <status>" to stderr and returns 1 (or 0 for OK).
 int ReportStatus(const std::string& command, const Status& status);
 

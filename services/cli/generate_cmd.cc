@@ -34,24 +34,6 @@
 namespace pdserve::cli {
 namespace {
 
-Result<std::vector<int32_t>> ParseIds(const std::string& s) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    const std::string part = s.substr(i, j - i);
-    char* end = nullptr;
-    const long v = std::strtol(part.c_str(), &end, 10);
-    if (part.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
-      return Status::InvalidArgument("--prompt-ids: '" + part + "' is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
-    i = j + 1;
-  }
-  if (ids.empty()) return Status::InvalidArgument("--prompt-ids is empty");
-  return ids;
-}
-
 // Launched by mpirun (Open MPI, or a PMI-based launcher) even without --plan.
 bool UnderMpiLauncher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
@@ -153,13 +135,13 @@ Status Generate(const Args& args) {
     while (i <= ids.size()) {
       size_t j = ids.find(';', i);
       if (j == std::string::npos) j = ids.size();
-      PDSERVE_ASSIGN_OR_RETURN(auto p, ParseIds(ids.substr(i, j - i)));
+      PDSERVE_ASSIGN_OR_RETURN(auto p, ParseTokenIds(ids.substr(i, j - i)));
       prompts.push_back(std::move(p));
       i = j + 1;
     }
     return GenerateParallel(args, dir, prompts, nullptr);
   } else {
-    PDSERVE_ASSIGN_OR_RETURN(prompt, ParseIds(ids));
+    PDSERVE_ASSIGN_OR_RETURN(prompt, ParseTokenIds(ids));
   }
   if (args.Has("plan") || args.Has("plan-file") || UnderMpiLauncher()) return GenerateParallel(args, dir, {prompt}, tok.get());
   PDSERVE_ASSIGN_OR_RETURN(int64_t max_new, args.GetInt("max-new-tokens", 16));

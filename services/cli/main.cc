@@ -77,6 +77,24 @@ Result<int64_t> Args::GetInt(const std::string& key, int64_t fallback) const {
   return static_cast<int64_t>(x);
 }
 
+Result<std::vector<int32_t>> ParseTokenIds(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    const std::string part = s.substr(i, j - i);
+    char* end = nullptr;
+    const long v = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+      return Status::InvalidArgument("--prompt-ids: '" + part + "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  if (ids.empty()) return Status::InvalidArgument("--prompt-ids is empty");
+  return ids;
+}
+
 int ReportStatus(const std::string& command, const Status& status) {
   if (status.ok()) return 0;
   std::fprintf(stderr, "pdserve %s: %s\n", command.c_str(), status.ToString().c_str());
