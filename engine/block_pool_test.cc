@@ -159,5 +159,39 @@ TEST(SchedulerTest, PreemptsLatestWhenBlocksRunOutAndRecomputesOutputs) {
   EXPECT_EQ((*pool)->n_free(), 4);
 }
 
+TEST(SchedulerTest, WholePromptsRunAloneAndFirst) {
+  auto pool = BlockPool::Create(TestLayout(4), 100 * TestLayout(4).BlockBytes());
+  ASSERT_TRUE(pool.ok());
+  SchedulerOptions o;
+  o.max_step_tokens = 16;
+  o.prefill_chunk = 8;
+  o.whole_prompts = true;
+  Scheduler s(o, pool->get());
+  std::vector<Request> rs = {MakeRequest(0, 30), MakeRequest(1, 5)};
+  for (auto& r : rs) s.AddWaiting(&r);
+  // r0's 30 tokens in one chunk (past the chunk grid and the budget), alone.
+  SchedulerOutput a = s.Schedule();
+  ASSERT_EQ(a.chunks.size(), 1u);
+  EXPECT_EQ(a.chunks[0].request, &rs[0]);
+  EXPECT_EQ(a.chunks[0].start, 0);
+  EXPECT_EQ(a.chunks[0].n, 30);
+  EXPECT_EQ(a.chunks[0].grouping, model::RowGrouping::kChunk);
+  EXPECT_TRUE(a.chunks[0].sample);
+  s.Commit(a);
+  rs[0].tokens.push_back(1);
+  // A waiting prompt goes before the running request's decode row, again alone.
+  SchedulerOutput b = s.Schedule();
+  ASSERT_EQ(b.chunks.size(), 1u);
+  EXPECT_EQ(b.chunks[0].request, &rs[1]);
+  EXPECT_EQ(b.chunks[0].n, 5);
+  s.Commit(b);
+  rs[1].tokens.push_back(1);
+  // Nothing waits: both decode together.
+  SchedulerOutput c = s.Schedule();
+  ASSERT_EQ(c.chunks.size(), 2u);
+  EXPECT_EQ(c.chunks[0].n, 1);
+  EXPECT_EQ(c.chunks[1].n, 1);
+}
+
 }  // namespace
 }  // namespace pdserve::engine

@@ -33,32 +33,39 @@ double EngineStats::OverheadShare() const {
   return total > 0 ? (schedule_seconds + sample_seconds + event_seconds) / total : 0.0;
 }
 
+namespace {
+
+// The pool the options ask for, in their memory or owned.
+Result<std::unique_ptr<BlockPool>> MakePool(const EngineOptions& options, const model::Model& model) {
+  if (options.block_tokens < 1) return Status::InvalidArgument("block_tokens must be >= 1");
+  const KvLayout layout = KvLayout::ForConfig(model.config(), options.block_tokens, options.latent_format, options.index_format);
+  if (options.kv_memory) return BlockPool::CreateOver(layout, options.kv_memory, options.kv_memory_bytes);
+  return BlockPool::Create(layout, static_cast<int64_t>(options.kv_cache_gib * (1ull << 30)));
+}
+
+EngineOptions Effective(EngineOptions options) {
+  if (options.group && options.group->whole_prompts()) options.scheduler.whole_prompts = true;
+  return options;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  if (options.group) return Status::InvalidArgument("a multi-rank engine needs the group's model (Create(options, model))");
   auto pool = std::make_unique<ThreadPool>(options.threads > 0 ? options.threads : ThreadPool::Default().n_threads());
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, model::Model::Load(options.model_dir, pool.get()));
   const model::Model* raw = m.get();
   PDSERVE_RETURN_IF_ERROR(options.scheduler.Validate());
-  const KvLayout layout = KvLayout::ForConfig(raw->config(), options.block_tokens, options.latent_format, options.index_format);
-  std::unique_ptr<BlockPool> bp;
-  if (options.kv_memory) {
-    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::CreateOver(layout, options.kv_memory, options.kv_memory_bytes));
-  } else {
-    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::Create(layout, static_cast<int64_t>(options.kv_cache_gib * (1ull << 30))));
-  }
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> bp, MakePool(options, *raw));
   return std::unique_ptr<Engine>(new Engine(options, raw, std::move(m), std::move(pool), std::move(bp)));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, const model::Model* model) {
   PDSERVE_RETURN_IF_ERROR(options.scheduler.Validate());
-  if (options.block_tokens < 1) return Status::InvalidArgument("block_tokens must be >= 1");
-  const KvLayout layout = KvLayout::ForConfig(model->config(), options.block_tokens, options.latent_format, options.index_format);
-  std::unique_ptr<BlockPool> bp;
-  if (options.kv_memory) {
-    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::CreateOver(layout, options.kv_memory, options.kv_memory_bytes));
-  } else {
-    PDSERVE_ASSIGN_OR_RETURN(bp, BlockPool::Create(layout, static_cast<int64_t>(options.kv_cache_gib * (1ull << 30))));
-  }
-  return std::unique_ptr<Engine>(new Engine(options, model, nullptr, nullptr, std::move(bp)));
+  if (options.group && !options.group->leader())
+    return Status::InvalidArgument("only a DP unit's leader runs an engine (followers run RankGroup::FollowerLoop)");
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> bp, MakePool(options, *model));
+  return std::unique_ptr<Engine>(new Engine(Effective(options), model, nullptr, nullptr, std::move(bp)));
 }
 
 Engine::Engine(const EngineOptions& options, const model::Model* model, std::unique_ptr<model::Model> owned,
@@ -222,6 +229,21 @@ void Engine::Stop() {
 }
 
 void Engine::Loop(std::stop_token st) {
+  if (options_.group) {
+    // Step while the group lives: idle polls keep this rank voting (and taking the dummy
+    // steps other units need); a stop request becomes this rank's stop vote.
+    while (true) {
+      const StepOutcome o = StepOnce(st.stop_requested());
+      if (o.group_stop || options_.group->broken()) break;
+      if (o.worked || st.stop_requested()) continue;
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, options_.group_idle_poll, [&] {
+        return kick_ || !inbox_adds_.empty() || !inbox_aborts_.empty() || !inbox_commits_.empty();
+      });
+      kick_ = false;
+    }
+    return;
+  }
   while (!st.stop_requested()) {
     if (Step()) continue;
     // Nothing ran: sleep until the inbox changes (new work, an abort, a commit, freed blocks).
@@ -231,6 +253,11 @@ void Engine::Loop(std::stop_token st) {
     });
     kick_ = false;
   }
+}
+
+Status Engine::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
 }
 
 bool Engine::Idle() const {

@@ -16,6 +16,12 @@
 //
 // Driving: either Start() (an owned std::jthread runs Step() whenever there is work; Stop() or
 // the destructor ends it) or call Step() from one owner thread (tests, benchmarks).
+// Multi-rank (EngineOptions::group, engine/rank_group.h): the engine is a DP unit's leader;
+// every step goes through the group (the unit's followers replay it, all DP units vote), so
+// the loop keeps stepping (polling every group_idle_poll) while any rank of the instance has
+// work, and Stop() returns only once every rank of the instance stopped: a stopping leader
+// schedules nothing more but still takes the dummy steps the others need. A broken group (a
+// rank failed) fails the step's requests and ends the loop; failure() then says why.
 // Thread-safety: AddRequest, Abort, ReserveImport, CommitImport, HeldBlocks, ReleaseKv, Stats
 // may be called from any thread (inputs go through a locked inbox applied at the next step).
 // Event callbacks run on the stepping thread, outside every engine lock.
@@ -27,12 +33,14 @@
 // FailedPrecondition for a request in the wrong state.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -42,6 +50,7 @@
 
 #include "common/thread_pool.h"
 #include "engine/block_pool.h"
+#include "engine/rank_group.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -67,6 +76,11 @@ struct EngineOptions {
   // after layer N's layer_done hooks, as a forward error there would (every request of the
   // step ends with an error event).
   int64_t test_fail_export_at_layer = -1;
+  // Multi-rank: this engine leads its DP unit of `group` (borrowed; outlives the engine). The
+  // model must be the one the group was created over. With cp > 1 prompts run whole and alone
+  // (SchedulerOptions::whole_prompts is forced on).
+  RankGroup* group = nullptr;
+  std::chrono::milliseconds group_idle_poll{1};
 };
 
 struct RequestOptions {
@@ -125,6 +139,8 @@ class Engine {
   // One step on the calling thread: applies the inbox, schedules, runs the batch, samples and
   // delivers events. Returns false when there was nothing to do. REQUIRES: not Start()ed.
   bool Step();
+  // Ok, or why the engine's rank group broke (the loop has ended; the process should exit).
+  Status failure() const;
   // True when no request is queued, running or awaiting KV and the inbox is empty.
   bool Idle() const;
 
@@ -139,6 +155,15 @@ class Engine {
          std::unique_ptr<ThreadPool> owned_pool, std::unique_ptr<BlockPool> pool);
   Result<std::unique_ptr<Request>> NewRequest(std::vector<int32_t> prompt, RequestOptions options);
   void Loop(std::stop_token st);
+  struct StepOutcome {
+    bool worked = false;      // a batch ran or events went out
+    bool group_stop = false;  // every rank of the group voted stop
+  };
+  // One step; `stopping`: schedule nothing (a group leader that is stopping still steps).
+  StepOutcome StepOnce(bool stopping);
+  // Runs the step's batch: the model directly, or through the group.
+  Status RunForward(const std::vector<ScheduledChunk>& chunks, std::span<const model::BatchSequence> batch,
+                    bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer, bool* group_stop);
   void ApplyInbox(std::vector<TokenEvent>* events);
   // Appends `token` to r, checks stop conditions; returns the event (finished if it ends r).
   TokenEvent Emit(Request* r, const SampleResult& s);
@@ -161,6 +186,7 @@ class Engine {
   std::unordered_map<RequestId, EventCallback> callbacks_;  // of requests finished this step
   std::vector<float> logits_;
   std::vector<Request*> exporting_;  // this step's requests with a kv_export that began
+  std::vector<int32_t> imported_;    // group: blocks of imports committed since the last step
   int64_t next_arrival_ = 0;
 
   // Shared state.
@@ -176,6 +202,7 @@ class Engine {
   EngineStats stats_;
   bool has_work_ = false;           // the step thread has queued or running requests
   bool kick_ = false;               // blocks were released: the loop should try again
+  Status failure_;                  // the group broke
   std::jthread loop_;               // last: joined before the members it uses go away
 };
 

@@ -38,6 +38,9 @@ void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
     }
     Request* r = it->second.get();
     r->num_computed = r->n_tokens();  // the imported KV (a resumed request's earlier output too)
+    // The unit's followers need the imported KV too: it goes out with this step.
+    if (options_.group && options_.group->unit_size() > 1)
+      imported_.insert(imported_.end(), r->blocks.ids().begin(), r->blocks.ids().end());
     r->queued_at = Clock::now();  // its decode queues from here
     scheduler_.AddRunning(r);
     SampleResult s;
@@ -134,11 +137,41 @@ void Engine::Deliver(std::vector<TokenEvent>& events) {
   }
 }
 
-bool Engine::Step() {
+bool Engine::Step() { return StepOnce(false).worked; }
+
+Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<const model::BatchSequence> batch,
+                          bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer,
+                          bool* group_stop) {
+  if (!options_.group) return batch.empty() ? Status::Ok() : model_->ForwardBatch(batch, stats, on_layer);
+  std::vector<GroupSequence> seqs;
+  seqs.reserve(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledChunk& c = chunks[i];
+    seqs.push_back({{batch[i].tokens, static_cast<size_t>(c.n)}, c.start, c.grouping,
+                    {c.request->blocks.ids().data(), c.request->blocks.ids().size()}, batch[i].logits});
+  }
+  Result<GroupStepResult> r = options_.group->LeaderStep(seqs, imported_, *pool_, stopping, stats, on_layer);
+  imported_.clear();
+  if (!r.ok()) {
+    if (options_.group->broken()) {
+      GetLogger("engine")->error("the rank group broke: {}", r.status().ToString());
+      std::lock_guard<std::mutex> lock(mu_);
+      failure_ = r.status();
+    }
+    return r.status();
+  }
+  *group_stop = r.value().stop;
+  return Status::Ok();
+}
+
+Engine::StepOutcome Engine::StepOnce(bool stopping) {
   const auto t0 = Clock::now();
   std::vector<TokenEvent> events;
-  ApplyInbox(&events);
-  const SchedulerOutput out = scheduler_.Schedule();
+  SchedulerOutput out;
+  if (!stopping) {
+    ApplyInbox(&events);
+    out = scheduler_.Schedule();
+  }
   for (const Request* r : out.preempted)
     GetLogger("engine")->debug("preempted request {} ({} tokens, {} preemptions so far): KV freed, will recompute", r->id,
                                r->n_tokens(), r->preemptions);
@@ -186,7 +219,8 @@ bool Engine::Step() {
   }
   const auto t1 = Clock::now();
   model::BatchStats bstats;
-  Status st = batch.empty() ? Status::Ok() : model_->ForwardBatch(batch, &bstats, on_layer);
+  bool group_stop = false;
+  Status st = RunForward(out.chunks, batch, stopping, &bstats, on_layer, &group_stop);
   const auto t2 = Clock::now();
   const auto n_exports = static_cast<int64_t>(exporting_.size());
   exporting_.clear();  // (its requests may finish below)
@@ -242,7 +276,7 @@ bool Engine::Step() {
     stats_.event_seconds += Seconds(t3, t4);
     has_work_ = !requests_.empty();
   }
-  return !batch.empty() || !events.empty();
+  return {!batch.empty() || !events.empty(), group_stop};
 }
 
 }  // namespace pdserve::engine

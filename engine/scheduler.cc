@@ -44,6 +44,12 @@ ScheduledChunk Scheduler::NextChunk(Request* r, int64_t budget) const {
   const int64_t total = r->n_tokens();
   if (c.start >= total || budget <= 0) return c;
   if (c.start < r->prompt_len) {
+    if (options_.whole_prompts) {
+      c.n = r->prompt_len - c.start;
+      c.grouping = model::RowGrouping::kChunk;
+      c.sample = c.start + c.n == total;
+      return c;
+    }
     // Prompt: the next chunk of the fixed grid, whole or nothing.
     const int64_t C = options_.prefill_chunk;
     const int64_t end = std::min(r->prompt_len, (c.start / C + 1) * C);
@@ -71,6 +77,17 @@ void Scheduler::Preempt(Request* r, SchedulerOutput* out) {
 
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
+  if (options_.whole_prompts && !waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
+    Request* r = waiting_.front();
+    ScheduledChunk c = NextChunk(r, r->prompt_len);
+    if (c.n > 0 && r->blocks.EnsureCapacity(pool_, c.start + c.n).ok()) {
+      waiting_.pop_front();
+      AddRunning(r);
+      out.chunks.push_back(c);
+      out.n_tokens = c.n;
+      return out;
+    }
+  }
   int64_t budget = options_.max_step_tokens;
   for (size_t i = 0; i < running_.size();) {
     Request* r = running_[i];
@@ -94,7 +111,8 @@ SchedulerOutput Scheduler::Schedule() {
     budget -= c.n;
     ++i;
   }
-  if (!out.preempted.empty()) return out;  // memory is short: admit nobody this step
+  // Memory is short: admit nobody this step. Whole prompts were admitted above.
+  if (!out.preempted.empty() || options_.whole_prompts) return out;
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     Request* r = waiting_.front();
     ScheduledChunk c = NextChunk(r, budget);

@@ -12,6 +12,9 @@
 //   2. unless something was preempted this step, waiting requests are admitted in FCFS order
 //      while a sequence slot, budget and blocks for their first chunk remain (the head of the
 //      queue blocks the rest: no overtaking).
+// With whole_prompts (a CP prefill, engine/rank_group.h, needs the prompt in one model call), a
+// step is either one waiting request's whole prompt alone (admitted first whenever its blocks
+// and a sequence slot are there, whatever its length) or the running requests' output rows.
 // Thread-safety: not thread-safe; owned by the engine's step thread.
 #pragma once
 
@@ -28,6 +31,7 @@ struct SchedulerOptions {
   int64_t max_num_seqs = 64;      // sequences per step
   int64_t max_step_tokens = 512;  // token budget per step (prefill chunks + decode tokens)
   int64_t prefill_chunk = 256;    // C; REQUIRES 1 <= C <= max_step_tokens
+  bool whole_prompts = false;     // a prompt is one chunk, in a step of its own (see above)
   Status Validate() const;
 };
 

@@ -41,7 +41,7 @@ Status Model::ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache
   return s;
 }
 
-Status Model::ForwardCp(const BatchSequence& seq) const {
+Status Model::ForwardCp(const BatchSequence& seq, const LayerKvDone& on_layer_kv) const {
   if (seq.start != 0 || seq.grouping != RowGrouping::kChunk || (seq.options && seq.options->forced_topk))
     return Status::InvalidArgument("a CP prefill is a whole prompt: start 0, kChunk grouping, no forced top-k");
   PDSERVE_RETURN_IF_ERROR(Validate(seq));
@@ -54,7 +54,7 @@ Status Model::ForwardCp(const BatchSequence& seq) const {
   // alone, so every CP rank decides the same).
   bool use_cp = cp > 1;
   for (int r = 0; use_cp && r < cp; ++r) use_cp = split.RankTokens(r) > kernels::kGemmSmallMMax;
-  if (!use_cp) return ForwardBatch(std::span<const BatchSequence>(&seq, 1));
+  if (!use_cp) return ForwardBatch(std::span<const BatchSequence>(&seq, 1), nullptr, on_layer_kv);
 
   BatchPlan plan;
   plan.seqs = std::span<const BatchSequence>(&seq, 1);
@@ -70,7 +70,7 @@ Status Model::ForwardCp(const BatchSequence& seq) const {
   step.cp = &split;
   // The TP peers of a CP rank hold its rows identically: they share its MoE dispatch.
   if (parallel_->plan().ep > 1) step.replicas = parallel_->tp();
-  PDSERVE_RETURN_IF_ERROR(RunPlan(plan.seqs, plan, step));
+  PDSERVE_RETURN_IF_ERROR(RunPlan(plan.seqs, plan, step, on_layer_kv));
   if (seq.options && seq.options->trace) PDSERVE_RETURN_IF_ERROR(GatherCpTrace(plan, step, seq.options->trace));
   return Status::Ok();
 }

@@ -110,8 +110,9 @@ class Model {
   // seq.options (every CP rank passes one, or none does: it is gathered collectively) receives
   // the whole prompt's trace on every CP rank. Without CP (or for prompts too short to give
   // every CP rank > 8 rows) it is ForwardBatch on every rank.
+  // `on_layer_kv` as in ForwardBatch (called once every rank's records of the layer are in).
   // Errors: those of ForwardBatch; InvalidArgument for start != 0, forced top-k or kPerRow.
-  Status ForwardCp(const BatchSequence& seq) const;
+  Status ForwardCp(const BatchSequence& seq, const LayerKvDone& on_layer_kv = {}) const;
   // The same for a SequenceKvCache (must be empty), like Forward.
   Status ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,
                    ForwardTrace* trace = nullptr) const;

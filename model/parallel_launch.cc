@@ -101,27 +101,39 @@ Status SendRunsToRankZero(const comm::MpiComm& world_comm, const comm::ParallelP
 
 }  // namespace
 
-Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& opt) {
-  ParallelGenerateResult result;
-  PDSERVE_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(opt.model_dir + "/config.json"));
+Result<ParallelInstance> LoadParallelInstance(const std::string& model_dir, const comm::ParallelPlan& plan,
+                                              int threads) {
+  ParallelInstance in;
+  PDSERVE_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(model_dir + "/config.json"));
   PDSERVE_ASSIGN_OR_RETURN(comm::MpiComm world, comm::MpiComm::World());
   // Collective: a bad plan fails here on every rank with the reason.
-  PDSERVE_ASSIGN_OR_RETURN(auto groups, comm::ProcessGroups::Create(world, opt.plan, PlanDimsOf(config)));
-  result.describe = groups->Describe();
-  result.world_rank = groups->coords().world;
-  PDSERVE_ASSIGN_OR_RETURN(auto ctx, ParallelContext::Create(*groups, config));
-  ThreadPool pool(std::max(1, opt.threads));
-  const auto t0 = std::chrono::steady_clock::now();
+  PDSERVE_ASSIGN_OR_RETURN(in.groups, comm::ProcessGroups::Create(world, plan, PlanDimsOf(config)));
+  PDSERVE_ASSIGN_OR_RETURN(in.context, ParallelContext::Create(*in.groups, config));
+  in.pool = std::make_unique<ThreadPool>(std::max(1, threads));
   // Load errors (a missing shard on one host) are agreed on before anyone waits in a collective.
-  auto model = Model::Load(opt.model_dir, &pool, ctx.get());
-  PDSERVE_ASSIGN_OR_RETURN(auto all, comm::TensorParallel::Create(groups->world()));
+  auto model = Model::Load(model_dir, in.pool.get(), in.context.get());
+  PDSERVE_ASSIGN_OR_RETURN(auto all, comm::TensorParallel::Create(in.groups->world()));
   std::vector<float> ok_votes(static_cast<size_t>(all->size()));
   const float my_ok = model.ok() ? 1.0f : 0.0f;
   PDSERVE_RETURN_IF_ERROR(all->AllGather({&my_ok, 1}, ok_votes));
   if (!model.ok()) return model.status();
   for (size_t r = 0; r < ok_votes.size(); ++r)
     if (ok_votes[r] == 0.0f) return Status::Aborted("rank " + std::to_string(r) + " failed to load the model");
+  in.model = std::move(model).value();
+  return in;
+}
+
+Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& opt) {
+  ParallelGenerateResult result;
+  const auto t0 = std::chrono::steady_clock::now();
+  PDSERVE_ASSIGN_OR_RETURN(ParallelInstance instance, LoadParallelInstance(opt.model_dir, opt.plan, opt.threads));
   result.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const comm::ProcessGroups* groups = instance.groups.get();
+  const ParallelContext* ctx = instance.context.get();
+  const Model* model = instance.model.get();
+  const ModelConfig& config = model->config();
+  result.describe = groups->Describe();
+  result.world_rank = groups->coords().world;
 
   const int dp = opt.plan.dp, unit = groups->coords().dp;
   std::vector<std::vector<int32_t>> mine;
@@ -138,8 +150,9 @@ Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& o
   run_options.trace = opt.dumps;
   run_options.kv = opt.kv;
   PDSERVE_ASSIGN_OR_RETURN(auto runs,
-                           RunGreedyDp(**model, coordinator.get(), mine, max_new, &result.stats, run_options));
+                           RunGreedyDp(*model, coordinator.get(), mine, max_new, &result.stats, run_options));
   result.comm_seconds = ctx->comm_seconds();
+  PDSERVE_ASSIGN_OR_RETURN(auto all, comm::TensorParallel::Create(groups->world()));
 
   // Every rank contributes a fixed-size block: its unit's outputs (ids as exact floats) when it
   // leads the unit (cp 0, tp 0), -1 elsewhere; the prompt's owner unit's leader block wins.

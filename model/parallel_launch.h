@@ -17,11 +17,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/parallel_plan.h"
+#include "comm/process_groups.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
+#include "model/model.h"
+#include "model/parallel.h"
 #include "model/parallel_greedy.h"
 
 namespace pdserve::model {
@@ -47,6 +52,18 @@ struct ParallelGenerateResult {
 };
 
 Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& options);
+
+// This rank's share of a model instance under `plan`: its process groups, parallel context,
+// compute threads and weights (members in construction order; destroyed in reverse). The load
+// is agreed on: a rank that cannot load makes every rank fail (kAborted elsewhere) before
+// anyone waits in a collective. Collective over MPI_COMM_WORLD (REQUIRES: MPI initialized).
+struct ParallelInstance {
+  std::unique_ptr<comm::ProcessGroups> groups;
+  std::unique_ptr<ParallelContext> context;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Model> model;
+};
+Result<ParallelInstance> LoadParallelInstance(const std::string& model_dir, const comm::ParallelPlan& plan, int threads);
 
 // Parses "cp=2,ep=2" (keys cp, dp, ep, tp; every key optional, default 1).
 // Errors: kInvalidArgument naming the bad part.

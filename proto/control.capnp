@@ -63,7 +63,8 @@ struct Capacity {
   kvBlocksFree @2 :UInt32;
   blockTokens @3 :UInt32;       # tokens per KV block
   maxContextTokens @4 :UInt32;  # longest prompt + output a request may reach
-  dpRanks @5 :UInt32;           # data-parallel attention ranks behind this worker (>= 1)
+  dpRanks @5 :UInt32;           # data-parallel ranks of this worker's instance (>= 1); each
+                                # DP rank registers as a worker of its own (Register.dpRank)
 }
 
 struct Register {
@@ -78,6 +79,9 @@ struct Register {
   modelName @8 :Text;
   compatHash @9 :UInt64;      # hash of model weights identity + KV layout: a prefill and a
                               # decode worker may pair only when equal
+  instanceId @10 :Text;       # the multi-rank instance this worker is a DP rank of (empty: a
+                              # one-process worker); shared by the instance's DP ranks
+  dpRank @11 :UInt32;         # this worker's DP rank in its instance (< capacity.dpRanks)
 }
 
 struct RegisterAck {
@@ -91,21 +95,12 @@ struct RegisterRefuse {
   message @1 :Text;
 }
 
-# Load of one data-parallel rank (optional detail of Load).
-struct RankLoad {
-  rank @0 :UInt32;
-  running @1 :UInt32;
-  waiting @2 :UInt32;
-  kvBlocksFree @3 :UInt32;
-}
-
 struct Load {
   running @0 :UInt32;       # requests in the running batch
   waiting @1 :UInt32;       # queued, not yet scheduled
   queuedTokens @2 :UInt64;  # prompt tokens not yet computed + output tokens still owed
   kvBlocksFree @3 :UInt32;
   kvBlocksTotal @4 :UInt32;
-  ranks @5 :List(RankLoad); # empty when the worker has one rank
 }
 
 struct Heartbeat {
@@ -158,6 +153,9 @@ struct Job {
                                 # transfer layer's proto/kv_transfer.capnp KvDescriptor bytes)
   decodeWorkerId @7 :Text;
   decodeTransferAddress @8 :Data;
+  # The placement: the DP rank (Register.dpRank) of the worker's instance the router chose.
+  # A worker refuses a job for any other rank (mis-routed or stale) with an error.
+  dpRank @9 :UInt32;
 }
 
 # D -> R: blocks are reserved for the request (answer to a decode-phase job).

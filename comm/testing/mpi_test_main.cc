@@ -32,7 +32,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto env = pdserve::comm::MpiEnvironment::Init(&argc, &argv);
+  // SERIALIZED: engine tests make their MPI calls from the engine's step thread.
+  auto env = pdserve::comm::MpiEnvironment::Init(&argc, &argv, MPI_THREAD_SERIALIZED);
   if (!env.ok()) {
     std::fprintf(stderr, "mpi_test_main: %s\n", env.status().ToString().c_str());
     return 2;

@@ -99,6 +99,7 @@ struct Encoder {
     PDSERVE_RETURN_IF_ERROR(CheckText(m.http_address, "httpAddress"));
     PDSERVE_RETURN_IF_ERROR(CheckText(m.transfer_address, "transferAddress"));
     PDSERVE_RETURN_IF_ERROR(CheckText(m.model_name, "modelName"));
+    PDSERVE_RETURN_IF_ERROR(CheckText(m.instance_id, "instanceId"));
     auto b = root.initRegister();
     b.setProtocolVersion(m.protocol_version);
     b.setRole(ToWire(m.role));
@@ -110,6 +111,8 @@ struct Encoder {
     SetCapacity(b.initCapacity(), m.capacity);
     b.setModelName(AsText(m.model_name));
     b.setCompatHash(m.compat_hash);
+    b.setInstanceId(AsText(m.instance_id));
+    b.setDpRank(m.dp_rank);
     return Status::Ok();
   }
   Status operator()(const RegisterAckMsg& m) {
@@ -127,7 +130,6 @@ struct Encoder {
     return Status::Ok();
   }
   Status operator()(const HeartbeatMsg& m) {
-    if (m.load.ranks.size() > ControlLimits::kMaxRanks) return Status::InvalidArgument("too many ranks");
     auto b = root.initHeartbeat();
     b.setSeq(m.seq);
     b.setDraining(m.draining);
@@ -137,13 +139,6 @@ struct Encoder {
     l.setQueuedTokens(m.load.queued_tokens);
     l.setKvBlocksFree(m.load.kv_blocks_free);
     l.setKvBlocksTotal(m.load.kv_blocks_total);
-    auto ranks = l.initRanks(static_cast<unsigned>(m.load.ranks.size()));
-    for (size_t i = 0; i < m.load.ranks.size(); ++i) {
-      ranks[i].setRank(m.load.ranks[i].rank);
-      ranks[i].setRunning(m.load.ranks[i].running);
-      ranks[i].setWaiting(m.load.ranks[i].waiting);
-      ranks[i].setKvBlocksFree(m.load.ranks[i].kv_blocks_free);
-    }
     return Status::Ok();
   }
   Status operator()(const HeartbeatAckMsg& m) {
@@ -191,6 +186,7 @@ struct Encoder {
     b.setKvDescriptor(AsData(m.kv_descriptor));
     b.setDecodeWorkerId(AsText(m.decode_worker_id));
     b.setDecodeTransferAddress(AsData(m.decode_transfer_address));
+    b.setDpRank(m.dp_rank);
     return Status::Ok();
   }
   Status operator()(const KvReservedMsg& m) {
@@ -330,6 +326,11 @@ Result<ControlMessage> DecodeRegister(cp::Register::Reader r) {
                 c.getMaxContextTokens(), c.getDpRanks()};
   PDSERVE_ASSIGN_OR_RETURN(m.model_name, ReadText(r.getModelName(), "register.modelName"));
   m.compat_hash = r.getCompatHash();
+  PDSERVE_ASSIGN_OR_RETURN(m.instance_id, ReadText(r.getInstanceId(), "register.instanceId"));
+  m.dp_rank = r.getDpRank();
+  if (m.capacity.dp_ranks < 1 || m.dp_rank >= m.capacity.dp_ranks)
+    return Status::InvalidArgument("register.dpRank " + std::to_string(m.dp_rank) + " is outside the instance's " +
+                                   std::to_string(m.capacity.dp_ranks) + " DP ranks");
   return ControlMessage(std::move(m));
 }
 
@@ -343,9 +344,6 @@ Result<ControlMessage> DecodeHeartbeat(cp::Heartbeat::Reader r) {
   m.load.queued_tokens = l.getQueuedTokens();
   m.load.kv_blocks_free = l.getKvBlocksFree();
   m.load.kv_blocks_total = l.getKvBlocksTotal();
-  auto ranks = l.getRanks();
-  if (ranks.size() > ControlLimits::kMaxRanks) return Status::InvalidArgument("heartbeat.load.ranks too long");
-  for (auto rk : ranks) m.load.ranks.push_back({rk.getRank(), rk.getRunning(), rk.getWaiting(), rk.getKvBlocksFree()});
   return ControlMessage(std::move(m));
 }
 
@@ -394,6 +392,7 @@ Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
   PDSERVE_ASSIGN_OR_RETURN(m.kv_descriptor, ReadData(r.getKvDescriptor(), "job.kvDescriptor", ControlLimits::kMaxBlobBytes));
   PDSERVE_ASSIGN_OR_RETURN(m.decode_worker_id, ReadText(r.getDecodeWorkerId(), "job.decodeWorkerId"));
   PDSERVE_ASSIGN_OR_RETURN(m.decode_transfer_address, ReadData(r.getDecodeTransferAddress(), "job.decodeTransferAddress"));
+  m.dp_rank = r.getDpRank();
   return ControlMessage(std::move(m));
 }
 

@@ -30,7 +30,6 @@ struct ControlLimits {
   static constexpr size_t kMaxTopLogprobs = 64;
   static constexpr size_t kMaxTextBytes = 64 * 1024;     // ids, addresses, messages, reasons
   static constexpr size_t kMaxBlobBytes = size_t{16} << 20;  // KV descriptors
-  static constexpr size_t kMaxRanks = 4096;
 };
 
 // Errors: InvalidArgument when the message breaks a limit above.

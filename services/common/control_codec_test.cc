@@ -42,10 +42,25 @@ JobMsg SampleJob() {
   j.sampling.logprobs = true;
   j.sampling.top_logprobs = 3;
   j.deadline_unix_ms = 1234567;
+  j.dp_rank = 3;
   j.kv_descriptor = std::string("\0\x01\x02binary", 9);
   j.decode_worker_id = "d0";
   j.decode_transfer_address = std::string("\xff\x00ucx", 5);
   return j;
+}
+
+TEST(ControlCodecTest, RegisterWithADpRankOutsideItsInstanceIsRefused) {
+  RegisterMsg reg;
+  reg.worker_id = "decode-a-dp2";
+  reg.instance_id = "decode-a";
+  reg.capacity.dp_ranks = 2;
+  reg.dp_rank = 2;
+  auto bytes = EncodeControlMessage(reg);
+  ASSERT_TRUE(bytes.ok());
+  auto back = DecodeControlMessage(*bytes);
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(back.status().message().find("dpRank 2"), std::string::npos) << back.status().ToString();
 }
 
 TEST(ControlCodecTest, EveryMessageRoundTrips) {
@@ -59,9 +74,11 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
   reg.capacity = {64, 1000, 900, 64, 8192, 2};
   reg.model_name = "m";
   reg.compat_hash = 0xdeadbeef;
+  reg.instance_id = "decode-a";
+  reg.dp_rank = 1;
   HeartbeatMsg hb;
   hb.seq = 9;
-  hb.load = {3, 4, 500, 10, 20, {{0, 1, 2, 3}, {1, 2, 2, 7}}};
+  hb.load = {3, 4, 500, 10, 20};
   hb.draining = true;
   TokenEventMsg ev;
   ev.request_id = 5;

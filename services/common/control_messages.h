@@ -30,7 +30,7 @@ struct WorkerCapacity {
   uint32_t kv_blocks_free = 0;
   uint32_t block_tokens = 0;
   uint32_t max_context_tokens = 0;
-  uint32_t dp_ranks = 1;
+  uint32_t dp_ranks = 1;  // DP ranks of the worker's instance (each registers on its own)
   bool operator==(const WorkerCapacity&) const = default;
 };
 
@@ -45,6 +45,8 @@ struct RegisterMsg {
   WorkerCapacity capacity;
   std::string model_name;
   uint64_t compat_hash = 0;
+  std::string instance_id;  // "" for a one-process worker
+  uint32_t dp_rank = 0;
   bool operator==(const RegisterMsg&) const = default;
 };
 
@@ -61,18 +63,12 @@ struct RegisterRefuseMsg {
   bool operator==(const RegisterRefuseMsg&) const = default;
 };
 
-struct RankLoad {
-  uint32_t rank = 0, running = 0, waiting = 0, kv_blocks_free = 0;
-  bool operator==(const RankLoad&) const = default;
-};
-
 struct WorkerLoad {
   uint32_t running = 0;
   uint32_t waiting = 0;
   uint64_t queued_tokens = 0;
   uint32_t kv_blocks_free = 0;
   uint32_t kv_blocks_total = 0;
-  std::vector<RankLoad> ranks;
   bool operator==(const WorkerLoad&) const = default;
 };
 
@@ -123,6 +119,7 @@ struct JobMsg {
   std::string kv_descriptor;            // prefill phase: opaque descriptor bytes
   std::string decode_worker_id;         // prefill phase
   std::string decode_transfer_address;  // prefill phase
+  uint32_t dp_rank = 0;                 // the target DP rank (RegisterMsg::dp_rank)
   bool operator==(const JobMsg&) const = default;
 };
 

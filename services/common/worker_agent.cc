@@ -209,6 +209,8 @@ void WorkerAgent::SendRegister() {
   if (load.kv_blocks_total > 0) m.capacity.kv_blocks_free = load.kv_blocks_free;
   m.model_name = options_.model_name;
   m.compat_hash = options_.compat_hash;
+  m.instance_id = options_.instance_id;
+  m.dp_rank = options_.dp_rank;
   Send(m);
 }
 

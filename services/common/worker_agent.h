@@ -85,7 +85,9 @@ struct WorkerAgentOptions {
   uint64_t compat_hash = 0;
   std::string http_address;       // where this worker's /metrics is served
   std::string transfer_address;   // KV transfer layer address (prefill / decode)
-  WorkerCapacity capacity;
+  WorkerCapacity capacity;         // capacity.dp_ranks: DP ranks of this worker's instance
+  std::string instance_id;         // a DP rank of a multi-rank instance ("": one process)
+  uint32_t dp_rank = 0;
   std::chrono::milliseconds register_retry{250};
   // Used until the router's RegisterAck says otherwise.
   std::chrono::milliseconds heartbeat_interval{500};

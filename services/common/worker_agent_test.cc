@@ -91,7 +91,7 @@ class RecordingHandler : public WorkerHandler {
     std::lock_guard<std::mutex> l(mu);
     aborted.push_back(id);
   }
-  WorkerLoad CurrentLoad() override { return WorkerLoad{1, 2, 3, 4, 5, {}}; }
+  WorkerLoad CurrentLoad() override { return WorkerLoad{1, 2, 3, 4, 5}; }
   void OnDrain() override { drained = true; }
   std::vector<uint64_t> Started() {
     std::lock_guard<std::mutex> l(mu);

@@ -465,7 +465,7 @@ TEST(RequestApiE2eTest, WorkersViewListsRolesAndPlacements) {
   EXPECT_EQ(RouterMetric(c, "pdserve_router_placements_total", "worker=\"p0\""), 3);
   EXPECT_EQ(RouterMetric(c, "pdserve_router_placements_total", "worker=\"c0\""), -1);  // no series yet
   const std::string m = HttpGet(c.http_port(), "/metrics").body;
-  EXPECT_NE(m.find("pdserve_router_placements_total{dp_rank=\"any\",role=\"decode\",worker=\"d0\"} 3"), std::string::npos)
+  EXPECT_NE(m.find("pdserve_router_placements_total{dp_rank=\"0\",role=\"decode\",worker=\"d0\"} 3"), std::string::npos)
       << m;
 }
 

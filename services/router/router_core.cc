@@ -143,6 +143,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   // (identical greedy continuation; seeded sampling continues at the same index).
   job.sampling.resumed_output = static_cast<uint32_t>(route.delivered.size());
   job.deadline_unix_ms = route.deadline_unix_ms;
+  job.dp_rank = out.worker->dp_rank;
 
   route.job_id = job_id;
   route.disaggregated = disaggregated;
@@ -167,6 +168,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
     route.prefill_job = job;
     route.prefill_job.phase = services::JobPhase::kPrefill;
     route.prefill_job.decode_worker_id = out.worker->id;
+    route.prefill_job.dp_rank = prefill.worker->dp_rank;
     job.phase = services::JobPhase::kDecode;
   } else {
     job.phase = services::JobPhase::kColocated;
@@ -174,8 +176,8 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   services::RequestLog("router", tag)
       .Debug("job {:x}: {} prompt tokens, max_tokens {} -> {}{}", job_id, prompt_tokens, out.max_tokens,
              out.worker->id, disaggregated ? " (decode), prefill " + prefill.worker->id : std::string());
-  metrics_->CountPlacement(out.worker->role, out.worker->id, std::nullopt);
-  if (disaggregated) metrics_->CountPlacement(prefill.worker->role, prefill.worker->id, std::nullopt);
+  metrics_->CountPlacement(out.worker->role, out.worker->id, out.worker->dp_rank);
+  if (disaggregated) metrics_->CountPlacement(prefill.worker->role, prefill.worker->id, prefill.worker->dp_rank);
   SendLocked(out.worker->peer, job);
   return out.max_tokens;
 }

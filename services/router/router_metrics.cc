@@ -138,12 +138,9 @@ void RouterMetrics::ForgetWorker(const std::string& worker) {
   kv_series_.erase(it);
 }
 
-void RouterMetrics::CountPlacement(services::WorkerRole role, const std::string& worker,
-                                   std::optional<uint32_t> dp_rank) {
+void RouterMetrics::CountPlacement(services::WorkerRole role, const std::string& worker, uint32_t dp_rank) {
   placements_
-      .Add({{"role", services::WorkerRoleName(role)},
-            {"worker", worker},
-            {"dp_rank", dp_rank ? std::to_string(*dp_rank) : std::string("any")}})
+      .Add({{"role", services::WorkerRoleName(role)}, {"worker", worker}, {"dp_rank", std::to_string(dp_rank)}})
       .Increment();
 }
 

@@ -19,7 +19,8 @@
 //   pdserve_router_worker_kv_blocks{role,worker,state}  last heartbeat's free/used blocks
 //   pdserve_router_control_errors_total           control messages dropped as malformed
 //   pdserve_router_placements_total{role,worker,dp_rank}  jobs the router placed on each worker
-//                                                 (dp_rank "any": the worker picks the rank)
+//                                                 (every DP rank of an instance is a worker;
+//                                                 dp_rank 0 for one-process workers)
 //   pdserve_router_request_api_malformed_total    ZeroMQ request API messages refused as
 //                                                 malformed or of a wrong kind
 //   pdserve_router_migrations_total{role,outcome}  requests whose attempt failed on a worker of
@@ -65,7 +66,7 @@ class RouterMetrics {
   void UpdateWorkerKv(services::WorkerRole role, const std::string& worker, int64_t free, int64_t total);
   void ForgetWorker(const std::string& worker);
   // One job placed on `worker` (nullopt rank: the router did not pin a DP rank).
-  void CountPlacement(services::WorkerRole role, const std::string& worker, std::optional<uint32_t> dp_rank);
+  void CountPlacement(services::WorkerRole role, const std::string& worker, uint32_t dp_rank);
 
   prometheus::Histogram& ttft;
   prometheus::Histogram& inter_token_latency;

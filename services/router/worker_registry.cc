@@ -72,6 +72,8 @@ RegisterOutcome WorkerRegistry::Register(const std::string& peer, const services
   e->transfer_address = msg.transfer_address;
   e->model_name = msg.model_name;
   e->capacity = msg.capacity;
+  e->instance_id = msg.instance_id;
+  e->dp_rank = msg.dp_rank;
   e->compat_hash = msg.compat_hash;
   e->load.kv_blocks_free = msg.capacity.kv_blocks_free;
   e->load.kv_blocks_total = msg.capacity.kv_blocks_total;

@@ -42,6 +42,8 @@ struct WorkerEntry {
   std::string model_name;
   services::WorkerCapacity capacity;
   uint64_t compat_hash = 0;
+  std::string instance_id;  // a DP rank of a multi-rank instance ("" : one-process worker)
+  uint32_t dp_rank = 0;
   services::WorkerLoad load;
   bool draining = false;
   bool drain_requested = false;  // the router sent Drain: draining whatever heartbeats say

@@ -9,10 +9,6 @@ nlohmann::json WorkersView(const std::vector<WorkerEntry>& workers, std::chrono:
   nlohmann::json data = nlohmann::json::array();
   for (const WorkerEntry& w : workers) {
     const auto silent = duration_cast<milliseconds>(now - w.last_seen);
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const auto& r : w.load.ranks)
-      ranks.push_back({{"dp_rank", r.rank}, {"running", r.running}, {"waiting", r.waiting},
-                       {"kv_blocks_free", r.kv_blocks_free}});
     data.push_back({
         {"id", w.id},
         {"role", services::WorkerRoleName(w.role)},
@@ -29,8 +25,9 @@ nlohmann::json WorkersView(const std::vector<WorkerEntry>& workers, std::chrono:
           {"kv_blocks_total", w.load.kv_blocks_total},
           {"outstanding_requests", w.outstanding_requests},
           {"outstanding_tokens", w.outstanding_tokens}}},
+        {"instance", w.instance_id},
+        {"dp_rank", w.dp_rank},
         {"dp_ranks", w.capacity.dp_ranks},
-        {"ranks", std::move(ranks)},
         {"capacity",
          {{"max_context_tokens", w.capacity.max_context_tokens},
           {"max_batch", w.capacity.max_batch},

@@ -1,6 +1,7 @@
 // GET /v1/workers: the router's view of its workers for operators and tooling -- role, state
-// and health, load (the worker's last heartbeat plus the router's own accounting), data-parallel
-// ranks (count and per-rank load when the worker reports them), addresses, capacity.
+// and health, load (the worker's last heartbeat plus the router's own accounting), its place in
+// a multi-rank instance (every DP rank of a decode instance is listed as a worker of its own,
+// with its own load), addresses, capacity.
 //
 //   {"object": "list", "data": [{"id", "role", "state": "ready"|"draining",
 //     "health": "healthy"|"late" (no heartbeat for more than 2 intervals),
@@ -8,7 +9,7 @@
 //     "address": {"metrics": "host:port", "transfer": bool},
 //     "load": {"running", "waiting", "queued_tokens", "kv_blocks_free", "kv_blocks_total",
 //              "outstanding_requests", "outstanding_tokens"},
-//     "dp_ranks": N, "ranks": [{"dp_rank", "running", "waiting", "kv_blocks_free"}],
+//     "instance": "" (one-process worker) | the instance id, "dp_rank": r, "dp_ranks": N,
 //     "capacity": {"max_context_tokens", "max_batch", "block_tokens"}, "model"}]}
 //
 // Thread-safety: a pure function of a snapshot (RouterCore::WorkerSnapshot).

@@ -2,6 +2,8 @@
 // and prefill halves are in engine_worker_decode.cc and engine_worker_prefill.cc.
 #include "services/worker/engine_worker.h"
 
+#include "services/worker/model_instance.h"
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -49,12 +51,14 @@ uint64_t CompatibilityHash(const std::string& config_json, const std::string& mo
   return h == 0 ? 1 : h;
 }
 
-EngineWorker::EngineWorker(const WorkerServiceConfig& config, std::shared_ptr<prometheus::Registry> registry)
-    : config_(config), registry_(std::move(registry)) {}
+EngineWorker::EngineWorker(const WorkerServiceConfig& config, std::shared_ptr<prometheus::Registry> registry,
+                           ModelInstance* instance)
+    : config_(config), instance_(instance), registry_(std::move(registry)) {}
 
 Result<std::unique_ptr<EngineWorker>> EngineWorker::Create(const WorkerServiceConfig& config,
-                                                           std::shared_ptr<prometheus::Registry> registry) {
-  std::unique_ptr<EngineWorker> w(new EngineWorker(config, std::move(registry)));
+                                                           std::shared_ptr<prometheus::Registry> registry,
+                                                           ModelInstance* instance) {
+  std::unique_ptr<EngineWorker> w(new EngineWorker(config, std::move(registry), instance));
   PDSERVE_RETURN_IF_ERROR(w->Init());
   return w;
 }
@@ -63,8 +67,7 @@ Status EngineWorker::Init() {
   if (registry_) metrics_ = std::make_unique<ServiceMetrics>(*registry_, config_.role, config_.worker_id);
   PDSERVE_ASSIGN_OR_RETURN(std::string config_json, ReadFile(config_.model_dir + "/config.json"));
   engine::EngineOptions eo;
-  eo.model_dir = config_.model_dir;
-  eo.threads = config_.threads;
+  eo.group = instance_->group();
   eo.kv_cache_gib = config_.kv_cache_gib;
   eo.block_tokens = config_.block_tokens;
   if (config_.max_seqs > 0) eo.scheduler.max_num_seqs = config_.max_seqs;
@@ -86,7 +89,7 @@ Status EngineWorker::Init() {
     eo.kv_memory = region_->data();
     eo.kv_memory_bytes = static_cast<int64_t>(region_->size());
   }
-  PDSERVE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(eo));
+  PDSERVE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(eo, &instance_->model()));
   const engine::KvLayout& layout = engine_->pool().layout();
   compat_hash_ = CompatibilityHash(config_json, config_.model_name, layout);
   PDSERVE_ASSIGN_OR_RETURN(transfer_layout_, ToTransferLayout(layout));
@@ -116,10 +119,10 @@ Status EngineWorker::Init() {
     transfer_thread_ = std::jthread([this](std::stop_token st) { TransferLoop(st); });
   }
   engine_->Start();
-  GetLogger("worker")->info("{} worker {}: model {} ({}), KV {} blocks of {} tokens, compat hash {:016x}{}",
+  GetLogger("worker")->info("{} worker {}: model {} ({}), KV {} blocks of {} tokens, compat hash {:016x}{}; {}",
                             WorkerRoleName(config_.role), config_.worker_id, config_.model_dir, layout.ToString(),
                             engine_->pool().n_blocks(), layout.block_tokens, compat_hash_,
-                            transport_ ? ", KV transfer over UCX" : "");
+                            transport_ ? ", KV transfer over UCX" : "", instance_->Describe());
   return Status::Ok();
 }
 
@@ -155,6 +158,7 @@ WorkerCapacity EngineWorker::Capacity() const {
   c.kv_blocks_free = static_cast<uint32_t>(engine_->pool().n_free());
   c.block_tokens = static_cast<uint32_t>(engine_->pool().layout().block_tokens);
   c.max_context_tokens = static_cast<uint32_t>(engine_->max_sequence_length());
+  c.dp_ranks = static_cast<uint32_t>(instance_->dp_size());
   return c;
 }
 
@@ -232,6 +236,12 @@ TokenLogprob ToLogprob(const engine::TokenEvent& ev) {
 }  // namespace
 
 Status EngineWorker::StartJob(const JobMsg& job) {
+  // Every DP rank of an instance registers on its own: a job for another rank was mis-routed
+  // (or is stale), and running it here would mix two ranks' requests and caches.
+  if (job.dp_rank != static_cast<uint32_t>(instance_->dp_rank()))
+    return Status::InvalidArgument("job for DP rank " + std::to_string(job.dp_rank) + " reached " + config_.worker_id +
+                                   ", DP rank " + std::to_string(instance_->dp_rank()) + " of " +
+                                   std::to_string(instance_->dp_size()));
   switch (job.phase) {
     case JobPhase::kDecode:
       if (config_.role != WorkerRole::kDecode) break;

@@ -53,6 +53,7 @@
 namespace pdserve::services::worker {
 
 class ImportAllocator;
+class ModelInstance;
 
 // The engine's block layout as kvtransfer describes it (field-for-field; same bytes).
 // Errors: InvalidArgument when the two layouts would disagree on a block's size.
@@ -64,8 +65,11 @@ uint64_t CompatibilityHash(const std::string& config_json, const std::string& mo
 
 class EngineWorker final : public WorkerHandler {
  public:
+  // `instance` (the model, and for a multi-rank instance this DP unit's group; its leader)
+  // must outlive the worker. `config` is this DP rank's (ForDpRank).
   static Result<std::unique_ptr<EngineWorker>> Create(const WorkerServiceConfig& config,
-                                                      std::shared_ptr<prometheus::Registry> registry);
+                                                      std::shared_ptr<prometheus::Registry> registry,
+                                                      ModelInstance* instance);
   ~EngineWorker() override;
   EngineWorker(const EngineWorker&) = delete;
   EngineWorker& operator=(const EngineWorker&) = delete;
@@ -82,6 +86,8 @@ class EngineWorker final : public WorkerHandler {
   Status CommitFirstToken(const FirstTokenMsg& first) override;
   void AbortJob(uint64_t request_id, std::string_view reason) override;
   WorkerLoad CurrentLoad() override;
+  // Ok, or why the engine stopped for good (its multi-rank group broke): the process should exit.
+  Status failure() const { return engine_->failure(); }
 
  private:
   struct Job {
@@ -104,7 +110,8 @@ class EngineWorker final : public WorkerHandler {
     TokenLogprob logprob;
   };
 
-  EngineWorker(const WorkerServiceConfig& config, std::shared_ptr<prometheus::Registry> registry);
+  EngineWorker(const WorkerServiceConfig& config, std::shared_ptr<prometheus::Registry> registry,
+               ModelInstance* instance);
   Status Init();
   engine::SamplingParams ToSampling(const SamplingSpec& spec) const;
   void OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev);
@@ -137,6 +144,7 @@ class EngineWorker final : public WorkerHandler {
   void RunTransfer(uint64_t request_id);
 
   const WorkerServiceConfig config_;
+  ModelInstance* const instance_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<ServiceMetrics> metrics_;
   uint64_t compat_hash_ = 0;

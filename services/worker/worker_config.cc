@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "model/parallel_launch.h"
 #include "services/common/yaml_config.h"
 
 namespace pdserve::services::worker {
@@ -15,8 +16,13 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
                                        "kv_cache_gib", "block_tokens", "max_seqs", "metrics_host", "metrics_port",
                                        "ready_file", "drain_timeout_ms", "register_retry_ms", "ucx_tls",
                                        "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
-                                       "log_level", "curve_secret_key_file", "router_public_key_file"}));
+                                       "log_level", "curve_secret_key_file", "router_public_key_file", "plan"}));
   int64_t threads = c->threads, port = c->metrics_port;
+  std::string plan;
+  PDSERVE_RETURN_IF_ERROR(w.Get("plan", &plan));
+  if (!plan.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(c->plan, model::ParsePlanString(plan));
+  }
   PDSERVE_RETURN_IF_ERROR(w.Get("role", role));
   PDSERVE_RETURN_IF_ERROR(w.Get("router", &c->router));
   PDSERVE_RETURN_IF_ERROR(w.Get("worker_id", &c->worker_id));
@@ -54,7 +60,7 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
                           "block-tokens", "max-seqs", "metrics-host", "metrics-port", "ready-file", "drain-timeout-ms",
                           "register-retry-ms", "ucx-tls", "ucx-net-devices", "kv-lease-ms",
                           "kv-transfer-timeout-ms", "kv-stream-layers", "log-level", "test-fail-prefill-at-layer",
-                           "test-tear-kv-writes", "curve-secret-key-file", "router-public-key-file"},
+                           "test-tear-kv-writes", "curve-secret-key-file", "router-public-key-file", "plan"},
                          {}));
   WorkerServiceConfig c;
   std::string role = fixed_role ? WorkerRoleName(*fixed_role) : "colocated";
@@ -75,6 +81,9 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   c.log_level = cl.GetOr("log-level", c.log_level);
   c.curve_secret_key_file = cl.GetOr("curve-secret-key-file", c.curve_secret_key_file);
   c.router_public_key_file = cl.GetOr("router-public-key-file", c.router_public_key_file);
+  if (auto plan = cl.Get("plan")) {
+    PDSERVE_ASSIGN_OR_RETURN(c.plan, model::ParsePlanString(*plan));
+  }
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, cl.GetInt("threads", c.threads));
   PDSERVE_ASSIGN_OR_RETURN(c.kv_cache_gib, cl.GetDouble("kv-gib", c.kv_cache_gib));
   PDSERVE_ASSIGN_OR_RETURN(c.block_tokens, cl.GetInt("block-tokens", c.block_tokens));

@@ -6,6 +6,10 @@
 // Thread-safety: value type.
 #pragma once
 
+#include <optional>
+
+#include "comm/parallel_plan.h"
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -42,6 +46,10 @@ struct WorkerServiceConfig {
   // the transfer with the remaining layers); false: write all layers after the forward.
   bool kv_stream_layers = true;
   std::string log_level;
+  // A multi-rank instance (docs/services.md "Multi-rank workers"): "cp=1,dp=2,ep=2,tp=1" (keys
+  // optional, default 1); the process must then run under mpirun with cp * dp * tp ranks.
+  // Unset: one process without MPI.
+  std::optional<comm::ParallelPlan> plan;
   // TEST ONLY (fault injection, < 0: off): every prefill forward fails after this layer's KV
   // was streamed (engine::EngineOptions::test_fail_export_at_layer).
   int64_t test_fail_prefill_at_layer = -1;

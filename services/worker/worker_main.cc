@@ -12,6 +12,7 @@
 #include "services/common/process_util.h"
 #include "services/common/worker_agent.h"
 #include "services/worker/engine_worker.h"
+#include "services/worker/model_instance.h"
 #include "services/worker/worker_config.h"
 
 namespace pdserve::services::worker {
@@ -25,9 +26,23 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
   try {
     auto config = ParseWorkerConfig(argc, argv, fixed_role);
     if (!config.ok()) return fail(config.status());
-    const WorkerServiceConfig& c = config.value();
-    if (!c.log_level.empty()) SetLogLevel(c.log_level);
+    if (!config.value().log_level.empty()) SetLogLevel(config.value().log_level);
     auto log = GetLogger("worker");
+    // The model first: under a plan every rank of the instance must load (collectively)
+    // before any of them may fail on something local.
+    auto instance = ModelInstance::Load(config.value(), &argc, &argv);
+    if (!instance.ok()) return fail(instance.status());
+    ModelInstance* in = instance.value().get();
+    if (!in->serves()) {
+      // A follower: no router, no metrics; it replays its unit leader's steps. Termination
+      // signals stay blocked here: the leader's stop vote ends the loop.
+      log->info("{} follower rank up ({})", name, in->Describe());
+      const Status s = in->RunFollower();
+      if (!s.ok()) return fail(s);
+      log->info("{} follower rank stopped", name);
+      return 0;
+    }
+    const WorkerServiceConfig c = ForDpRank(config.value(), in->dp_rank(), in->dp_size());
     // Key files are checked before the model loads: a typo fails in milliseconds.
     CurveOptions curve;
     if (!c.curve_secret_key_file.empty()) {
@@ -39,7 +54,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
     auto registry = std::make_shared<prometheus::Registry>();
     auto exposer = MetricsExposer::Start(c.metrics_host + ":" + std::to_string(c.metrics_port), registry);
     if (!exposer.ok()) return fail(exposer.status());
-    auto worker = EngineWorker::Create(c, registry);
+    auto worker = EngineWorker::Create(c, registry, in);
     if (!worker.ok()) return fail(worker.status());
     EngineWorker* w = worker.value().get();
 
@@ -52,6 +67,10 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
     ao.http_address = exposer.value()->address();
     ao.transfer_address = w->transfer_address();
     ao.capacity = w->Capacity();
+    if (in->group()) {
+      ao.instance_id = config.value().worker_id;
+      ao.dp_rank = static_cast<uint32_t>(in->dp_rank());
+    }
     ao.register_retry = c.register_retry;
     ao.metrics_registry = registry;
     ao.curve = std::move(curve);
@@ -77,6 +96,12 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
         break;
       }
       if (state == WorkerAgent::State::kDeregistered) break;  // drained on the router's request
+      if (Status broken = w->failure(); !broken.ok()) {
+        // The instance's rank group broke (a rank failed): this rank cannot step any more.
+        log->error("the multi-rank instance failed: {}", broken.ToString());
+        exit_code = 4;
+        break;
+      }
       if (sig != 0) {
         log->info("signal {}: draining (up to {} ms)", sig, c.drain_timeout.count());
         a->BeginDrain(c.drain_timeout);

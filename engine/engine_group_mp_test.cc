@@ -1,0 +1,244 @@
+// The Engine as one rank of a multi-rank instance (engine/rank_group.h), under mpirun at 2 and
+// 4 ranks, against the single-process engine's greedy output for the same prompts:
+//   * DP units with EP (each rank its own requests, continuous batching; a rank with less work
+//     takes dummy steps while the others decode);
+//   * a TP unit (a leader and followers replaying its steps);
+//   * CP prefill (whole prompts split over the CP ranks, then decode replicated on the unit);
+//   * KV imported into a TP unit's leader (the followers receive the blocks with the step) and
+//     decoded from there, as a decode service does after a KV transfer.
+// Every rank makes the same tiny checkpoint; ranks stop together (the engines' stop votes).
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "comm/testing/mpi_test_util.h"
+#include "engine/engine.h"
+#include "engine/engine_test_util.h"
+#include "engine/rank_group.h"
+#include "model/make_model.h"
+#include "model/parallel_launch.h"
+#include "model/test_util.h"
+
+namespace pdserve::engine {
+namespace {
+
+using comm::ParallelPlan;
+using comm::testing::AllRanks;
+using comm::testing::WorldSize;
+using testing::EventCollector;
+
+constexpr int64_t kMaxTokens = 12;
+
+std::vector<int32_t> Prompt(int64_t len, int seed) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < len; ++i) p.push_back(static_cast<int32_t>((i * 37 + seed * 101 + 11) % 1000));
+  return p;
+}
+
+class EngineGroupTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new model::testing::TempDir("engine_group");
+    model::MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 7;
+    o.out_dir = dir_->path();
+    ASSERT_TRUE(model::MakeModel(o).ok());
+    EngineOptions eo;
+    eo.model_dir = dir_->path();
+    eo.threads = 1;
+    eo.kv_cache_gib = 0.0625;
+    auto ref = Engine::Create(eo);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    reference_ = ref->release();
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    delete dir_;
+  }
+
+  // The single-process engine's greedy tokens for `prompt` run alone.
+  static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int64_t max_tokens = kMaxTokens) {
+    EventCollector events;
+    RequestOptions ro;
+    ro.sampling.temperature = 0;
+    ro.sampling.max_tokens = max_tokens;
+    ro.on_event = events.Callback();
+    auto id = reference_->AddRequest(prompt, ro);
+    EXPECT_TRUE(id.ok());
+    EXPECT_TRUE(testing::RunUntilIdle(reference_));
+    return events.Tokens(*id);
+  }
+
+  struct Rank {
+    model::ParallelInstance instance;
+    std::unique_ptr<RankGroup> group;
+    std::unique_ptr<Engine> engine;  // unit leaders only
+  };
+  static Rank Join(const ParallelPlan& plan) {
+    Rank r;
+    auto in = model::LoadParallelInstance(dir_->path(), plan, 1);
+    EXPECT_TRUE(in.ok()) << in.status().ToString();
+    if (!in.ok()) return r;
+    r.instance = std::move(*in);
+    EngineOptions eo;
+    eo.kv_cache_gib = 0.0625;
+    const KvLayout layout = KvLayout::ForConfig(r.instance.model->config(), eo.block_tokens, eo.latent_format,
+                                                eo.index_format);
+    auto g = RankGroup::Create(*r.instance.model, layout);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    if (!g.ok()) return r;
+    r.group = std::move(*g);
+    if (r.group->leader()) {
+      eo.group = r.group.get();
+      auto e = Engine::Create(eo, r.instance.model.get());
+      EXPECT_TRUE(e.ok()) << e.status().ToString();
+      if (e.ok()) r.engine = std::move(*e);
+    }
+    return r;
+  }
+
+  // Each DP unit's leader serves prompts[i] for i % dp == its DP rank; followers replay. Every
+  // output must equal the reference. Returns every rank's dummy steps (collective).
+  // max_tokens[i] (default kMaxTokens) for prompts[i].
+  static std::vector<int64_t> ServeAndCheck(const ParallelPlan& plan, const std::vector<std::vector<int32_t>>& prompts,
+                                            std::vector<int64_t> max_tokens = {}) {
+    max_tokens.resize(prompts.size(), kMaxTokens);
+    std::map<size_t, std::vector<int32_t>> expected;
+    for (size_t i = 0; i < prompts.size(); ++i) expected[i] = Reference(prompts[i], max_tokens[i]);
+    Rank r = Join(plan);
+    if (!AllRanks(r.group != nullptr)) {
+      ADD_FAILURE() << "no group";
+      return {};
+    }
+    if (r.group->leader()) Lead(plan, prompts, max_tokens, expected, &r);
+    else EXPECT_TRUE(r.group->FollowerLoop().ok());
+    return comm::testing::AllGather(r.group->dummy_steps());
+  }
+  static void Lead(const ParallelPlan& plan, const std::vector<std::vector<int32_t>>& prompts,
+                   const std::vector<int64_t>& max_tokens, std::map<size_t, std::vector<int32_t>>& expected,
+                   Rank* rank) {
+    Rank& r = *rank;
+    ASSERT_TRUE(r.engine);
+    EventCollector events;
+    std::map<size_t, RequestId> ids;
+    r.engine->Start();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (static_cast<int>(i % static_cast<size_t>(plan.dp)) != r.group->dp_rank()) continue;
+      RequestOptions ro;
+      ro.sampling.temperature = 0;
+      ro.sampling.max_tokens = max_tokens[i];
+      ro.on_event = events.Callback();
+      auto id = r.engine->AddRequest(prompts[i], ro);
+      ASSERT_TRUE(id.ok()) << id.status().ToString();
+      ids[i] = *id;
+    }
+    EXPECT_TRUE(events.WaitFinished(ids.size(), std::chrono::seconds(120)));
+    for (const auto& [i, id] : ids) EXPECT_EQ(events.Tokens(id), expected[i]) << "prompt " << i;
+    EXPECT_TRUE(r.engine->failure().ok());
+    EXPECT_EQ(r.engine->pool().n_used(), 0);
+    r.engine.reset();  // votes stop; returns once every rank stopped
+  }
+
+  static model::testing::TempDir* dir_;
+  static Engine* reference_;
+};
+
+model::testing::TempDir* EngineGroupTest::dir_ = nullptr;
+Engine* EngineGroupTest::reference_ = nullptr;
+
+TEST_F(EngineGroupTest, DataParallelUnitsWithExpertParallelMoe) {
+  ParallelPlan plan;
+  plan.dp = WorldSize();
+  plan.ep = WorldSize();
+  // Mixed lengths; unit 0's last request generates twice as long, so the other units take
+  // dummy steps while it still decodes.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> max_tokens;
+  for (int i = 0; i < 2 * plan.dp; ++i) {
+    prompts.push_back(Prompt(5 + 7 * i, i));
+    max_tokens.push_back(kMaxTokens);
+  }
+  prompts.push_back(Prompt(40, 9));
+  max_tokens.push_back(2 * kMaxTokens);
+  const std::vector<int64_t> dummies = ServeAndCheck(plan, prompts, max_tokens);
+  int64_t total = 0;
+  for (int64_t d : dummies) total += d;
+  EXPECT_GT(total, 0) << "no rank ever stepped idle while another decoded";
+}
+
+TEST_F(EngineGroupTest, TensorParallelUnitLeaderAndFollowers) {
+  ParallelPlan plan;
+  plan.tp = 2;
+  plan.dp = WorldSize() / 2;
+  plan.ep = WorldSize();
+  ServeAndCheck(plan, {Prompt(9, 1), Prompt(30, 2), Prompt(17, 3)});
+}
+
+TEST_F(EngineGroupTest, ContextParallelPrefillThenReplicatedDecode) {
+  ParallelPlan plan;
+  plan.cp = 2;
+  plan.dp = WorldSize() / 2;
+  plan.ep = WorldSize();
+  // Long enough that every CP rank gets more than 8 rows (the CP path proper), and one short
+  // prompt that falls back to an ordinary forward on every rank.
+  ServeAndCheck(plan, {Prompt(48, 4), Prompt(6, 5), Prompt(70, 6)});
+}
+
+TEST_F(EngineGroupTest, ImportedKvReachesTheFollowers) {
+  ParallelPlan plan;
+  plan.tp = 2;
+  plan.dp = WorldSize() / 2;
+  plan.ep = WorldSize();
+  const std::vector<int32_t> prompt = Prompt(33, 8);
+  const std::vector<int32_t> expected = Reference(prompt);
+  // The prefill side: the reference engine computes the prompt and holds its KV.
+  std::vector<std::vector<uint8_t>> blocks;
+  int32_t first_token = -1;
+  {
+    EventCollector events;
+    RequestOptions ro;
+    ro.sampling.temperature = 0;
+    ro.sampling.max_tokens = 1;
+    ro.hold_kv = true;
+    ro.on_event = events.Callback();
+    auto id = reference_->AddRequest(prompt, ro);
+    ASSERT_TRUE(id.ok());
+    ASSERT_TRUE(testing::RunUntilIdle(reference_));
+    first_token = events.Tokens(*id).at(0);
+    auto held = reference_->HeldBlocks(*id);
+    ASSERT_TRUE(held.ok());
+    const BlockPool& p = reference_->pool();
+    for (int32_t b : *held) blocks.emplace_back(p.base() + int64_t{b} * p.block_bytes(), p.base() + (int64_t{b} + 1) * p.block_bytes());
+    ASSERT_TRUE(reference_->ReleaseKv(*id).ok());
+  }
+  Rank r = Join(plan);
+  ASSERT_TRUE(AllRanks(r.group != nullptr));
+  if (!r.group->leader()) {
+    EXPECT_TRUE(r.group->FollowerLoop().ok());
+    return;
+  }
+  EventCollector events;
+  RequestOptions ro;
+  ro.sampling.temperature = 0;
+  ro.sampling.max_tokens = kMaxTokens;
+  ro.on_event = events.Callback();
+  auto import = r.engine->ReserveImport(prompt, ro);
+  ASSERT_TRUE(import.ok()) << import.status().ToString();
+  ASSERT_EQ(import->block_ids.size(), blocks.size());
+  const BlockPool& pool = r.engine->pool();
+  for (size_t k = 0; k < blocks.size(); ++k)
+    std::memcpy(pool.base() + int64_t{import->block_ids[k]} * pool.block_bytes(), blocks[k].data(), blocks[k].size());
+  r.engine->Start();
+  ASSERT_TRUE(r.engine->CommitImport(import->id, first_token).ok());
+  EXPECT_TRUE(events.WaitFinished(1, std::chrono::seconds(120)));
+  EXPECT_EQ(events.Tokens(import->id), expected);
+  r.engine.reset();
+}
+
+}  // namespace
+}  // namespace pdserve::engine
