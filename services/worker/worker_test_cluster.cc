@@ -105,19 +105,16 @@ Streamed Collect(const services::testing::SseReply& r) {
 
 bool UcxTcpUsable() { return std::filesystem::exists("/sys/class/net"); }
 
-Status Workers::Start(const std::string& id, const std::string& role, std::vector<std::string> extra) {
-  const std::string ready = c_->dir() + "/" + id + ".ready";
-  auto via = router_endpoints_.find(id);
-  const std::string router = via != router_endpoints_.end() ? via->second : c_->control_endpoint();
-  std::vector<std::string> argv = {kBin + "/pdserve-" + role, "--router", router, "--worker-id", id,
-                                   "--model", ModelDir(), "--model-name", "pdserve", "--ready-file", ready,
-                                   "--register-retry-ms", "50", "--kv-gib", "0.0625", "--threads", "1",
-                                   "--kv-lease-ms", "4000", "--kv-transfer-timeout-ms", "4000"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  PDSERVE_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log",
-                                                           {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
-  ChildProcess* p = child.get();
-  procs_[id] = std::move(child);
+namespace {
+
+std::vector<std::string> WorkerArgs(const std::string& router, const std::string& id, const std::string& ready) {
+  return {"--router", router, "--worker-id", id, "--model", ModelDir(), "--model-name", "pdserve",
+          "--ready-file", ready, "--register-retry-ms", "50", "--kv-gib", "0.0625", "--threads", "1",
+          "--kv-lease-ms", "4000", "--kv-transfer-timeout-ms", "4000"};
+}
+
+// The metrics port from a worker's ready file, once it is there (an error if `p` exited first).
+Result<int> WaitForReadyFile(const std::string& ready, ChildProcess* p, const std::string& what) {
   json r;
   const bool ok = WaitFor(
       [&] {
@@ -127,8 +124,50 @@ Status Workers::Start(const std::string& id, const std::string& role, std::vecto
         return !r.is_discarded();
       },
       60s);
-  if (!ok || r.is_discarded() || r.is_null()) return Status::DeadlineExceeded(id + " did not start:\n" + p->Log());
-  ports_[id] = r["metrics_port"].get<int>();
+  if (!ok || r.is_discarded() || r.is_null()) return Status::DeadlineExceeded(what + " did not start:\n" + p->Log());
+  return r["metrics_port"].get<int>();
+}
+
+}  // namespace
+
+Status Workers::Start(const std::string& id, const std::string& role, std::vector<std::string> extra) {
+  const std::string ready = c_->dir() + "/" + id + ".ready";
+  auto via = router_endpoints_.find(id);
+  const std::string router = via != router_endpoints_.end() ? via->second : c_->control_endpoint();
+  std::vector<std::string> argv = {kBin + "/pdserve-" + role};
+  for (std::string& a : WorkerArgs(router, id, ready)) argv.push_back(std::move(a));
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  PDSERVE_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log",
+                                                           {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
+  ChildProcess* p = child.get();
+  procs_[id] = std::move(child);
+  PDSERVE_ASSIGN_OR_RETURN(ports_[id], WaitForReadyFile(ready, p, id));
+  return Status::Ok();
+}
+
+Status Workers::StartInstance(const std::string& id, const std::string& role, int ranks, const std::string& plan,
+                              int dp, std::vector<std::string> extra) {
+  const std::string ready = c_->dir() + "/" + id + ".ready";
+  std::vector<std::string> argv = {PDSERVE_MPIEXEC, "-n", std::to_string(ranks), kBin + "/pdserve-" + role,
+                                   "--plan", plan};
+  for (std::string& a : WorkerArgs(c_->control_endpoint(), id, ready)) argv.push_back(std::move(a));
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  // mpirun as root, more ranks than cores, shared memory / loopback only, MPI kept off UCX
+  // (the KV transfer layer has its own UCX context on tcp).
+  PDSERVE_ASSIGN_OR_RETURN(
+      auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log",
+                                      {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo", "OMPI_ALLOW_RUN_AS_ROOT=1",
+                                       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
+                                       "OMPI_MCA_mpi_yield_when_idle=1", "OMPI_MCA_btl=self,vader,tcp",
+                                       "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
+                                       "OMPI_MCA_pml=ob1"}));
+  ChildProcess* p = child.get();
+  procs_[id] = std::move(child);
+  for (int k = 0; k < dp; ++k) {
+    const std::string rank_id = dp > 1 ? id + "-dp" + std::to_string(k) : id;
+    const std::string rank_ready = dp > 1 ? ready + ".dp" + std::to_string(k) : ready;
+    PDSERVE_ASSIGN_OR_RETURN(ports_[rank_id], WaitForReadyFile(rank_ready, p, rank_id));
+  }
   return Status::Ok();
 }
 

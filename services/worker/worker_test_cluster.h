@@ -53,6 +53,11 @@ class Workers {
   // Starts pdserve-<role> `id` (small KV pool, one thread, 4 s leases) and waits for its ready
   // file. Registration is not awaited (TestCluster::WaitForWorkers).
   Status Start(const std::string& id, const std::string& role, std::vector<std::string> extra = {});
+  // Starts a multi-rank instance `id`: `mpirun -n <ranks> pdserve-<role> --plan <plan>` (the
+  // same settings as Start), and waits for every DP rank's ready file. Its DP ranks register
+  // as "<id>-dp<k>" when dp > 1 (else as `id`); Metrics / NoBlocksUsed take those ids.
+  Status StartInstance(const std::string& id, const std::string& role, int ranks, const std::string& plan, int dp,
+                       std::vector<std::string> extra = {});
   // Makes the next Start of `id` reach the router's control plane at `endpoint` instead (e.g.
   // through a TcpProxy that can cut the network).
   void RouteThrough(const std::string& id, const std::string& endpoint) { router_endpoints_[id] = endpoint; }

@@ -1,0 +1,117 @@
+// End-to-end tests of multi-rank worker instances (docs/services.md "Multi-rank workers"): a real
+// pdserve-router, single-process workers and an instance started by mpirun, UCX tcp for the KV
+// transfer, and the single-process engine's greedy output as the reference for every reply.
+//   * A decode instance with DP = 2 (EP over both ranks): each DP rank registers on its own, the
+//     router places every request on one rank and the prefill writes into that rank's blocks.
+//   * A prefill instance with CP = 2: prompts computed context-parallel, KV streamed from the
+//     leader's copy.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "services/common/testing/http_test_client.h"
+#include "services/router/cluster_fixture.h"
+#include "services/worker/worker_test_cluster.h"
+
+namespace pdserve::services::worker {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using router::testing::MetricValue;
+using router::testing::PromtoolProblems;
+using router::testing::TestCluster;
+using testing::HttpGet;
+using testing::HttpPostSse;
+using namespace e2e;  // NOLINT: the shared e2e helpers
+
+// Streams request k (prompt Prompt(k), max_tokens[k]) for every k at once; returns the replies.
+std::vector<Streamed> StreamAll(TestCluster& c, const std::vector<int>& max_tokens) {
+  std::vector<Streamed> got(max_tokens.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < max_tokens.size(); ++k)
+    threads.emplace_back([&, k] {
+      got[k] = Collect(HttpPostSse(c.http_port(), "/v1/completions",
+                                   Body(Prompt(static_cast<int>(k)), max_tokens[k], true), 180s));
+    });
+  for (auto& t : threads) t.join();
+  return got;
+}
+
+void ExpectGreedy(const std::vector<Streamed>& got, const std::vector<int>& max_tokens, Workers& w) {
+  for (size_t k = 0; k < got.size(); ++k) {
+    const auto p = Prompt(static_cast<int>(k));
+    EXPECT_FALSE(got[k].error) << k << ": " << got[k].error_message;
+    EXPECT_EQ(got[k].text, Text(Reference(p, max_tokens[k]))) << "request " << k;
+    ASSERT_FALSE(got[k].usage.is_null()) << k << w.Logs();
+    EXPECT_EQ(got[k].usage["completion_tokens"].get<int>(), max_tokens[k]);
+    EXPECT_EQ(got[k].usage["prompt_tokens"].get<int>(), static_cast<int>(p.size()));
+  }
+}
+
+TEST(WorkerMultiRankE2eTest, DecodeInstanceWithTwoDpRanks) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-dp2");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.StartInstance("d", "decode", 2, "dp=2,ep=2", 2), w);
+  ASSERT_TRUE(c.WaitForWorkers(3, 60s)) << w.Logs();
+
+  // Each DP rank is a worker of its own in the router's view, with its place in the instance.
+  auto view = json::parse(HttpGet(c.http_port(), "/v1/workers", 5s).body);
+  int ranks_seen = 0;
+  for (const auto& entry : view["data"]) {
+    if (entry["role"] != "decode") continue;
+    const int rank = entry["dp_rank"].get<int>();
+    EXPECT_EQ(entry["id"], "d-dp" + std::to_string(rank));
+    EXPECT_EQ(entry["instance"], "d");
+    EXPECT_EQ(entry["dp_ranks"], 2);
+    ++ranks_seen;
+  }
+  EXPECT_EQ(ranks_seen, 2) << view.dump();
+
+  // 32 concurrent requests of mixed lengths.
+  std::vector<int> max_tokens;
+  for (int k = 0; k < 32; ++k) max_tokens.push_back(4 + (k * 5) % 17);
+  ExpectGreedy(StreamAll(c, max_tokens), max_tokens, w);
+
+  // Both ranks took work, in proportion to their (equal) capacity.
+  const std::string router_metrics = HttpGet(c.http_port(), "/metrics", 5s).body;
+  const double on0 = MetricValue(router_metrics, "pdserve_router_placements_total", "worker=\"d-dp0\"");
+  const double on1 = MetricValue(router_metrics, "pdserve_router_placements_total", "worker=\"d-dp1\"");
+  EXPECT_EQ(on0 + on1, 32);
+  EXPECT_GE(on0, 8) << router_metrics;
+  EXPECT_GE(on1, 8) << router_metrics;
+  EXPECT_NE(router_metrics.find("dp_rank=\"1\",role=\"decode\",worker=\"d-dp1\""), std::string::npos);
+  for (const char* id : {"p0", "d-dp0", "d-dp1"}) {
+    EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
+    EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+  }
+  // Each rank received its own requests' KV through its own transfer endpoint.
+  EXPECT_EQ(MetricValue(w.Metrics("d-dp0"), "pdserve_worker_kv_transfers_total", "ok"), on0);
+  EXPECT_EQ(MetricValue(w.Metrics("d-dp1"), "pdserve_worker_kv_transfers_total", "ok"), on1);
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+TEST(WorkerMultiRankE2eTest, ContextParallelPrefillInstance) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-cp2");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.StartInstance("p", "prefill", 2, "cp=2,ep=2", 1), w);
+  ASSERT_OK_W(w.Start("d0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 60s)) << w.Logs();
+  std::vector<int> max_tokens;
+  for (int k = 0; k < 8; ++k) max_tokens.push_back(6 + k);
+  ExpectGreedy(StreamAll(c, max_tokens), max_tokens, w);
+  for (const char* id : {"p", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+  EXPECT_EQ(MetricValue(w.Metrics("p"), "pdserve_worker_kv_transfers_total", "ok"), 8);
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+}  // namespace
+}  // namespace pdserve::services::worker
