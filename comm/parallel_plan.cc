@@ -1,5 +1,6 @@
 #include "comm/parallel_plan.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -129,6 +130,24 @@ nlohmann::json ParallelPlan::ToJson() const {
 
 std::string ParallelPlan::ToString() const {
   return fmt::format("cp={} dp={} ep={} tp={}", cp, dp, ep, tp);
+}
+
+Result<ParallelPlan> ParallelPlan::FromString(std::string_view text, std::string_view where) {
+  nlohmann::json j = nlohmann::json::object();
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t k = text.find(',', i);
+    if (k == std::string::npos) k = text.size();
+    const std::string part(text.substr(i, k - i));
+    const size_t eq = part.find('=');
+    char* end = nullptr;
+    const long v = eq == std::string::npos ? 0 : std::strtol(part.c_str() + eq + 1, &end, 10);
+    if (eq == std::string::npos || eq + 1 == part.size() || *end != '\0')
+      return Status::InvalidArgument(std::string(where) + ": '" + part + "' is not key=number (e.g. cp=2,ep=2)");
+    j[part.substr(0, eq)] = v;
+    i = k + 1;
+  }
+  return FromJson(j, where);
 }
 
 }  // namespace pdserve::comm

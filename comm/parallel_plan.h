@@ -62,6 +62,9 @@ struct ParallelPlan {
   // Errors: kInvalidArgument naming `where` and the bad key / value.
   static Result<ParallelPlan> FromJson(const nlohmann::json& j, std::string_view where = "plan");
   static Result<ParallelPlan> FromYaml(std::string_view yaml_text, std::string_view where = "plan");
+  // "cp=2,ep=2" (the keys above, comma separated; every key optional, default 1), as in
+  // `--plan` flags. Errors: kInvalidArgument naming `where` and the bad part.
+  static Result<ParallelPlan> FromString(std::string_view text, std::string_view where = "--plan");
   // By extension: .json, or .yaml / .yml. Errors: kNotFound if unreadable, else as above.
   static Result<ParallelPlan> LoadFile(const std::string& path);
 

@@ -82,5 +82,15 @@ TEST(ProcessGroupsGridTest, CoordsRoundTripAndTpIsAdjacent) {
   }
 }
 
+TEST(ParallelPlanTest, FromStringFormsAndErrors) {
+  auto p = ParallelPlan::FromString("cp=2,ep=4");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(*p, (comm::ParallelPlan{.cp = 2, .dp = 1, .ep = 4, .tp = 1}));
+  EXPECT_EQ(ParallelPlan::FromString("dp=2,tp=2,ep=4")->tp, 2);
+  EXPECT_FALSE(ParallelPlan::FromString("cp").ok());
+  EXPECT_FALSE(ParallelPlan::FromString("cp=two").ok());
+  EXPECT_FALSE(ParallelPlan::FromString("xp=2").ok());  // unknown keys are rejected
+}
+
 }  // namespace
 }  // namespace pdserve::comm

@@ -15,24 +15,6 @@
 
 namespace pdserve::model {
 
-Result<comm::ParallelPlan> ParsePlanString(const std::string& text) {
-  nlohmann::json j = nlohmann::json::object();
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t k = text.find(',', i);
-    if (k == std::string::npos) k = text.size();
-    const std::string part = text.substr(i, k - i);
-    const size_t eq = part.find('=');
-    char* end = nullptr;
-    const long v = eq == std::string::npos ? 0 : std::strtol(part.c_str() + eq + 1, &end, 10);
-    if (eq == std::string::npos || eq + 1 == part.size() || *end != '\0')
-      return Status::InvalidArgument("--plan: '" + part + "' is not key=number (e.g. cp=2,ep=2)");
-    j[part.substr(0, eq)] = v;
-    i = k + 1;
-  }
-  return comm::ParallelPlan::FromJson(j, "--plan");
-}
-
 namespace {
 
 // Moves each prompt's dump data from the leader of its unit to world rank 0 (point to point on

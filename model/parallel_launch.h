@@ -65,8 +65,4 @@ struct ParallelInstance {
 };
 Result<ParallelInstance> LoadParallelInstance(const std::string& model_dir, const comm::ParallelPlan& plan, int threads);
 
-// Parses "cp=2,ep=2" (keys cp, dp, ep, tp; every key optional, default 1).
-// Errors: kInvalidArgument naming the bad part.
-Result<comm::ParallelPlan> ParsePlanString(const std::string& text);
-
 }  // namespace pdserve::model

@@ -69,15 +69,6 @@ TEST(ReplicaRowRangeTest, TiledGroupsAreNeverCutIntoSmallPieces) {
   for (int n : {2, 3, 4, 5, 7}) Split(mixed, n);
 }
 
-TEST(ParsePlanStringTest, FormsAndErrors) {
-  auto p = ParsePlanString("cp=2,ep=4");
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
-  EXPECT_EQ(*p, (comm::ParallelPlan{.cp = 2, .dp = 1, .ep = 4, .tp = 1}));
-  EXPECT_EQ(ParsePlanString("dp=2,tp=2,ep=4")->tp, 2);
-  EXPECT_FALSE(ParsePlanString("cp").ok());
-  EXPECT_FALSE(ParsePlanString("cp=two").ok());
-  EXPECT_FALSE(ParsePlanString("xp=2").ok());  // unknown keys are rejected
-}
 
 }  // namespace
 }  // namespace pdserve::model

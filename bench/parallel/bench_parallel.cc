@@ -65,7 +65,7 @@ int Worker(const Options& opt, int argc, char** argv) {
   int rc = 0;
   {
     auto run = [&]() -> Status {
-      PDSERVE_ASSIGN_OR_RETURN(comm::ParallelPlan plan, model::ParsePlanString(opt.plan));
+      PDSERVE_ASSIGN_OR_RETURN(comm::ParallelPlan plan, comm::ParallelPlan::FromString(opt.plan));
       PDSERVE_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::ModelConfig::Load(opt.model + "/config.json"));
       PDSERVE_ASSIGN_OR_RETURN(comm::MpiComm world, comm::MpiComm::World());
       PDSERVE_ASSIGN_OR_RETURN(auto groups, comm::ProcessGroups::Create(world, plan, model::PlanDimsOf(cfg)));

@@ -83,7 +83,7 @@ Status GenerateParallel(const Args& args, const std::string& dir, const std::vec
   if (auto file = args.Get("plan-file")) {
     PDSERVE_ASSIGN_OR_RETURN(o.plan, comm::ParallelPlan::LoadFile(*file));
   } else if (auto text = args.Get("plan")) {
-    PDSERVE_ASSIGN_OR_RETURN(o.plan, model::ParsePlanString(*text));
+    PDSERVE_ASSIGN_OR_RETURN(o.plan, comm::ParallelPlan::FromString(*text));
   }
   PDSERVE_ASSIGN_OR_RETURN(o.max_new, args.GetInt("max-new-tokens", 16));
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 1));

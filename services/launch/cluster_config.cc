@@ -31,7 +31,7 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
   PDSERVE_ASSIGN_OR_RETURN(std::vector<services::YamlSection> groups, root.SectionList("workers"));
   std::set<std::string> names;
   for (const auto& g : groups) {
-    PDSERVE_RETURN_IF_ERROR(g.CheckKeys({"name", "role", "type", "count", "binary", "metrics_port", "mpi_ranks", "args", "env"}));
+    PDSERVE_RETURN_IF_ERROR(g.CheckKeys({"name", "role", "type", "count", "binary", "metrics_port", "mpi_ranks", "plan", "args", "env"}));
     WorkerGroupConfig w;
     std::string role = "colocated";
     PDSERVE_RETURN_IF_ERROR(g.GetEnum("role", {"prefill", "decode", "colocated"}, &role));
@@ -47,6 +47,17 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
     w.metrics_port = static_cast<int>(port);
     PDSERVE_RETURN_IF_ERROR(g.Get("mpi_ranks", &w.mpi_ranks));
     if (w.mpi_ranks == 0) return Status::InvalidArgument(g.path() + ".mpi_ranks must be >= 1");
+    std::string plan;
+    PDSERVE_RETURN_IF_ERROR(g.Get("plan", &plan));
+    if (!plan.empty()) {
+      if (w.type != "engine") return Status::InvalidArgument(g.path() + ".plan: only engine workers run a plan");
+      PDSERVE_ASSIGN_OR_RETURN(w.plan, comm::ParallelPlan::FromString(plan, g.path() + ".plan"));
+      const int64_t ranks = w.plan->attention_ranks();
+      if (!g.Has("mpi_ranks")) w.mpi_ranks = static_cast<uint32_t>(ranks);
+      if (w.mpi_ranks != ranks)
+        return Status::InvalidArgument(g.path() + ".mpi_ranks (" + std::to_string(w.mpi_ranks) + ") must be cp * dp * tp = " +
+                                       std::to_string(ranks) + " of its plan");
+    }
     PDSERVE_RETURN_IF_ERROR(g.Get("args", &w.args));
     PDSERVE_RETURN_IF_ERROR(g.Get("env", &w.env));
     if (w.name.empty() || w.name.find_first_of(" /\t") != std::string::npos)

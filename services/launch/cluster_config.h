@@ -11,10 +11,17 @@
 //            [--model <cluster.model_dir>] [args...]
 // where --model is passed to engine workers (type: engine) only, and the port is
 // metrics_port + i (0: ephemeral). With mpi_ranks > 1 the process is started as
-// `mpirun -n <mpi_ranks> <binary> ...` (services that run an MPI group).
+// `mpirun -n <mpi_ranks> <binary> ...` (services that run an MPI group). An engine group with a
+// `plan` ("dp=2,ep=2") is a multi-rank instance: --plan is passed, mpi_ranks defaults to (and
+// must equal) cp * dp * tp, and each of its dp DP ranks registers as a worker of its own
+// (<name>-<i>-dp<k>, metrics port + k) (docs/services.md "Multi-rank workers").
 //
 // Thread-safety: value types.
 #pragma once
+
+#include <optional>
+
+#include "comm/parallel_plan.h"
 
 #include <chrono>
 #include <cstdint>
@@ -36,6 +43,9 @@ struct WorkerGroupConfig {
   std::string binary;            // empty: pdserve-<role> (engine) or pdserve-echo-worker (echo)
   int metrics_port = 0;          // of instance 0; instance i uses +i; 0: ephemeral
   uint32_t mpi_ranks = 1;
+  std::optional<comm::ParallelPlan> plan;  // engine groups: a multi-rank instance
+  // Router registrations one process of the group makes (its DP ranks).
+  uint32_t registrations() const { return plan ? static_cast<uint32_t>(plan->dp) : 1; }
   std::vector<std::string> args;           // appended to the standard flags
   std::map<std::string, std::string> env;  // extra environment
 };

@@ -50,6 +50,19 @@ TEST(ClusterConfigTest, Errors) {
   EXPECT_FALSE(err("router: {control_endpoint: 'tcp://127.0.0.1:*'}\nworkers: [{role: decode}]").ok());
   EXPECT_FALSE(err("extra: 1\nworkers: [{role: decode}]").ok());
   EXPECT_FALSE(err("workers: [{role: decode, mpi_ranks: 0}]").ok());
+  EXPECT_NE(err("workers: [{role: decode, plan: 'dp=two'}]").message().find("workers[0].plan"), std::string::npos);
+  EXPECT_NE(err("workers: [{role: decode, plan: 'dp=2', mpi_ranks: 3}]").message().find("cp * dp * tp = 2"),
+            std::string::npos);
+  EXPECT_FALSE(err("workers: [{role: decode, type: echo, plan: 'dp=2'}]").ok());
+}
+
+TEST(ClusterConfigTest, PlanGivesTheRanksAndTheRegistrations) {
+  auto c = ClusterConfig::Parse("workers: [{role: decode, plan: 'dp=2,ep=2'}, {role: prefill, plan: 'cp=2,tp=2'}]");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->workers[0].mpi_ranks, 2u);
+  EXPECT_EQ(c->workers[0].registrations(), 2u);
+  EXPECT_EQ(c->workers[1].mpi_ranks, 4u);
+  EXPECT_EQ(c->workers[1].registrations(), 1u);
 }
 
 TEST(ClusterConfigTest, ShippedTopologiesParse) {

@@ -3,6 +3,7 @@
 // everything with exit 1.
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -19,11 +20,12 @@ using namespace std::chrono_literals;
 using services::testing::ChildProcess;
 using services::testing::WaitFor;
 
-std::string WriteConfig(const std::string& dir, const std::string& workers) {
+std::string WriteConfig(const std::string& dir, const std::string& workers, const std::string& cluster_extra = "") {
   const int control = services::testing::FreeTcpPort();
   const std::string path = dir + "/cluster.yaml";
   std::ofstream out(path);
-  out << "cluster:\n  name: test\n  bin_dir: " << PDSERVE_BIN_DIR << "\n  stop_grace_ms: 5000\n  ready_timeout_ms: 20000\n"
+  out << "cluster:\n  name: test\n  bin_dir: " << PDSERVE_BIN_DIR << "\n  stop_grace_ms: 5000\n  ready_timeout_ms: 60000\n"
+      << cluster_extra
       << "router:\n  port: 0\n  control_endpoint: tcp://127.0.0.1:" << control
       << "\n  model_name: pdserve\n  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1500\n"
       << "workers:\n" << workers;
@@ -71,6 +73,43 @@ TEST(LaunchTest, StartsServesAndStopsEveryProcessOnSigterm) {
   EXPECT_NE(log.find("[router]"), std::string::npos);  // forwarded output
   EXPECT_NE(log.find("[c-1]"), std::string::npos);
   EXPECT_NE(log.find("all processes stopped"), std::string::npos);
+}
+
+// An engine decode group with a plan: one mpirun, two DP ranks registering on their own; the
+// launcher is ready only once both did, and SIGTERM stops every rank.
+TEST(LaunchTest, MultiRankDecodeInstance) {
+  if (!std::filesystem::exists("/sys/class/net")) GTEST_SKIP() << "no /sys/class/net: UCX tcp has no device";
+  const std::string dir = services::testing::MakeTempDir("pdserve-launch-dp");
+  const std::string env =
+      "env: {UCX_TLS: tcp, UCX_NET_DEVICES: lo, OMPI_MCA_pml: ob1, OMPI_MCA_btl: 'self,vader,tcp', "
+      "OMPI_MCA_btl_tcp_if_include: lo, OMPI_MCA_oob_tcp_if_include: lo, OMPI_MCA_mpi_yield_when_idle: '1'}";
+  const std::string cfg = WriteConfig(dir,
+                                      "  - {name: p, role: prefill, args: ['--threads', '1', '--kv-gib', '0.0625'], " +
+                                          env + "}\n  - {name: d, role: decode, plan: 'dp=2,ep=2', args: ['--threads', "
+                                          "'1', '--kv-gib', '0.0625'], " + env + "}\n",
+                                      "  model_dir: " + dir + "/model\n");
+  const std::string ready = dir + "/launch.ready";
+  auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg, "--ready-file", ready},
+                                    dir + "/launch.log");
+  ASSERT_TRUE(launch.ok());
+  nlohmann::json r;
+  ASSERT_TRUE(WaitFor([&] {
+    auto text = services::ReadFile(ready);
+    if (!text.ok()) return !(*launch)->Running();
+    r = nlohmann::json::parse(text.value());
+    return true;
+  }, 90s)) << (*launch)->Log();
+  ASSERT_FALSE(r.is_null()) << (*launch)->Log();
+  const int port = r["http_port"];
+  const auto health = nlohmann::json::parse(services::testing::HttpGet(port, "/health").body);
+  EXPECT_EQ(health["workers"]["decode"], 2) << health.dump();
+  auto reply = services::testing::HttpPost(port, "/v1/completions",
+                                           R"({"model":"pdserve","prompt":[10,20,30,40],"max_tokens":4})", 60s);
+  EXPECT_EQ(reply.status, 200) << reply.body << (*launch)->Log();
+  (*launch)->Signal(SIGTERM);
+  EXPECT_EQ((*launch)->WaitExit(30s), std::optional<int>(0)) << (*launch)->Log();
+  EXPECT_TRUE(WaitFor([] { return std::system("pgrep -f '[p]dserve-decode .*--plan' > /dev/null") != 0; }, 10s))
+      << "a decode rank outlived the launcher";
 }
 
 TEST(LaunchTest, ADyingWorkerStopsTheClusterLoudly) {

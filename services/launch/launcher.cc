@@ -62,7 +62,7 @@ Status Launcher::CheckBinaries() {
   for (const auto& g : config_.workers) {
     check(ClusterConfig::BinaryName(g));
     engine = engine || g.type == "engine";
-    if (g.mpi_ranks > 1 && FindInPath("mpirun").empty()) missing.push_back("mpirun (in PATH)");
+    if ((g.mpi_ranks > 1 || g.plan) && FindInPath("mpirun").empty()) missing.push_back("mpirun (in PATH)");
   }
   if (engine && config_.generate_model.enabled) check("pdserve");
   if (missing.empty()) return Status::Ok();
@@ -130,11 +130,18 @@ Status Launcher::StartWorkers() {
     for (uint32_t i = 0; i < g.count; ++i) {
       const std::string id = fmt::format("{}-{}", g.name, i);
       std::vector<std::string> argv;
-      if (g.mpi_ranks > 1) argv = {FindInPath("mpirun"), "-n", std::to_string(g.mpi_ranks)};
+      // One machine: more ranks than cores is expected, and root may run them.
+      if (g.mpi_ranks > 1 || g.plan) {
+        argv = {FindInPath("mpirun"), "-n", std::to_string(g.mpi_ranks), "--oversubscribe"};
+        if (getuid() == 0) argv.push_back("--allow-run-as-root");
+      }
       argv.insert(argv.end(), {Bin(ClusterConfig::BinaryName(g)), "--router", control_endpoint_, "--worker-id", id,
                                "--role", services::WorkerRoleName(g.role), "--model-name", config_.router.model_name,
                                "--metrics-port", std::to_string(g.metrics_port == 0 ? 0 : g.metrics_port + i)});
       if (g.type == "engine") argv.insert(argv.end(), {"--model", config_.model_dir});
+      if (g.plan)
+        argv.insert(argv.end(), {"--plan", fmt::format("cp={},dp={},ep={},tp={}", g.plan->cp, g.plan->dp, g.plan->ep,
+                                                       g.plan->tp)});
       argv.insert(argv.end(), g.args.begin(), g.args.end());
       PDSERVE_RETURN_IF_ERROR(supervisor_.Start({id, argv, g.env}).status());
       worker_names_.push_back(id);
@@ -151,7 +158,8 @@ Status Launcher::WaitReady() {
   // Ready means every configured worker registered, not only the router's minimum (one prefill
   // and one decode): whoever waits on the ready file may count on the whole topology.
   std::map<std::string, int64_t> expected;
-  for (const WorkerGroupConfig& g : config_.workers) expected[services::WorkerRoleName(g.role)] += g.count;
+  for (const WorkerGroupConfig& g : config_.workers)
+    expected[services::WorkerRoleName(g.role)] += g.count * g.registrations();
   std::string last_seen = "no answer";
   while (Clock::now() < deadline) {
     if (!PollOnce(std::chrono::milliseconds(100))) return Status::Aborted("while waiting for the cluster");

@@ -3,7 +3,6 @@
 #include <string>
 #include <vector>
 
-#include "model/parallel_launch.h"
 #include "services/common/yaml_config.h"
 
 namespace pdserve::services::worker {
@@ -21,7 +20,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   std::string plan;
   PDSERVE_RETURN_IF_ERROR(w.Get("plan", &plan));
   if (!plan.empty()) {
-    PDSERVE_ASSIGN_OR_RETURN(c->plan, model::ParsePlanString(plan));
+    PDSERVE_ASSIGN_OR_RETURN(c->plan, comm::ParallelPlan::FromString(plan, "worker.plan"));
   }
   PDSERVE_RETURN_IF_ERROR(w.Get("role", role));
   PDSERVE_RETURN_IF_ERROR(w.Get("router", &c->router));
@@ -82,7 +81,7 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   c.curve_secret_key_file = cl.GetOr("curve-secret-key-file", c.curve_secret_key_file);
   c.router_public_key_file = cl.GetOr("router-public-key-file", c.router_public_key_file);
   if (auto plan = cl.Get("plan")) {
-    PDSERVE_ASSIGN_OR_RETURN(c.plan, model::ParsePlanString(*plan));
+    PDSERVE_ASSIGN_OR_RETURN(c.plan, comm::ParallelPlan::FromString(*plan));
   }
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, cl.GetInt("threads", c.threads));
   PDSERVE_ASSIGN_OR_RETURN(c.kv_cache_gib, cl.GetDouble("kv-gib", c.kv_cache_gib));
