@@ -181,7 +181,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
             c.routing.decode_policy, c.routing.colocated_policy);
   if (!c.request_endpoint.empty()) {
     RequestApiServer::Context rc{&s->config_, s->tokenizer_.get(), &*s->chat_template_, s->core_.get(),
-                                 s->metrics_.get()};
+                                 s->metrics_.get(), s->auth_ ? &*s->auth_ : nullptr};
     PDSERVE_ASSIGN_OR_RETURN(s->request_api_, RequestApiServer::Start(rc));
   }
   if (!c.ready_file.empty()) {
