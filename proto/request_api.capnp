@@ -4,7 +4,8 @@
 # Transport: the router binds a ZeroMQ ROUTER socket at router.request_endpoint; a client
 # connects a DEALER socket. Every ZeroMQ message is exactly one frame holding one
 # RequestApiMessage (unpacked Cap'n Proto). One connection may carry many requests at once;
-# the client names each with its own requestId.
+# the client names each with its own requestId. With router.request_curve_secret_key_file the
+# socket is a ZeroMQ CURVE server (the client needs the router's public key).
 #
 # Flows (C = client, R = router):
 #   Generate   C -> R submit         (prompt: token ids, text, or chat messages; sampling)

@@ -91,7 +91,7 @@ class RequestClient {
   // Streams one request to its end. request.request_id 0: the client numbers it. When the
   // callback returns false the client sends abort and waits for the router's final event
   // (finish kAbort). Errors: the router's error reply (see above), DeadlineExceeded (silence
-  // beyond options.timeout), Internal (socket).
+  // beyond options.timeout, or no connection within it), Internal (socket).
   Result<Completion> Generate(services::api::Submit request, const OutputCallback& on_output = nullptr);
   // Round trip to the router. Errors: DeadlineExceeded, Internal.
   Status Ping(std::chrono::milliseconds timeout);
@@ -99,7 +99,8 @@ class RequestClient {
   // The last error reply received (Generate failures, malformed-message replies).
   const std::optional<services::api::Error>& last_error() const { return last_error_; }
 
-  // Low level (tests and tools): one frame out; the next decoded message in.
+  // Low level (tests and tools): one frame out; the next decoded message in. Sending waits at
+  // most options.timeout for a connection (DeadlineExceeded).
   Status SendRaw(const std::string& bytes);
   Status Send(const services::api::Message& message);
   // Errors: DeadlineExceeded (nothing within timeout), InvalidArgument (undecodable reply).

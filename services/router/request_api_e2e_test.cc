@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "services/client/request_client.h"
+#include "services/common/curve_keys.h"
 #include "services/common/request_api_codec.h"
 #include "services/router/cluster_fixture.h"
 #include "services/router/router_server.h"
@@ -520,6 +521,72 @@ TEST(RequestApiE2eTest, ApiKeysGuardSubmitsLikeHttpAndAbortsAreScopedToTheirConn
   EXPECT_EQ(finish, api::Finish::kLength);
   EXPECT_EQ(tokens, 40u);
   EXPECT_LE(RouterMetric(c, "pdserve_router_requests_total", "outcome=\"cancelled\""), 0);  // 0, or -1: no series
+}
+
+// With router.request_curve_secret_key_file the request socket is a CURVE server: a client
+// needs the router's public key and, with an allowed list, a listed key pair; any other never
+// completes the handshake, reaches nothing, and the router keeps serving. API keys still apply.
+TEST(RequestApiE2eTest, CurveOnTheRequestSocketLetsInOnlyListedClients) {
+  if (!services::CurveAvailable()) GTEST_SKIP() << "libzmq without CURVE";
+  TestCluster c("zmq-curve");
+  for (const char* name : {"router", "client", "stranger"})
+    ASSERT_TRUE(services::WriteCurveKeyPairFiles(c.dir(), name).ok());
+  const std::string keys = c.dir() + "/api_keys";
+  std::ofstream(keys) << "sk-curve\n";
+  ASSERT_OK_C(c.StartRouter({"--request-endpoint", "tcp://127.0.0.1:*", "--api-keys-file", keys,
+                             "--request-curve-secret-key-file", c.dir() + "/router.secret",
+                             "--request-curve-allowed-clients-file", c.dir() + "/client.public"}),
+              c);
+  ASSERT_OK_C(c.StartWorker("w0"), c);
+  ASSERT_TRUE(WaitFor([&] { return HttpGet(c.http_port(), "/health", 2s).status == 200; }, 10s)) << c.Logs();
+  auto options = [&](const std::string& server_public, const std::string& own_secret) {
+    client::ClientOptions o;
+    auto curve = client::CurveClientOptions(c.dir() + server_public, own_secret.empty() ? "" : c.dir() + own_secret);
+    EXPECT_TRUE(curve.ok()) << curve.status().ToString();
+    if (curve.ok()) o.curve = std::move(curve).value();
+    o.api_key = "sk-curve";
+    return o;
+  };
+  api::Submit req;
+  req.model = "pdserve";
+  req.prompt_ids = Prompt(4);
+  req.sampling.max_tokens = 5;
+  const std::vector<int32_t> expected(req.prompt_ids.begin(), req.prompt_ids.begin() + 5);
+
+  auto good = Connect(c, options("/router.public", "/client.secret"));
+  ASSERT_TRUE(good);
+  auto d = good->Generate(req);
+  ASSERT_TRUE(d.ok()) << d.status().ToString() << "\n" << c.Logs();
+  EXPECT_EQ(d->tokens, expected);
+
+  // Refused: plain TCP, a key pair not in the list, a fresh key pair, the wrong router key.
+  client::ClientOptions plain;
+  plain.api_key = "sk-curve";
+  const std::vector<std::pair<std::string, client::ClientOptions>> refused = {
+      {"plain TCP", plain},
+      {"unlisted key pair", options("/router.public", "/stranger.secret")},
+      {"fresh key pair", options("/router.public", "")},
+      {"wrong router key", options("/stranger.public", "/client.secret")}};
+  for (const auto& [what, o] : refused) {
+    SCOPED_TRACE(what);
+    client::ClientOptions quick = o;
+    quick.timeout = 500ms;
+    auto cl = RequestClient::Connect(c.request_endpoint(), quick);
+    ASSERT_TRUE(cl.ok()) << cl.status().ToString();
+    EXPECT_EQ((*cl)->Ping(500ms).code(), StatusCode::kDeadlineExceeded);
+    // Never served, and never a hang: the client gives up after its timeout.
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ((*cl)->Generate(req).status().code(), StatusCode::kDeadlineExceeded);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  }
+  EXPECT_NE(c.router()->Log().find("refused a CURVE client"), std::string::npos) << c.Logs();
+
+  // Still serving the listed client; only its two requests reached the worker.
+  d = good->Generate(req);
+  ASSERT_TRUE(d.ok()) << d.status().ToString() << "\n" << c.Logs();
+  EXPECT_EQ(d->tokens, expected);
+  EXPECT_EQ(RouterMetric(c, "pdserve_router_placements_total", "worker=\"w0\""), 2);
+  EXPECT_EQ(RouterMetric(c, "pdserve_router_request_api_malformed_total"), 0);
 }
 
 TEST(RequestApiE2eTest, WorkersViewListsRolesAndPlacements) {

@@ -111,7 +111,7 @@ Result<std::unique_ptr<RequestApiServer>> RequestApiServer::Start(Context contex
       server->channel_,
       services::ControlChannel::Start(
           co, [self](std::string_view peer, std::string_view payload) { self->OnMessage(peer, payload); },
-          [self](Clock::time_point now) { self->Timers(now); }));
+          [self](Clock::time_point now) { self->Timers(now); }, context.curve));
   server->mailbox_->channel = server->channel_.get();
   server->channel_for_handlers_ = server->channel_.get();
   lock.unlock();

@@ -23,7 +23,10 @@
 // is looked at. Abort and ping need no key: a request id is looked up under the sending
 // connection's routing id (by_client_), so a connection can only abort requests it submitted,
 // which passed the check. The ROUTER refuses a second connection claiming a routing id in use
-// (no ZMQ_ROUTER_HANDOVER), so a peer cannot take over another's id.
+// (no ZMQ_ROUTER_HANDOVER), so a peer cannot take over another's id. With
+// router.request_curve_secret_key_file (Context::curve) the socket is a CURVE server
+// (control_channel.h): a client without the router's public key, or whose key is not in
+// request_curve_allowed_clients_file, never completes the handshake and sends nothing here.
 //
 // Malformed input (undecodable bytes, a server-side message kind, a wrong protocol version)
 // gets an error reply (request id 0 when it cannot be attributed, code malformed_message or
@@ -75,6 +78,7 @@ class RequestApiServer {
     RouterCore* core = nullptr;
     RouterMetrics* metrics = nullptr;
     const ApiKeyAuth* auth = nullptr;  // null: no API keys required (outlives the server)
+    services::CurveOptions curve;      // disabled: plain TCP
   };
 
   // Binds config->request_endpoint. Errors: InvalidArgument (endpoint), Unavailable (in use).
