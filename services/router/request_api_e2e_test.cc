@@ -481,9 +481,18 @@ TEST(RequestApiE2eTest, ApiKeysGuardSubmitsLikeHttpAndAbortsAreScopedToTheirConn
     EXPECT_EQ(e.message.find(key.empty() ? "sk-" : key), std::string::npos) << "the key is not echoed: " << e.message;
   }
   served("sk-req-one", *client);
-  auto fresh = Connect(c);
+  // A client configured from a key file (what `pdserve client --api-key-file` does).
+  std::ofstream(c.dir() + "/my_key") << "# mine\n  sk-req-two \n\n";
+  client::ClientOptions from_file;
+  auto key = client::ReadApiKeyFile(c.dir() + "/my_key");
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  from_file.api_key = *key;
+  auto fresh = Connect(c, from_file);
   ASSERT_TRUE(fresh);
-  served("sk-req-two", *fresh);
+  served("", *fresh);  // the submit has none: the client's key goes in
+  std::ofstream(c.dir() + "/two_keys") << "sk-a\nsk-b\n";
+  EXPECT_EQ(client::ReadApiKeyFile(c.dir() + "/two_keys").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client::ReadApiKeyFile(c.dir() + "/none").status().code(), StatusCode::kNotFound);
 
   // Refusals are counted as HTTP 401s are; nothing refused reached the worker.
   EXPECT_EQ(RouterMetric(c, "pdserve_router_requests_total", "outcome=\"client_error\""), bad.size() + 1);
