@@ -4,7 +4,8 @@
 # Transport: the router binds a ZeroMQ ROUTER socket at router.request_endpoint; a client
 # connects a DEALER socket. Every ZeroMQ message is exactly one frame holding one
 # RequestApiMessage (unpacked Cap'n Proto). One connection may carry many requests at once;
-# the client names each with its own requestId.
+# the client names each with its own requestId. With router.request_curve_secret_key_file the
+# socket is a ZeroMQ CURVE server (the client needs the router's public key).
 #
 # Flows (C = client, R = router):
 #   Generate   C -> R submit         (prompt: token ids, text, or chat messages; sampling)
@@ -23,6 +24,10 @@
 #                                     connection closed) makes the send fail and the router
 #                                     aborts all its requests, as it does for a client that
 #                                     disappears mid-stream.
+#   Auth       with router.api_keys_file set, a submit without one of its keys in apiKey gets
+#              error(httpStatus 401, code invalid_api_key) and is not run, as over HTTP. Abort
+#              needs no key: request ids are scoped to the connection that submitted them, so
+#              a connection can only abort its own requests.
 #   Malformed  anything the router cannot decode, or a message kind a client must not send,
 #              gets error(requestId 0 when unknown, httpStatus 400, code malformed_message or
 #              unexpected_message); the router keeps serving.
@@ -93,6 +98,7 @@ struct Submit {
   logprobs @11 :Bool;
   topLogprobs @12 :UInt32;
   user @13 :Text;
+  apiKey @14 :Text;       # one of router.api_keys_file when the router has it set (else ignored)
 }
 
 struct Abort {

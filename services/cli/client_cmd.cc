@@ -1,10 +1,13 @@
 // `pdserve client --endpoint tcp://HOST:PORT (--prompt TEXT | --prompt-ids 1,2,3 | --chat TEXT)
 //   [--model NAME] [--max-tokens N] [--temperature X] [--top-p X] [--top-k N] [--seed N]
-//   [--stop STR] [--ignore-eos] [--json] [--timeout-ms N]`:
+//   [--stop STR] [--ignore-eos] [--json] [--timeout-ms N] [--api-key KEY | --api-key-file PATH]
+//   [--curve-server-key-file ROUTER.public [--curve-secret-key-file CLIENT.secret]]`:
 // sends one request to the router's ZeroMQ request API (docs/request-api.md) and streams the
 // text to stdout as it arrives; usage and the finish reason go to stderr. With --json it prints
 // one JSON line per event instead ({"tokens", "text", "finish_reason", "usage"}). Exit status 1
-// with the router's error (type, code, param) when the request fails.
+// with the router's error (type, code, param) when the request fails. --api-key(-file): the key
+// for a router with api_keys_file (a file keeps it out of `ps` and shell history); the CURVE
+// files: for a router with request_curve_secret_key_file (no secret key file: a fresh key pair).
 #include <cstdio>
 #include <cstdlib>
 
@@ -30,7 +33,8 @@ Status Run(const std::vector<std::string>& argv) {
   PDSERVE_ASSIGN_OR_RETURN(
       Args args, Args::Parse(argv,
                              {"endpoint", "prompt", "prompt-ids", "chat", "model", "max-tokens", "temperature",
-                              "top-p", "top-k", "seed", "stop", "timeout-ms"},
+                              "top-p", "top-k", "seed", "stop", "timeout-ms", "api-key", "api-key-file",
+                              "curve-server-key-file", "curve-secret-key-file"},
                              {"ignore-eos", "json"}));
   PDSERVE_ASSIGN_OR_RETURN(std::string endpoint, args.Require("endpoint"));
   api::Submit req;
@@ -70,6 +74,20 @@ Status Run(const std::vector<std::string>& argv) {
   PDSERVE_ASSIGN_OR_RETURN(int64_t timeout_ms, args.GetInt("timeout-ms", options.timeout.count()));
   if (timeout_ms <= 0) return Status::InvalidArgument("--timeout-ms must be > 0");
   options.timeout = std::chrono::milliseconds(timeout_ms);
+  if (args.Has("api-key") && args.Has("api-key-file"))
+    return Status::InvalidArgument("give --api-key or --api-key-file, not both");
+  if (auto key = args.Get("api-key")) {
+    if (key->empty()) return Status::InvalidArgument("--api-key is empty");
+    options.api_key = *key;
+  } else if (auto path = args.Get("api-key-file")) {
+    PDSERVE_ASSIGN_OR_RETURN(options.api_key, client::ReadApiKeyFile(*path));
+  }
+  if (auto server_key = args.Get("curve-server-key-file")) {
+    PDSERVE_ASSIGN_OR_RETURN(options.curve,
+                             client::CurveClientOptions(*server_key, args.GetOr("curve-secret-key-file", "")));
+  } else if (args.Has("curve-secret-key-file")) {
+    return Status::InvalidArgument("--curve-secret-key-file needs --curve-server-key-file (the router's public key)");
+  }
 
   PDSERVE_ASSIGN_OR_RETURN(auto client, client::RequestClient::Connect(endpoint, options));
   auto done = client->Generate(req, [&](const api::Output& o) {

@@ -2,7 +2,10 @@
 
 #include <zmq.h>
 
+#include <utility>
 #include <variant>
+
+#include "services/common/process_util.h"
 
 namespace pdserve::client {
 
@@ -24,6 +27,8 @@ Status StatusFromApiError(const api::Error& e) {
   msg += " [" + detail + "]";
   switch (e.http_status) {
     case 400: return Status::InvalidArgument(msg);
+    case 401:
+    case 403: return Status::PermissionDenied(msg);
     case 404: return Status::NotFound(msg);
     case 413:
     case 429: return Status::ResourceExhausted(msg);
@@ -31,6 +36,40 @@ Status StatusFromApiError(const api::Error& e) {
     case 504: return Status::DeadlineExceeded(msg);
     default: return Status::Internal(msg);
   }
+}
+
+Result<std::string> ReadApiKeyFile(const std::string& path) {
+  auto contents = services::ReadFile(path);
+  if (!contents.ok()) return Status(contents.status().code(), "cannot read the API key file '" + path + "'");
+  std::string key;
+  size_t pos = 0;
+  const std::string& s = contents.value();
+  while (pos <= s.size()) {
+    size_t end = s.find('\n', pos);
+    if (end == std::string::npos) end = s.size();
+    const std::string line = s.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos || line[b] == '#') continue;
+    if (!key.empty()) return Status::InvalidArgument("the API key file '" + path + "' holds more than one key");
+    key = line.substr(b, line.find_last_not_of(" \t\r") - b + 1);
+  }
+  if (key.empty()) return Status::InvalidArgument("no API key in '" + path + "'");
+  return key;
+}
+
+Result<services::CurveOptions> CurveClientOptions(const std::string& server_public_key_file,
+                                                 const std::string& secret_key_file) {
+  if (!services::CurveAvailable()) return Status::InvalidArgument("CURVE is asked for but this libzmq has no CURVE");
+  services::CurveOptions o;
+  o.enabled = true;
+  PDSERVE_ASSIGN_OR_RETURN(o.server_public_key, services::ReadCurveKeyFile(server_public_key_file));
+  if (secret_key_file.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(o.own, services::GenerateCurveKeyPair());
+  } else {
+    PDSERVE_ASSIGN_OR_RETURN(o.own, services::ReadCurveSecretKeyFile(secret_key_file));
+  }
+  return o;
 }
 
 Result<std::unique_ptr<RequestClient>> RequestClient::Connect(const std::string& endpoint, ClientOptions options) {
@@ -45,6 +84,18 @@ Result<std::unique_ptr<RequestClient>> RequestClient::Connect(const std::string&
   zmq_setsockopt(c->socket_.get(), ZMQ_LINGER, &zero, sizeof(zero));
   zmq_setsockopt(c->socket_.get(), ZMQ_RCVHWM, &unlimited, sizeof(unlimited));
   zmq_setsockopt(c->socket_.get(), ZMQ_SNDHWM, &unlimited, sizeof(unlimited));
+  if (const services::CurveOptions& curve = options.curve; curve.enabled) {
+    PDSERVE_RETURN_IF_ERROR(services::CheckCurveKey(curve.server_public_key, "the router's CURVE public key"));
+    PDSERVE_RETURN_IF_ERROR(services::CheckCurveKey(curve.own.public_key, "the client's CURVE public key"));
+    PDSERVE_RETURN_IF_ERROR(services::CheckCurveKey(curve.own.secret_key, "the client's CURVE secret key"));
+    // Z85 keys: 40 characters and the terminating NUL.
+    const std::pair<int, const std::string*> keys[] = {{ZMQ_CURVE_SERVERKEY, &curve.server_public_key},
+                                                       {ZMQ_CURVE_PUBLICKEY, &curve.own.public_key},
+                                                       {ZMQ_CURVE_SECRETKEY, &curve.own.secret_key}};
+    for (const auto& [option, key] : keys)
+      if (zmq_setsockopt(c->socket_.get(), option, key->c_str(), key->size() + 1) != 0)
+        return ZmqStatus("zmq_setsockopt CURVE key");
+  }
   if (zmq_connect(c->socket_.get(), endpoint.c_str()) != 0)
     return Status::InvalidArgument("cannot connect to '" + endpoint + "': " + zmq_strerror(zmq_errno()));
   return c;
@@ -56,8 +107,17 @@ RequestClient::~RequestClient() {
 }
 
 Status RequestClient::SendRaw(const std::string& bytes) {
-  if (zmq_send(socket_.get(), bytes.data(), bytes.size(), 0) < 0) return ZmqStatus("zmq_send");
-  return Status::Ok();
+  // The send queue is unbounded, so a send only waits while the socket has no connection at all
+  // (the router is unreachable, or refused the CURVE handshake): bounded by options.timeout
+  // rather than blocking for ever.
+  if (zmq_send(socket_.get(), bytes.data(), bytes.size(), ZMQ_DONTWAIT) >= 0) return Status::Ok();
+  if (zmq_errno() != EAGAIN) return ZmqStatus("zmq_send");
+  zmq_pollitem_t item = {socket_.get(), 0, ZMQ_POLLOUT, 0};
+  if (zmq_poll(&item, 1, static_cast<long>(options_.timeout.count())) < 0) return ZmqStatus("zmq_poll");
+  if (zmq_send(socket_.get(), bytes.data(), bytes.size(), ZMQ_DONTWAIT) >= 0) return Status::Ok();
+  if (zmq_errno() != EAGAIN) return ZmqStatus("zmq_send");
+  return Status::DeadlineExceeded("no connection to the router within " + std::to_string(options_.timeout.count()) +
+                                  " ms (unreachable, or it refused this client's CURVE keys)");
 }
 
 Status RequestClient::Send(const api::Message& message) {
@@ -108,6 +168,7 @@ Status RequestClient::Ping(std::chrono::milliseconds timeout) {
 
 Result<Completion> RequestClient::Generate(api::Submit request, const OutputCallback& on_output) {
   if (request.request_id == 0) request.request_id = next_id_++;
+  if (request.api_key.empty()) request.api_key = options_.api_key;
   const uint64_t id = request.request_id;
   PDSERVE_RETURN_IF_ERROR(Send(request));
   Completion out;

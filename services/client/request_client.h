@@ -14,9 +14,14 @@
 //   });
 //
 // Errors from the router come back as a Status (its code from the HTTP status the HTTP API
-// would have used: 400 InvalidArgument, 404 NotFound, 429 ResourceExhausted, 503 Unavailable,
-// 504 DeadlineExceeded, else Internal) and the full error (type, code, param) in last_error().
+// would have used: 400 InvalidArgument, 401 PermissionDenied, 404 NotFound, 429
+// ResourceExhausted, 503 Unavailable, 504 DeadlineExceeded, else Internal) and the full error (type, code, param) in last_error().
 // Destroying the client closes its connection: the router aborts whatever it still ran for it.
+//
+// Security (docs/request-api.md, "Authentication"): ClientOptions::api_key goes into every
+// submit (the router's api_keys_file); ClientOptions::curve makes the connection a CURVE client
+// of a router with request_curve_secret_key_file (its public key, and a key pair of the client's
+// own: from a file when the router lists allowed client keys, else a fresh one per connection).
 //
 // Thread-safety: none; one thread uses a client (the socket is not thread-safe). Use one
 // client per thread for concurrent requests.
@@ -31,6 +36,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "services/common/curve_keys.h"
 #include "services/common/request_api_codec.h"
 
 namespace pdserve::client {
@@ -39,7 +45,23 @@ struct ClientOptions {
   // Longest silence from the router during a request before Generate gives up (the router
   // sends keepalives to a waiting client, so silence means the router is gone).
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // Sent in every Generate whose request has no api_key of its own. Empty: none.
+  std::string api_key;
+  // enabled: CURVE with the router's public key (server_public_key) and `own` (see
+  // CurveClientOptions). Disabled: plain TCP.
+  services::CurveOptions curve;
 };
+
+// The key of an API key file: exactly one key, '#' comment lines and blank lines ignored,
+// surrounding whitespace trimmed (the router's api_keys_file format, one line of it).
+// Errors: NotFound, InvalidArgument (no key, several keys; naming the file).
+Result<std::string> ReadApiKeyFile(const std::string& path);
+// CURVE settings for a client: the router's public key file and, optionally, the client's own
+// secret key file ("" = a fresh key pair, enough when the router accepts any client key).
+// Errors: as services::ReadCurveKeyFile / ReadCurveSecretKeyFile; InvalidArgument when libzmq
+// has no CURVE.
+Result<services::CurveOptions> CurveClientOptions(const std::string& server_public_key_file,
+                                                 const std::string& secret_key_file = "");
 
 struct Completion {
   std::string tag;                 // the router's request id (its logs, the workers' logs)
@@ -58,7 +80,9 @@ Status StatusFromApiError(const services::api::Error& error);
 
 class RequestClient {
  public:
-  // Errors: InvalidArgument (bad endpoint), Internal (ZeroMQ).
+  // Errors: InvalidArgument (bad endpoint, incomplete CURVE options), Internal (ZeroMQ).
+  // With CURVE, a handshake the router refuses is not an error here: the socket keeps
+  // retrying and requests time out (options.timeout), as ZeroMQ gives no refusal to report.
   static Result<std::unique_ptr<RequestClient>> Connect(const std::string& endpoint, ClientOptions options = {});
   ~RequestClient();
   RequestClient(const RequestClient&) = delete;
@@ -67,7 +91,7 @@ class RequestClient {
   // Streams one request to its end. request.request_id 0: the client numbers it. When the
   // callback returns false the client sends abort and waits for the router's final event
   // (finish kAbort). Errors: the router's error reply (see above), DeadlineExceeded (silence
-  // beyond options.timeout), Internal (socket).
+  // beyond options.timeout, or no connection within it), Internal (socket).
   Result<Completion> Generate(services::api::Submit request, const OutputCallback& on_output = nullptr);
   // Round trip to the router. Errors: DeadlineExceeded, Internal.
   Status Ping(std::chrono::milliseconds timeout);
@@ -75,7 +99,8 @@ class RequestClient {
   // The last error reply received (Generate failures, malformed-message replies).
   const std::optional<services::api::Error>& last_error() const { return last_error_; }
 
-  // Low level (tests and tools): one frame out; the next decoded message in.
+  // Low level (tests and tools): one frame out; the next decoded message in. Sending waits at
+  // most options.timeout for a connection (DeadlineExceeded).
   Status SendRaw(const std::string& bytes);
   Status Send(const services::api::Message& message);
   // Errors: DeadlineExceeded (nothing within timeout), InvalidArgument (undecodable reply).

@@ -108,6 +108,7 @@ struct Encoder {
     b.setLogprobs(m.logprobs);
     b.setTopLogprobs(m.top_logprobs);
     b.setUser(AsText(m.user));
+    b.setApiKey(AsText(m.api_key));
     return Status::Ok();
   }
   Status operator()(const Abort& m) {
@@ -249,6 +250,7 @@ Result<Message> DecodeSubmit(rp::Submit::Reader r) {
   m.logprobs = r.getLogprobs();
   m.top_logprobs = r.getTopLogprobs();
   PDSERVE_ASSIGN_OR_RETURN(m.user, ReadText(r.getUser(), "submit.user"));
+  PDSERVE_ASSIGN_OR_RETURN(m.api_key, ReadText(r.getApiKey(), "submit.apiKey"));
   return Message(std::move(m));
 }
 

@@ -71,6 +71,7 @@ struct Submit {
   bool logprobs = false;
   uint32_t top_logprobs = 0;
   std::string user;
+  std::string api_key;                 // router.api_keys_file; never logged
   bool operator==(const Submit&) const = default;
 };
 

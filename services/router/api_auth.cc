@@ -59,6 +59,11 @@ ApiKeyAuth::Verdict ApiKeyAuth::Check(std::string_view authorization) const {
     return Verdict::kMissing;
   std::string_view token = authorization.substr(kBearer.size());
   while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
+  return token.empty() ? Verdict::kInvalid : CheckKey(token);
+}
+
+ApiKeyAuth::Verdict ApiKeyAuth::CheckKey(std::string_view token) const {
+  if (token.empty()) return Verdict::kMissing;
   bool match = false;
   for (const auto& k : keys_) match |= ConstantTimeEquals(token, k);  // every key, no early exit
   return match ? Verdict::kAllowed : Verdict::kInvalid;

@@ -1,5 +1,6 @@
-// ApiKeyAuth: optional bearer-token authentication of the router's HTTP front
-// (router.api_keys_file, docs/configuration.md).
+// ApiKeyAuth: optional API-key authentication of the router's fronts (router.api_keys_file,
+// docs/configuration.md): the HTTP front's `Authorization: Bearer KEY` header and the ZeroMQ
+// request API's submit.apiKey field (request_api_server.h) check against the same keys.
 //
 // The key file holds one key a line; empty lines and lines starting with '#' are comments;
 // surrounding whitespace is trimmed. A request is let in when its `Authorization` header is
@@ -28,6 +29,8 @@ class ApiKeyAuth {
   enum class Verdict { kAllowed, kMissing, kInvalid };
   // `authorization` is the header's value ("" when absent).
   Verdict Check(std::string_view authorization) const;
+  // `key` is the bare key ("" when absent: kMissing).
+  Verdict CheckKey(std::string_view key) const;
   size_t key_count() const { return keys_.size(); }
 
  private:

@@ -35,6 +35,13 @@ TEST(ApiAuthTest, FileAndCheck) {
   EXPECT_EQ(auth->Check("Bearer "), V::kMissing);
   EXPECT_EQ(auth->Check("Basic c2stYWxwaGE="), V::kMissing);
   EXPECT_EQ(auth->Check("sk-alpha"), V::kMissing);
+  EXPECT_EQ(auth->Check("Bearer  \t"), V::kInvalid);
+  // The request API's bare key (submit.apiKey): no scheme, no trimming.
+  EXPECT_EQ(auth->CheckKey("sk-beta"), V::kAllowed);
+  EXPECT_EQ(auth->CheckKey(""), V::kMissing);
+  EXPECT_EQ(auth->CheckKey("Bearer sk-beta"), V::kInvalid);
+  EXPECT_EQ(auth->CheckKey("sk-beta "), V::kInvalid);
+  EXPECT_EQ(auth->CheckKey("sk-bet"), V::kInvalid);
 
   auto missing = ApiKeyAuth::LoadFile(dir + "/nope");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);

@@ -10,7 +10,8 @@
 //                  [--request-endpoint tcp://HOST:PORT] [--request-keepalive-ms N]
 //                  (the ZeroMQ request API, docs/request-api.md)
 //                  [--api-keys-file F] [--max-prompt-tokens N] [--control-curve-secret-key-file F]
-//                  [--control-curve-allowed-clients-file F]
+//                  [--control-curve-allowed-clients-file F] [--request-curve-secret-key-file F]
+//                  [--request-curve-allowed-clients-file F]
 // --config reads the `router:` section of a YAML file (docs/configuration.md); flags override
 // it. Runs until SIGINT / SIGTERM, then stops cleanly (exit 0).
 #include <cstdio>
@@ -35,7 +36,8 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
                     "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "max-migrations",
                     "stall-timeout-ms", "ready-file", "log-level", "http-threads", "request-endpoint",
                     "request-keepalive-ms", "api-keys-file", "max-prompt-tokens", "control-curve-secret-key-file",
-                    "control-curve-allowed-clients-file"},
+                    "control-curve-allowed-clients-file", "request-curve-secret-key-file",
+                    "request-curve-allowed-clients-file"},
                    {}));
   RouterConfig c;
   if (auto path = cl.Get("config")) {
@@ -78,6 +80,9 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
   c.control_curve_secret_key_file = cl.GetOr("control-curve-secret-key-file", c.control_curve_secret_key_file);
   c.control_curve_allowed_clients_file =
       cl.GetOr("control-curve-allowed-clients-file", c.control_curve_allowed_clients_file);
+  c.request_curve_secret_key_file = cl.GetOr("request-curve-secret-key-file", c.request_curve_secret_key_file);
+  c.request_curve_allowed_clients_file =
+      cl.GetOr("request-curve-allowed-clients-file", c.request_curve_allowed_clients_file);
   if (c.routing.mode != "auto" && c.routing.mode != "disaggregated" && c.routing.mode != "colocated")
     return Status::InvalidArgument("--mode must be auto, disaggregated or colocated");
   PDSERVE_RETURN_IF_ERROR(c.Validate());

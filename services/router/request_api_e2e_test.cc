@@ -4,12 +4,14 @@
 // prompt[i % n], so every output is known), loopback sockets. Also GET /v1/workers and the
 // placement metrics.
 #include <atomic>
+#include <fstream>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "services/client/request_client.h"
+#include "services/common/curve_keys.h"
 #include "services/common/request_api_codec.h"
 #include "services/router/cluster_fixture.h"
 #include "services/router/router_server.h"
@@ -48,8 +50,9 @@ std::vector<int32_t> Prompt(int k, int n = 12) {
     ASSERT_TRUE(s_.ok()) << s_.ToString() << "\n" << (cluster).Logs(); \
   } while (0)
 
-std::unique_ptr<RequestClient> Connect(const TestCluster& c) {
-  auto client = RequestClient::Connect(c.request_endpoint(), {std::chrono::milliseconds(10000)});
+std::unique_ptr<RequestClient> Connect(const TestCluster& c, client::ClientOptions options = {}) {
+  options.timeout = std::chrono::milliseconds(10000);
+  auto client = RequestClient::Connect(c.request_endpoint(), options);
   EXPECT_TRUE(client.ok()) << client.status().ToString();
   return client.ok() ? std::move(client).value() : nullptr;
 }
@@ -420,6 +423,179 @@ TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing
   still_serving();
   EXPECT_EQ(RouterMetric(c, "pdserve_router_request_api_malformed_total"), 7);
   EXPECT_EQ(RouterMetric(c, "pdserve_router_requests_total", "outcome=\"client_error\""), cases.size() + 1 + 1);
+}
+
+// With router.api_keys_file every submit needs one of the keys: the HTTP front's 401 and
+// counting, nothing dispatched, the router keeps serving. Request ids are per connection, so
+// another connection (even one without a key) cannot abort a request it did not submit.
+TEST(RequestApiE2eTest, ApiKeysGuardSubmitsLikeHttpAndAbortsAreScopedToTheirConnection) {
+  TestCluster c("zmq-keys");
+  const std::string keys = c.dir() + "/api_keys";
+  std::ofstream(keys) << "# request API clients\nsk-req-one\nsk-req-two\n";
+  ASSERT_OK_C(c.StartRouter({"--request-endpoint", "tcp://127.0.0.1:*", "--api-keys-file", keys}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--token-delay-us", "5000"}), c);
+  // /admin/workers needs a key now; /health is exempt.
+  ASSERT_TRUE(WaitFor([&] { return HttpGet(c.http_port(), "/health", 2s).status == 200; }, 10s)) << c.Logs();
+  auto client = Connect(c);
+  ASSERT_TRUE(client);
+
+  api::Submit req;
+  req.model = "pdserve";
+  req.prompt_ids = Prompt(3);
+  req.sampling.max_tokens = 6;
+  const std::vector<int32_t> expected(req.prompt_ids.begin(), req.prompt_ids.begin() + 6);
+  auto served = [&](const std::string& key, RequestClient& cl) {
+    req.api_key = key;
+    req.request_id = 0;
+    auto d = cl.Generate(req);
+    ASSERT_TRUE(d.ok()) << d.status().ToString() << "\n" << c.Logs();
+    EXPECT_EQ(d->tokens, expected);
+    EXPECT_EQ(d->finish, api::Finish::kLength);
+  };
+  served("sk-req-two", *client);
+
+  // The HTTP front's answer without a key, for comparison.
+  auto http = HttpPost(c.http_port(), "/v1/completions", json{{"model", "pdserve"}, {"prompt", "hi"}}.dump());
+  ASSERT_EQ(http.status, 401) << http.body;
+  const json http_error = json::parse(http.body)["error"];
+
+  // Missing, wrong, a prefix, trailing blank, the HTTP header's form: refused with the same
+  // status, type and code, attributed to the submit; a later valid key on the same connection
+  // is served.
+  const std::vector<std::string> bad = {"", "sk-wrong", "sk-req-on", "sk-req-one ", "Bearer sk-req-one"};
+  uint64_t id = 100;
+  for (const std::string& key : bad) {
+    SCOPED_TRACE("key '" + key + "'");
+    req.api_key = key;
+    req.request_id = ++id;
+    auto r = client->Generate(req);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+    ASSERT_TRUE(client->last_error());
+    const api::Error& e = *client->last_error();
+    EXPECT_EQ(e.request_id, id);
+    EXPECT_EQ(e.http_status, 401u);
+    EXPECT_EQ(e.type, http_error["type"].get<std::string>());
+    EXPECT_EQ(e.code, http_error["code"].get<std::string>());
+    EXPECT_EQ(e.code, "invalid_api_key");
+    EXPECT_EQ(e.message.find(key.empty() ? "sk-" : key), std::string::npos) << "the key is not echoed: " << e.message;
+  }
+  served("sk-req-one", *client);
+  // A client configured from a key file (what `pdserve client --api-key-file` does).
+  std::ofstream(c.dir() + "/my_key") << "# mine\n  sk-req-two \n\n";
+  client::ClientOptions from_file;
+  auto key = client::ReadApiKeyFile(c.dir() + "/my_key");
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  from_file.api_key = *key;
+  auto fresh = Connect(c, from_file);
+  ASSERT_TRUE(fresh);
+  served("", *fresh);  // the submit has none: the client's key goes in
+  std::ofstream(c.dir() + "/two_keys") << "sk-a\nsk-b\n";
+  EXPECT_EQ(client::ReadApiKeyFile(c.dir() + "/two_keys").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client::ReadApiKeyFile(c.dir() + "/none").status().code(), StatusCode::kNotFound);
+
+  // Refusals are counted as HTTP 401s are; nothing refused reached the worker.
+  EXPECT_EQ(RouterMetric(c, "pdserve_router_requests_total", "outcome=\"client_error\""), bad.size() + 1);
+  EXPECT_EQ(RouterMetric(c, "pdserve_router_requests_total", "outcome=\"ok\""), 3);
+  EXPECT_EQ(RouterMetric(c, "pdserve_router_placements_total", "worker=\"w0\""), 3);
+
+  // Abort scoping: `other` (no key at all) aborts `client`'s request id; the request runs on.
+  auto other = Connect(c);
+  ASSERT_TRUE(other);
+  api::Submit longer = req;
+  longer.api_key = "sk-req-one";
+  longer.request_id = 7;
+  longer.sampling.max_tokens = 40;  // 5 ms a token: ~200 ms, time for the abort to land
+  ASSERT_TRUE(client->Send(longer).ok());
+  bool accepted = false;
+  while (!accepted) {
+    auto m = client->Receive(5s);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_FALSE(std::holds_alternative<api::Error>(m.value())) << client->last_error()->message;
+    accepted = std::holds_alternative<api::Accepted>(m.value());
+  }
+  ASSERT_TRUE(other->Send(api::Abort{7, "not yours"}).ok());
+  ASSERT_TRUE(other->Ping(5s).ok());  // the router has handled the abort (one thread, in order)
+  uint32_t tokens = 0;
+  api::Finish finish = api::Finish::kNone;
+  while (finish == api::Finish::kNone) {
+    auto m = client->Receive(5s);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_FALSE(std::holds_alternative<api::Error>(m.value())) << client->last_error()->message;
+    if (auto* o = std::get_if<api::Output>(&m.value())) {
+      tokens += static_cast<uint32_t>(o->tokens.size());
+      finish = o->finish;
+    }
+  }
+  EXPECT_EQ(finish, api::Finish::kLength);
+  EXPECT_EQ(tokens, 40u);
+  EXPECT_LE(RouterMetric(c, "pdserve_router_requests_total", "outcome=\"cancelled\""), 0);  // 0, or -1: no series
+}
+
+// With router.request_curve_secret_key_file the request socket is a CURVE server: a client
+// needs the router's public key and, with an allowed list, a listed key pair; any other never
+// completes the handshake, reaches nothing, and the router keeps serving. API keys still apply.
+TEST(RequestApiE2eTest, CurveOnTheRequestSocketLetsInOnlyListedClients) {
+  if (!services::CurveAvailable()) GTEST_SKIP() << "libzmq without CURVE";
+  TestCluster c("zmq-curve");
+  for (const char* name : {"router", "client", "stranger"})
+    ASSERT_TRUE(services::WriteCurveKeyPairFiles(c.dir(), name).ok());
+  const std::string keys = c.dir() + "/api_keys";
+  std::ofstream(keys) << "sk-curve\n";
+  ASSERT_OK_C(c.StartRouter({"--request-endpoint", "tcp://127.0.0.1:*", "--api-keys-file", keys,
+                             "--request-curve-secret-key-file", c.dir() + "/router.secret",
+                             "--request-curve-allowed-clients-file", c.dir() + "/client.public"}),
+              c);
+  ASSERT_OK_C(c.StartWorker("w0"), c);
+  ASSERT_TRUE(WaitFor([&] { return HttpGet(c.http_port(), "/health", 2s).status == 200; }, 10s)) << c.Logs();
+  auto options = [&](const std::string& server_public, const std::string& own_secret) {
+    client::ClientOptions o;
+    auto curve = client::CurveClientOptions(c.dir() + server_public, own_secret.empty() ? "" : c.dir() + own_secret);
+    EXPECT_TRUE(curve.ok()) << curve.status().ToString();
+    if (curve.ok()) o.curve = std::move(curve).value();
+    o.api_key = "sk-curve";
+    return o;
+  };
+  api::Submit req;
+  req.model = "pdserve";
+  req.prompt_ids = Prompt(4);
+  req.sampling.max_tokens = 5;
+  const std::vector<int32_t> expected(req.prompt_ids.begin(), req.prompt_ids.begin() + 5);
+
+  auto good = Connect(c, options("/router.public", "/client.secret"));
+  ASSERT_TRUE(good);
+  auto d = good->Generate(req);
+  ASSERT_TRUE(d.ok()) << d.status().ToString() << "\n" << c.Logs();
+  EXPECT_EQ(d->tokens, expected);
+
+  // Refused: plain TCP, a key pair not in the list, a fresh key pair, the wrong router key.
+  client::ClientOptions plain;
+  plain.api_key = "sk-curve";
+  const std::vector<std::pair<std::string, client::ClientOptions>> refused = {
+      {"plain TCP", plain},
+      {"unlisted key pair", options("/router.public", "/stranger.secret")},
+      {"fresh key pair", options("/router.public", "")},
+      {"wrong router key", options("/stranger.public", "/client.secret")}};
+  for (const auto& [what, o] : refused) {
+    SCOPED_TRACE(what);
+    client::ClientOptions quick = o;
+    quick.timeout = 500ms;
+    auto cl = RequestClient::Connect(c.request_endpoint(), quick);
+    ASSERT_TRUE(cl.ok()) << cl.status().ToString();
+    EXPECT_EQ((*cl)->Ping(500ms).code(), StatusCode::kDeadlineExceeded);
+    // Never served, and never a hang: the client gives up after its timeout.
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ((*cl)->Generate(req).status().code(), StatusCode::kDeadlineExceeded);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  }
+  EXPECT_NE(c.router()->Log().find("refused a CURVE client"), std::string::npos) << c.Logs();
+
+  // Still serving the listed client; only its two requests reached the worker.
+  d = good->Generate(req);
+  ASSERT_TRUE(d.ok()) << d.status().ToString() << "\n" << c.Logs();
+  EXPECT_EQ(d->tokens, expected);
+  EXPECT_EQ(RouterMetric(c, "pdserve_router_placements_total", "worker=\"w0\""), 2);
+  EXPECT_EQ(RouterMetric(c, "pdserve_router_request_api_malformed_total"), 0);
 }
 
 TEST(RequestApiE2eTest, WorkersViewListsRolesAndPlacements) {

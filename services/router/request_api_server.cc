@@ -111,7 +111,7 @@ Result<std::unique_ptr<RequestApiServer>> RequestApiServer::Start(Context contex
       server->channel_,
       services::ControlChannel::Start(
           co, [self](std::string_view peer, std::string_view payload) { self->OnMessage(peer, payload); },
-          [self](Clock::time_point now) { self->Timers(now); }));
+          [self](Clock::time_point now) { self->Timers(now); }, context.curve));
   server->mailbox_->channel = server->channel_.get();
   server->channel_for_handlers_ = server->channel_.get();
   lock.unlock();
@@ -211,6 +211,17 @@ void RequestApiServer::HandleSubmit(const std::string& peer, api::Submit m, Cloc
     SendError(peer, m.request_id, e);
     ctx_.metrics->CountRequest(OutcomeForStatus(e.http_status));
   };
+  // First, as the HTTP front's pre-routing check: an unauthenticated submit is not validated.
+  if (ctx_.auth) {
+    const auto verdict = ctx_.auth->CheckKey(m.api_key);
+    if (verdict != ApiKeyAuth::Verdict::kAllowed) {
+      GetLogger("router")->debug("request API: submit {} refused: {} API key", m.request_id,
+                                 verdict == ApiKeyAuth::Verdict::kMissing ? "no" : "a wrong");
+      return reject(ApiError::Unauthorized(verdict == ApiKeyAuth::Verdict::kMissing
+                                               ? "Missing API key: set the submit message's apiKey"
+                                               : "Incorrect API key provided"));
+    }
+  }
   if (by_client_.count({peer, m.request_id}))
     return reject(ApiError::BadRequest(fmt::format("request id {} is already in flight on this connection", m.request_id),
                                        "requestId", "duplicate_request_id"));

@@ -17,6 +17,17 @@
 // router.request_keepalive_ms, so its disappearance is noticed then, not only at the next
 // token. ZMTP heartbeats close connections whose host vanished without closing TCP.
 //
+// Authentication: with router.api_keys_file (Context::auth) every submit must carry one of the
+// keys in apiKey; otherwise it gets the HTTP front's 401 (invalid_request_error,
+// invalid_api_key), is counted as HTTP 401s are (outcome client_error), and nothing else of it
+// is looked at. Abort and ping need no key: a request id is looked up under the sending
+// connection's routing id (by_client_), so a connection can only abort requests it submitted,
+// which passed the check. The ROUTER refuses a second connection claiming a routing id in use
+// (no ZMQ_ROUTER_HANDOVER), so a peer cannot take over another's id. With
+// router.request_curve_secret_key_file (Context::curve) the socket is a CURVE server
+// (control_channel.h): a client without the router's public key, or whose key is not in
+// request_curve_allowed_clients_file, never completes the handshake and sends nothing here.
+//
 // Malformed input (undecodable bytes, a server-side message kind, a wrong protocol version)
 // gets an error reply (request id 0 when it cannot be attributed, code malformed_message or
 // unexpected_message), is counted in pdserve_router_request_api_malformed_total, and the
@@ -42,6 +53,7 @@
 #include "common/status.h"
 #include "services/common/control_channel.h"
 #include "services/common/request_api_codec.h"
+#include "services/router/api_auth.h"
 #include "services/router/api_error.h"
 #include "services/router/generation_session.h"
 #include "services/router/openai_request.h"
@@ -65,6 +77,8 @@ class RequestApiServer {
     const tokenizer::ChatTemplate* chat_template = nullptr;
     RouterCore* core = nullptr;
     RouterMetrics* metrics = nullptr;
+    const ApiKeyAuth* auth = nullptr;  // null: no API keys required (outlives the server)
+    services::CurveOptions curve;      // disabled: plain TCP
   };
 
   // Binds config->request_endpoint. Errors: InvalidArgument (endpoint), Unavailable (in use).

@@ -11,7 +11,8 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
                                        "compat_hash", "disconnect_poll_ms", "admin_api", "ready_file", "request_endpoint",
                                        "request_keepalive_ms", "api_keys_file", "auth_exempt_paths", "max_prompt_tokens",
                                        "retry_after_s", "http_read_timeout_ms", "control_curve_secret_key_file",
-                                       "control_curve_allowed_clients_file"}));
+                                       "control_curve_allowed_clients_file", "request_curve_secret_key_file",
+                                       "request_curve_allowed_clients_file"}));
   PDSERVE_RETURN_IF_ERROR(s.Get("host", &c.host));
   int64_t port = c.port;
   PDSERVE_RETURN_IF_ERROR(s.Get("port", &port));
@@ -56,6 +57,8 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.Get("http_read_timeout_ms", &c.http_read_timeout));
   PDSERVE_RETURN_IF_ERROR(s.Get("control_curve_secret_key_file", &c.control_curve_secret_key_file));
   PDSERVE_RETURN_IF_ERROR(s.Get("control_curve_allowed_clients_file", &c.control_curve_allowed_clients_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("request_curve_secret_key_file", &c.request_curve_secret_key_file));
+  PDSERVE_RETURN_IF_ERROR(s.Get("request_curve_allowed_clients_file", &c.request_curve_allowed_clients_file));
   PDSERVE_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -94,6 +97,11 @@ Status RouterConfig::Validate() const {
   if (control_curve_secret_key_file.empty() && !control_curve_allowed_clients_file.empty())
     return Status::InvalidArgument(
         "router.control_curve_allowed_clients_file needs router.control_curve_secret_key_file");
+  if (request_curve_secret_key_file.empty() && !request_curve_allowed_clients_file.empty())
+    return Status::InvalidArgument(
+        "router.request_curve_allowed_clients_file needs router.request_curve_secret_key_file");
+  if (!request_curve_secret_key_file.empty() && request_endpoint.empty())
+    return Status::InvalidArgument("router.request_curve_secret_key_file needs router.request_endpoint");
   return Status::Ok();
 }
 

@@ -68,6 +68,10 @@ struct RouterConfig {
   // optionally a file of the worker public keys allowed to connect (empty: any worker key).
   std::string control_curve_secret_key_file;
   std::string control_curve_allowed_clients_file;
+  // ZeroMQ CURVE on the request API socket (request_endpoint): the router's secret key file,
+  // and optionally a file of the client public keys allowed to connect (empty: any client key).
+  std::string request_curve_secret_key_file;
+  std::string request_curve_allowed_clients_file;
 
   // Errors: InvalidArgument naming the key.
   static Result<RouterConfig> FromYaml(const services::YamlSection& section);

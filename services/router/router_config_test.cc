@@ -57,6 +57,9 @@ router:
   http_read_timeout_ms: 5000
   control_curve_secret_key_file: /etc/pdserve/router.secret
   control_curve_allowed_clients_file: /etc/pdserve/workers.public
+  request_endpoint: tcp://0.0.0.0:7100
+  request_curve_secret_key_file: /etc/pdserve/router-api.secret
+  request_curve_allowed_clients_file: /etc/pdserve/clients.public
 )").value();
   auto c = RouterConfig::FromYaml(root.Section("router").value());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -67,10 +70,17 @@ router:
   EXPECT_EQ(c->http_read_timeout.count(), 5000);
   EXPECT_EQ(c->control_curve_secret_key_file, "/etc/pdserve/router.secret");
   EXPECT_EQ(c->control_curve_allowed_clients_file, "/etc/pdserve/workers.public");
+  EXPECT_EQ(c->request_curve_secret_key_file, "/etc/pdserve/router-api.secret");
+  EXPECT_EQ(c->request_curve_allowed_clients_file, "/etc/pdserve/clients.public");
   auto bad = [](const char* yaml) { return RouterConfig::FromYaml(services::YamlSection::Parse(yaml).value()).status(); };
   EXPECT_NE(bad("control_curve_allowed_clients_file: /x").message().find("control_curve_secret_key_file"),
             std::string::npos);
   EXPECT_FALSE(bad("auth_exempt_paths: [health]").ok());
+  EXPECT_NE(bad("request_endpoint: tcp://h:1\nrequest_curve_allowed_clients_file: /x")
+                .message()
+                .find("request_curve_secret_key_file"),
+            std::string::npos);
+  EXPECT_NE(bad("request_curve_secret_key_file: /x").message().find("router.request_endpoint"), std::string::npos);
 }
 
 TEST(RouterConfigTest, Errors) {

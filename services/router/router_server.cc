@@ -123,6 +123,16 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
                                                                  control_curve.allowed_client_keys.size()));
   }
 
+  services::CurveOptions request_curve;
+  if (!c.request_curve_secret_key_file.empty()) {
+    PDSERVE_ASSIGN_OR_RETURN(request_curve, services::LoadServerCurveOptions(c.request_curve_secret_key_file,
+                                                                             c.request_curve_allowed_clients_file));
+    log->info("request API: CURVE on ({})", request_curve.allowed_client_keys.empty()
+                                                ? std::string("any client key pair")
+                                                : fmt::format("{} allowed client key(s)",
+                                                              request_curve.allowed_client_keys.size()));
+  }
+
   const std::string tok_dir = c.tokenizer_dir.empty() ? tokenizer::DefaultTokenizerDir() : c.tokenizer_dir;
   auto tok = tokenizer::Tokenizer::Load(tok_dir);
   if (!tok.ok()) return tok.status().WithContext("loading the tokenizer from '" + tok_dir + "'");
@@ -181,7 +191,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
             c.routing.decode_policy, c.routing.colocated_policy);
   if (!c.request_endpoint.empty()) {
     RequestApiServer::Context rc{&s->config_, s->tokenizer_.get(), &*s->chat_template_, s->core_.get(),
-                                 s->metrics_.get()};
+                                 s->metrics_.get(), s->auth_ ? &*s->auth_ : nullptr, std::move(request_curve)};
     PDSERVE_ASSIGN_OR_RETURN(s->request_api_, RequestApiServer::Start(rc));
   }
   if (!c.ready_file.empty()) {

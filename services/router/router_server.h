@@ -10,7 +10,8 @@
 //   GET  /metrics                                Prometheus text (router_metrics.h)
 //   GET  /admin/workers, POST /admin/drain {"worker_id": ..., "timeout_ms": ...}
 //   GET  /v1/workers                             workers_view.h (with router.admin_api)
-// With router.request_endpoint it also serves the ZeroMQ request API (request_api_server.h).
+// With router.request_endpoint it also serves the ZeroMQ request API (request_api_server.h),
+// which checks the same API keys (auth_) on every submit.
 // With router.api_keys_file every path but router.auth_exempt_paths needs
 // `Authorization: Bearer KEY` (401 invalid_api_key otherwise, checked before routing). Every 429
 // carries Retry-After (router.retry_after_s).
