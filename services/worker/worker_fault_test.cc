@@ -1,10 +1,10 @@
 // Fault tests of the engine-backed cluster with real processes: a worker killed (SIGKILL) or
-// paused (SIGSTOP) mid-stream, a prefill worker killed while its KV is in flight, the router
-// killed and restarted. Every case asserts that no request hangs, that no surviving worker keeps
-// a KV block (the worker's used-blocks gauge returns to 0), and that every reply that completes
-// is exactly the single-process greedy output: with request migration (docs/router.md
-// "Migration") a stream whose worker died continues on another worker with no token lost or
-// repeated.
+// paused (SIGSTOP) mid-stream, one rank of a multi-rank decode instance killed, a prefill
+// worker killed while its KV is in flight, the router killed and restarted. Every case asserts
+// that no request hangs, that no surviving worker keeps a KV block (the worker's used-blocks
+// gauge returns to 0), and that every reply that completes is exactly the single-process greedy
+// output: with request migration (docs/router.md "Migration") a stream whose worker died
+// continues on another worker with no token lost or repeated.
 #include <signal.h>
 
 #include <atomic>
@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "services/common/process_util.h"
 #include "services/common/testing/tcp_proxy.h"
 #include "services/router/cluster_fixture.h"
 #include "services/worker/worker_test_cluster.h"
@@ -140,6 +141,34 @@ TEST(WorkerFaultTest, DecodeKilledMidStreamIsMigrated) {
   EXPECT_GE(RouterMetric(c, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\""), 1);
   EXPECT_TRUE(RouterIdle(c));
   EXPECT_TRUE(w.NoBlocksUsed("d1", 10s)) << "KV blocks leaked on the surviving decode worker";
+  EXPECT_TRUE(w.NoBlocksUsed("p0", 10s));
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// One rank of a multi-rank decode instance (DP = 2 under mpirun) killed mid-stream: mpirun ends
+// the whole instance (its other rank would otherwise wait forever in an EP exchange while its
+// agent kept heartbeating), the router loses both DP ranks and every stream they held
+// continues exactly on the one-process decode worker.
+TEST(WorkerFaultTest, DecodeRankKilledTakesTheInstanceDownAndItsStreamsMigrate) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("fault-rankkill");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.StartInstance("d", "decode", 2, "dp=2,ep=2", 2), w);
+  ASSERT_OK_W(w.Start("e0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(4, 60s)) << w.Logs();
+  constexpr int kN = 6, kMax = 300;
+  for (int k = 0; k < kN; ++k) Reference(Prompt(450 + k), kMax);
+  auto ready = json::parse(ReadFile(c.dir() + "/d.ready.dp1").value());
+  const pid_t rank1 = ready["pid"].get<pid_t>();
+  auto run = StreamWithFault(c, 450, kN, kMax, 6, [&] { kill(rank1, SIGKILL); });
+  ExpectAllExact(run, 450, kMax);
+  EXPECT_GE(RouterMetric(c, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\""), 1);
+  EXPECT_TRUE(w.proc("d")->WaitExit(20s).has_value()) << "the instance outlived its killed rank";
+  EXPECT_TRUE(c.WaitForWorkers(2, 10s)) << "both DP ranks should be gone from the router";
+  EXPECT_TRUE(RouterIdle(c));
+  EXPECT_TRUE(w.NoBlocksUsed("e0", 10s)) << "KV blocks leaked on the surviving decode worker";
   EXPECT_TRUE(w.NoBlocksUsed("p0", 10s));
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
