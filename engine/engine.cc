@@ -222,10 +222,13 @@ void Engine::Start() {
 }
 
 void Engine::Stop() {
-  if (!loop_.joinable()) return;
-  loop_.request_stop();
-  cv_.notify_all();
-  loop_.join();
+  if (loop_.joinable()) {
+    loop_.request_stop();
+    cv_.notify_all();
+    loop_.join();
+  }
+  // A group engine stepped by hand (or never started) still owes the group its stop votes.
+  while (options_.group && !group_stopped_ && !options_.group->broken()) StepOnce(true);
 }
 
 void Engine::Loop(std::stop_token st) {
@@ -233,9 +236,9 @@ void Engine::Loop(std::stop_token st) {
     // Step while the group lives: idle polls keep this rank voting (and taking the dummy
     // steps other units need); a stop request becomes this rank's stop vote.
     while (true) {
-      const StepOutcome o = StepOnce(st.stop_requested());
-      if (o.group_stop || options_.group->broken()) break;
-      if (o.worked || st.stop_requested()) continue;
+      const bool worked = StepOnce(st.stop_requested());
+      if (group_stopped_ || options_.group->broken()) break;
+      if (worked || st.stop_requested()) continue;
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, options_.group_idle_poll, [&] {
         return kick_ || !inbox_adds_.empty() || !inbox_aborts_.empty() || !inbox_commits_.empty();

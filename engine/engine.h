@@ -19,8 +19,9 @@
 // Multi-rank (EngineOptions::group, engine/rank_group.h): the engine is a DP unit's leader;
 // every step goes through the group (the unit's followers replay it, all DP units vote), so
 // the loop keeps stepping (polling every group_idle_poll) while any rank of the instance has
-// work, and Stop() returns only once every rank of the instance stopped: a stopping leader
-// schedules nothing more but still takes the dummy steps the others need. A broken group (a
+// work, and Stop() (also the destructor's, also for an engine stepped by hand) returns only once
+// every rank of the instance stopped: a stopping leader schedules nothing more but still takes
+// the dummy steps the others need. A broken group (a
 // rank failed) fails the step's requests and ends the loop; failure() then says why.
 // Thread-safety: AddRequest, Abort, ReserveImport, CommitImport, HeldBlocks, ReleaseKv, Stats
 // may be called from any thread (inputs go through a locked inbox applied at the next step).
@@ -155,15 +156,12 @@ class Engine {
          std::unique_ptr<ThreadPool> owned_pool, std::unique_ptr<BlockPool> pool);
   Result<std::unique_ptr<Request>> NewRequest(std::vector<int32_t> prompt, RequestOptions options);
   void Loop(std::stop_token st);
-  struct StepOutcome {
-    bool worked = false;      // a batch ran or events went out
-    bool group_stop = false;  // every rank of the group voted stop
-  };
   // One step; `stopping`: schedule nothing (a group leader that is stopping still steps).
-  StepOutcome StepOnce(bool stopping);
-  // Runs the step's batch: the model directly, or through the group.
+  // Returns whether a batch ran or events went out.
+  bool StepOnce(bool stopping);
+  // Runs the step's batch: the model directly, or through the group (sets group_stopped_).
   Status RunForward(const std::vector<ScheduledChunk>& chunks, std::span<const model::BatchSequence> batch,
-                    bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer, bool* group_stop);
+                    bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer);
   void ApplyInbox(std::vector<TokenEvent>* events);
   // Appends `token` to r, checks stop conditions; returns the event (finished if it ends r).
   TokenEvent Emit(Request* r, const SampleResult& s);
@@ -187,6 +185,7 @@ class Engine {
   std::vector<float> logits_;
   std::vector<Request*> exporting_;  // this step's requests with a kv_export that began
   std::vector<int32_t> imported_;    // group: blocks of imports committed since the last step
+  bool group_stopped_ = false;       // group: every rank voted stop (the group is done)
   int64_t next_arrival_ = 0;
 
   // Shared state.

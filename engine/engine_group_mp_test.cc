@@ -189,6 +189,30 @@ TEST_F(EngineGroupTest, ContextParallelPrefillThenReplicatedDecode) {
   ServeAndCheck(plan, {Prompt(48, 4), Prompt(6, 5), Prompt(70, 6)});
 }
 
+// Engines stepped by hand (no Start): each finishes its own request at a different step, and
+// the one that is destroyed first keeps voting (stop, dummy steps) until every rank stopped.
+TEST_F(EngineGroupTest, HandSteppedEnginesStopTogether) {
+  ParallelPlan plan;
+  plan.dp = WorldSize();
+  plan.ep = WorldSize();
+  const std::vector<int32_t> prompt = Prompt(12, 3);
+  Rank r = Join(plan);
+  ASSERT_TRUE(AllRanks(r.engine != nullptr));
+  const int64_t max_tokens = 4 + 6 * r.group->dp_rank();
+  const std::vector<int32_t> expected = Reference(prompt, max_tokens);
+  EventCollector events;
+  RequestOptions ro;
+  ro.sampling.temperature = 0;
+  ro.sampling.max_tokens = max_tokens;
+  ro.on_event = events.Callback();
+  auto id = r.engine->AddRequest(prompt, ro);
+  ASSERT_TRUE(id.ok());
+  while (events.finished() < 1) r.engine->Step();
+  EXPECT_EQ(events.Tokens(*id), expected);
+  r.engine.reset();  // Stop(): votes stop until every rank did
+  EXPECT_FALSE(r.group->broken());
+}
+
 TEST_F(EngineGroupTest, ImportedKvReachesTheFollowers) {
   ParallelPlan plan;
   plan.tp = 2;

@@ -137,11 +137,10 @@ void Engine::Deliver(std::vector<TokenEvent>& events) {
   }
 }
 
-bool Engine::Step() { return StepOnce(false).worked; }
+bool Engine::Step() { return StepOnce(false); }
 
 Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<const model::BatchSequence> batch,
-                          bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer,
-                          bool* group_stop) {
+                          bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer) {
   if (!options_.group) return batch.empty() ? Status::Ok() : model_->ForwardBatch(batch, stats, on_layer);
   std::vector<GroupSequence> seqs;
   seqs.reserve(chunks.size());
@@ -160,11 +159,11 @@ Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<c
     }
     return r.status();
   }
-  *group_stop = r.value().stop;
+  group_stopped_ = group_stopped_ || r.value().stop;
   return Status::Ok();
 }
 
-Engine::StepOutcome Engine::StepOnce(bool stopping) {
+bool Engine::StepOnce(bool stopping) {
   const auto t0 = Clock::now();
   std::vector<TokenEvent> events;
   SchedulerOutput out;
@@ -219,8 +218,7 @@ Engine::StepOutcome Engine::StepOnce(bool stopping) {
   }
   const auto t1 = Clock::now();
   model::BatchStats bstats;
-  bool group_stop = false;
-  Status st = RunForward(out.chunks, batch, stopping, &bstats, on_layer, &group_stop);
+  Status st = RunForward(out.chunks, batch, stopping, &bstats, on_layer);
   const auto t2 = Clock::now();
   const auto n_exports = static_cast<int64_t>(exporting_.size());
   exporting_.clear();  // (its requests may finish below)
@@ -276,7 +274,7 @@ Engine::StepOutcome Engine::StepOnce(bool stopping) {
     stats_.event_seconds += Seconds(t3, t4);
     has_work_ = !requests_.empty();
   }
-  return {!batch.empty() || !events.empty(), group_stop};
+  return !batch.empty() || !events.empty();
 }
 
 }  // namespace pdserve::engine
