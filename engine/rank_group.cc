@@ -177,7 +177,9 @@ Result<GroupStepResult> RankGroup::VoteAndRun(std::span<const GroupSequence> seq
   vote.stop = stop && rows == 0;
   Result<comm::DpDecision> d = coordinator_->Step(vote, forward, dummy);
   if (!d.ok()) {
-    if (d.status().code() == StatusCode::kAborted) broken_ = true;
+    // The vote itself failed (kAborted: another rank failed; or MPI): the ranks no longer
+    // agree on the step, so the group is done. A forward's own failure is voted next step.
+    if (!result.ran && !result.dummy) broken_ = true;
     return d.status();
   }
   result.stop = d.value().stop;
