@@ -28,8 +28,15 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
     if (!config.ok()) return fail(config.status());
     if (!config.value().log_level.empty()) SetLogLevel(config.value().log_level);
     auto log = GetLogger("worker");
-    // The model first: under a plan every rank of the instance must load (collectively)
-    // before any of them may fail on something local.
+    // Key files are checked before the model loads: a typo fails in milliseconds.
+    CurveOptions curve;
+    if (!config.value().curve_secret_key_file.empty()) {
+      auto loaded = LoadClientCurveOptions(config.value().curve_secret_key_file, config.value().router_public_key_file);
+      if (!loaded.ok()) return fail(loaded.status());
+      curve = std::move(loaded).value();
+    }
+    // Then the model (under a plan: collectively, on every rank of the instance; a rank that
+    // exits early makes mpirun end the whole instance).
     auto instance = ModelInstance::Load(config.value(), &argc, &argv);
     if (!instance.ok()) return fail(instance.status());
     ModelInstance* in = instance.value().get();
@@ -43,13 +50,6 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
       return 0;
     }
     const WorkerServiceConfig c = ForDpRank(config.value(), in->dp_rank(), in->dp_size());
-    // Key files are checked before the model loads: a typo fails in milliseconds.
-    CurveOptions curve;
-    if (!c.curve_secret_key_file.empty()) {
-      auto loaded = LoadClientCurveOptions(c.curve_secret_key_file, c.router_public_key_file);
-      if (!loaded.ok()) return fail(loaded.status());
-      curve = std::move(loaded).value();
-    }
 
     auto registry = std::make_shared<prometheus::Registry>();
     auto exposer = MetricsExposer::Start(c.metrics_host + ":" + std::to_string(c.metrics_port), registry);
