@@ -43,8 +43,6 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
     PDSERVE_RETURN_IF_ERROR(g.Get("binary", &w.binary));
     int64_t port = 0;
     PDSERVE_RETURN_IF_ERROR(g.Get("metrics_port", &port));
-    if (port < 0 || port + w.count > 65536) return Status::InvalidArgument(g.path() + ".metrics_port: out of range");
-    w.metrics_port = static_cast<int>(port);
     PDSERVE_RETURN_IF_ERROR(g.Get("mpi_ranks", &w.mpi_ranks));
     if (w.mpi_ranks == 0) return Status::InvalidArgument(g.path() + ".mpi_ranks must be >= 1");
     std::string plan;
@@ -58,6 +56,10 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
         return Status::InvalidArgument(g.path() + ".mpi_ranks (" + std::to_string(w.mpi_ranks) + ") must be cp * dp * tp = " +
                                        std::to_string(ranks) + " of its plan");
     }
+    // Process i's DP ranks use metrics_port + i * dp + k.
+    if (port < 0 || port + int64_t{w.count} * w.registrations() > 65536)
+      return Status::InvalidArgument(g.path() + ".metrics_port: out of range");
+    w.metrics_port = static_cast<int>(port);
     PDSERVE_RETURN_IF_ERROR(g.Get("args", &w.args));
     PDSERVE_RETURN_IF_ERROR(g.Get("env", &w.env));
     if (w.name.empty() || w.name.find_first_of(" /\t") != std::string::npos)

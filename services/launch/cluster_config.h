@@ -41,7 +41,7 @@ struct WorkerGroupConfig {
   std::string type = "engine";   // engine | echo (pdserve-echo-worker: protocol test worker)
   uint32_t count = 1;
   std::string binary;            // empty: pdserve-<role> (engine) or pdserve-echo-worker (echo)
-  int metrics_port = 0;          // of instance 0; instance i uses +i; 0: ephemeral
+  int metrics_port = 0;          // of instance 0; instance i uses +i (+ i * dp + k for DP rank k); 0: ephemeral
   uint32_t mpi_ranks = 1;
   std::optional<comm::ParallelPlan> plan;  // engine groups: a multi-rank instance
   // Router registrations one process of the group makes (its DP ranks).

@@ -54,6 +54,9 @@ TEST(ClusterConfigTest, Errors) {
   EXPECT_NE(err("workers: [{role: decode, plan: 'dp=2', mpi_ranks: 3}]").message().find("cp * dp * tp = 2"),
             std::string::npos);
   EXPECT_FALSE(err("workers: [{role: decode, type: echo, plan: 'dp=2'}]").ok());
+  // Two processes of two DP ranks need 4 metrics ports.
+  EXPECT_FALSE(err("workers: [{role: decode, plan: 'dp=2', count: 2, metrics_port: 65533}]").ok());
+  EXPECT_TRUE(ClusterConfig::Parse("workers: [{role: decode, plan: 'dp=2', count: 2, metrics_port: 65532}]").ok());
 }
 
 TEST(ClusterConfigTest, PlanGivesTheRanksAndTheRegistrations) {

@@ -137,7 +137,7 @@ Status Launcher::StartWorkers() {
       }
       argv.insert(argv.end(), {Bin(ClusterConfig::BinaryName(g)), "--router", control_endpoint_, "--worker-id", id,
                                "--role", services::WorkerRoleName(g.role), "--model-name", config_.router.model_name,
-                               "--metrics-port", std::to_string(g.metrics_port == 0 ? 0 : g.metrics_port + i)});
+                               "--metrics-port", std::to_string(g.metrics_port == 0 ? 0 : g.metrics_port + i * g.registrations())});
       if (g.type == "engine") argv.insert(argv.end(), {"--model", config_.model_dir});
       if (g.plan)
         argv.insert(argv.end(), {"--plan", fmt::format("cp={},dp={},ep={},tp={}", g.plan->cp, g.plan->dp, g.plan->ep,
