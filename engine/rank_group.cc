@@ -5,6 +5,7 @@
 #include <string>
 
 #include "comm/mpi_status.h"
+#include "common/logging.h"
 #include "model/parallel.h"
 
 namespace pdserve::engine {
@@ -177,9 +178,17 @@ Result<GroupStepResult> RankGroup::VoteAndRun(std::span<const GroupSequence> seq
   vote.stop = stop && rows == 0;
   Result<comm::DpDecision> d = coordinator_->Step(vote, forward, dummy);
   if (!d.ok()) {
+    if (result.ran || result.dummy) {
+      // This rank's forward failed part-way: its peers may be waiting inside a collective it
+      // left, where no vote reaches them. End the whole instance now (mpirun then stops every
+      // rank, and the router moves the instance's requests) rather than leave it wedged.
+      GetLogger("engine")->critical("DP unit {}: forward failed on a multi-rank instance ({}): aborting the instance",
+                                    dp_rank_, d.status().ToString());
+      MPI_Abort(model_.parallel()->groups().world().get(), 4);
+    }
     // The vote itself failed (kAborted: another rank failed; or MPI): the ranks no longer
-    // agree on the step, so the group is done. A forward's own failure is voted next step.
-    if (!result.ran && !result.dummy) broken_ = true;
+    // agree on the step, so the group is done.
+    broken_ = true;
     return d.status();
   }
   result.stop = d.value().stop;

@@ -20,8 +20,10 @@
 //      dummy forward (this unit has no rows), or the real forward: Model::ForwardCp for a step
 //      that is one whole prompt when cp > 1 (the engine schedules prompts whole and alone then,
 //      SchedulerOptions::whole_prompts), Model::ForwardBatch otherwise.
-// A failed forward is voted at the next step and every rank then gets kAborted: the group is
-// broken for good (broken() is true) and the process should exit (mpirun then ends the job).
+// A failed vote (another rank failed, or MPI) breaks the group for good (broken() is true): the
+// process should exit (mpirun then ends the job). A forward that fails on this rank ends the
+// whole instance at once (MPI_Abort): its peers may be waiting inside a collective this rank
+// left, which no vote can reach.
 //
 // Ownership: borrows the model (loaded with the ParallelContext this group's ProcessGroups
 // belong to), which must outlive the group; owns its communicators, the DP coordinator and, on

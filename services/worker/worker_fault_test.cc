@@ -1,6 +1,6 @@
 // Fault tests of the engine-backed cluster with real processes: a worker killed (SIGKILL) or
-// paused (SIGSTOP) mid-stream, one rank of a multi-rank decode instance killed, a prefill
-// worker killed while its KV is in flight, the router killed and restarted. Every case asserts
+// paused (SIGSTOP) mid-stream, one rank of a multi-rank decode instance killed, a multi-rank
+// prefill instance whose forward fails, a prefill worker killed while its KV is in flight, the router killed and restarted. Every case asserts
 // that no request hangs, that no surviving worker keeps a KV block (the worker's used-blocks
 // gauge returns to 0), and that every reply that completes is exactly the single-process greedy
 // output: with request migration (docs/router.md "Migration") a stream whose worker died
@@ -257,6 +257,48 @@ TEST(WorkerFaultTest, PrefillKilledMidTransferIsRetriedElsewhere) {
   // Reservations p0 was writing come back (transfer abort, or lease expiry + quarantine).
   for (const auto& id : live_decode) EXPECT_TRUE(w.NoBlocksUsed(id, 15s)) << "KV blocks leaked on " << id;
   EXPECT_TRUE(w.NoBlocksUsed("p1", 5s));
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// A CP = 2 prefill instance whose forward fails part-way (after layer 1's KV was streamed,
+// before the layer's EP exchange): its follower would wait in that exchange forever, so the
+// failing rank ends the instance (MPI_Abort), mpirun stops both ranks, and every request is
+// retried on the one-process prefill worker and completes exactly.
+TEST(WorkerFaultTest, PrefillInstanceWhoseForwardFailsEndsAndItsRequestsAreRetried) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("fault-cpfail");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.StartInstance("p", "prefill", 2, "cp=2,ep=2", 1, {"--test-fail-prefill-at-layer", "1"}), w);
+  ASSERT_OK_W(w.Start("p1", "prefill"), w);
+  for (const char* id : {"d0", "d1"}) ASSERT_OK_W(w.Start(id, "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(4, 60s)) << w.Logs();
+  constexpr int kN = 6, kMax = 10;
+  for (int k = 0; k < kN; ++k) Reference(Prompt(550 + k), kMax);
+  std::vector<Streamed> got(kN);
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int k = 0; k < kN; ++k)
+    threads.emplace_back([&, k] {
+      got[k] = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(Prompt(550 + k), kMax, true), 60s));
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_LT(Clock::now() - t0, 30s) << "a request hung";
+  EXPECT_TRUE(w.proc("p")->WaitExit(20s).has_value()) << "the failed instance is still running";
+  EXPECT_TRUE(RouterIdle(c));
+  // As in PrefillKilledMidTransferIsRetriedElsewhere: UCX 1.13 may take a decode worker down
+  // with the dead prefill's endpoint; while one lives every request must complete exactly.
+  std::vector<std::string> live_decode;
+  for (const char* id : {"d0", "d1"})
+    if (w.proc(id)->Running()) live_decode.push_back(id);
+  if (!live_decode.empty()) {
+    FaultRun run;
+    run.got = got;
+    ExpectAllExact(run, 550, kMax);
+  }
+  for (const auto& id : live_decode) EXPECT_TRUE(w.NoBlocksUsed(id, 15s)) << "KV blocks leaked on " << id;
+  EXPECT_TRUE(w.NoBlocksUsed("p1", 5s));
+  EXPECT_NE(w.Logs().find("aborting the instance"), std::string::npos);
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
