@@ -1,10 +1,11 @@
 // Fault tests of the engine-backed cluster with real processes: a worker killed (SIGKILL) or
 // paused (SIGSTOP) mid-stream, one rank of a multi-rank decode instance killed, a multi-rank
-// prefill instance whose forward fails, a prefill worker killed while its KV is in flight, the router killed and restarted. Every case asserts
-// that no request hangs, that no surviving worker keeps a KV block (the worker's used-blocks
-// gauge returns to 0), and that every reply that completes is exactly the single-process greedy
-// output: with request migration (docs/router.md "Migration") a stream whose worker died
-// continues on another worker with no token lost or repeated.
+// prefill instance whose forward fails, a prefill worker killed while its KV is in flight, the
+// router killed and restarted. Every case asserts that no request hangs, that no surviving
+// worker keeps a KV block (the worker's used-blocks gauge returns to 0), and that every reply
+// that completes is exactly the single-process greedy output: with request migration
+// (docs/router.md "Migration") a stream whose worker died continues on another worker with no
+// token lost or repeated.
 #include <signal.h>
 
 #include <atomic>
