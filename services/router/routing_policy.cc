@@ -1,5 +1,6 @@
 #include "services/router/routing_policy.h"
 
+#include <algorithm>
 #include <string>
 
 namespace pdserve::router {
@@ -36,24 +37,27 @@ int ChooseWorker(RoutingPolicy policy, const std::vector<RoutingCandidate>& c, u
     }
     return best;
   }
-  // kv_capacity_aware: first among those where the whole request fits, else where the prompt fits.
-  for (int pass = 0; pass < 2 && best < 0; ++pass) {
+  // kv_capacity_aware: first among those where the whole request fits, else where the prompt
+  // fits; the best headroom sets the band, the fewest outstanding tokens within it wins.
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<double> headroom(n, -1.0);  // < 0: does not fit
+    double top = -1.0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t left = c[i].kv_blocks_free - (pass == 0 ? c[i].blocks_for_request : c[i].blocks_for_prompt);
+      if (left < 0) continue;
+      headroom[i] = c[i].kv_blocks_total > 0 ? static_cast<double>(left) / static_cast<double>(c[i].kv_blocks_total)
+                                             : static_cast<double>(left);
+      top = std::max(top, headroom[i]);
+    }
+    if (top < 0) continue;
     for (size_t k = 0; k < n; ++k) {
       const size_t i = at(k);
-      const int64_t need = pass == 0 ? c[i].blocks_for_request : c[i].blocks_for_prompt;
-      if (c[i].kv_blocks_free < need) continue;
-      if (best < 0) {
-        best = static_cast<int>(i);
-        continue;
-      }
-      const auto& b = c[static_cast<size_t>(best)];
-      const int64_t left_i = c[i].kv_blocks_free - need;
-      const int64_t left_b = b.kv_blocks_free - (pass == 0 ? b.blocks_for_request : b.blocks_for_prompt);
-      if (left_i > left_b || (left_i == left_b && c[i].outstanding_tokens < b.outstanding_tokens))
-        best = static_cast<int>(i);
+      if (headroom[i] < 0 || headroom[i] < top - kHeadroomBand) continue;
+      if (best < 0 || c[i].outstanding_tokens < c[static_cast<size_t>(best)].outstanding_tokens) best = static_cast<int>(i);
     }
+    return best;
   }
-  return best;
+  return -1;
 }
 
 }  // namespace pdserve::router

@@ -5,11 +5,14 @@
 //                             tokens not yet prefilled plus output tokens still owed, as the
 //                             router accounts them per assignment (so the choice reacts at
 //                             once, not a heartbeat later); ties go round-robin
-//   kv_capacity_aware         (decode / colocated) the eligible worker with the most free KV
-//                             blocks left after this request, among those where the whole
-//                             request (prompt + max_tokens) fits; when it fits nowhere, the one
-//                             with the most free blocks that can hold the prompt; ties go to
-//                             fewer outstanding tokens
+//   kv_capacity_aware         (decode / colocated) among the eligible workers where the whole
+//                             request (prompt + max_tokens) fits (when it fits nowhere: where
+//                             the prompt fits), the KV headroom decides: the share of its pool
+//                             a worker has left after this request. Workers within
+//                             kHeadroomBand of the best headroom count as equal and the fewest
+//                             outstanding tokens wins among them (ties go round-robin), so
+//                             while every cache has room this balances the work, and a cache
+//                             running short stops getting requests
 //
 // Eligible: ready (not draining) and prompt_tokens < max_context_tokens. Free blocks are the
 // worker's last heartbeat minus what the router assigned since (WorkerRegistry).
@@ -31,9 +34,13 @@ enum class RoutingPolicy { kRoundRobin, kLeastOutstandingTokens, kKvCapacityAwar
 Result<RoutingPolicy> ParseRoutingPolicy(std::string_view name);
 const char* RoutingPolicyName(RoutingPolicy policy);
 
+// kv_capacity_aware: headroom shares closer than this (a tenth of a pool) are equal.
+inline constexpr double kHeadroomBand = 0.1;
+
 struct RoutingCandidate {
   int64_t outstanding_tokens = 0;
   int64_t kv_blocks_free = 0;     // estimate
+  int64_t kv_blocks_total = 0;    // the worker's pool (0: unknown; headroom is then in blocks)
   int64_t blocks_for_request = 0; // prompt + max_tokens
   int64_t blocks_for_prompt = 0;
 };

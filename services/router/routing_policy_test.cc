@@ -60,5 +60,28 @@ TEST(RoutingPolicyTest, KvCapacityAware) {
   EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), 1);
 }
 
+TEST(RoutingPolicyTest, KvCapacityAwareBalancesWorkWhileEveryCacheHasRoom) {
+  std::vector<RoutingCandidate> c(2);
+  for (auto& x : c) {
+    x.kv_blocks_total = 1000;
+    x.blocks_for_request = 10;
+    x.blocks_for_prompt = 2;
+  }
+  // Headroom 49% vs 47%: within the band, so the lighter worker wins despite fewer free blocks.
+  c[0].kv_blocks_free = 500;
+  c[0].outstanding_tokens = 900;
+  c[1].kv_blocks_free = 480;
+  c[1].outstanding_tokens = 100;
+  uint64_t cursor = 0;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), 1);
+  // 49% vs 29%: the cache running short no longer gets the request.
+  c[1].kv_blocks_free = 300;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), 0);
+  // Headroom is a share of each pool: 100 of 200 left beats 300 of 1000.
+  c[0].kv_blocks_total = 200;
+  c[0].kv_blocks_free = 110;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvCapacityAware, c, &cursor), 0);
+}
+
 }  // namespace
 }  // namespace pdserve::router

@@ -160,6 +160,7 @@ Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy polic
     RoutingCandidate rc;
     rc.outstanding_tokens = e->outstanding_tokens;
     rc.kv_blocks_free = e->kv_free_estimate;
+    rc.kv_blocks_total = e->load.kv_blocks_total;
     rc.blocks_for_prompt = BlocksFor(prompt_tokens, bt);
     rc.blocks_for_request = BlocksFor(static_cast<int64_t>(prompt_tokens) + c.max_tokens, bt);
     c.blocks = produces_output ? rc.blocks_for_request : rc.blocks_for_prompt;
