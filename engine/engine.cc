@@ -258,6 +258,13 @@ void Engine::Loop(std::stop_token st) {
   }
 }
 
+double Engine::CurrentStepSeconds() const {
+  const int64_t started = step_started_ns_.load(std::memory_order_relaxed);
+  if (started == 0) return 0;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  return static_cast<double>(now - started) * 1e-9;
+}
+
 Status Engine::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -142,6 +143,10 @@ class Engine {
   bool Step();
   // Ok, or why the engine's rank group broke (the loop has ended; the process should exit).
   Status failure() const;
+  // How long the step in progress has been running (0 between steps): a watchdog's input. A
+  // step stuck far beyond its usual length (a multi-rank engine waiting in a collective for a
+  // rank that stopped) means the engine cannot make progress. Any thread.
+  double CurrentStepSeconds() const;
   // True when no request is queued, running or awaiting KV and the inbox is empty.
   bool Idle() const;
 
@@ -202,6 +207,7 @@ class Engine {
   bool has_work_ = false;           // the step thread has queued or running requests
   bool kick_ = false;               // blocks were released: the loop should try again
   Status failure_;                  // the group broke
+  std::atomic<int64_t> step_started_ns_{0};  // steady_clock ns of the step in progress; 0: none
   std::jthread loop_;               // last: joined before the members it uses go away
 };
 

@@ -165,6 +165,8 @@ Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<c
 
 bool Engine::StepOnce(bool stopping) {
   const auto t0 = Clock::now();
+  step_started_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count(),
+                         std::memory_order_relaxed);
   std::vector<TokenEvent> events;
   SchedulerOutput out;
   if (!stopping) {
@@ -274,6 +276,7 @@ bool Engine::StepOnce(bool stopping) {
     stats_.event_seconds += Seconds(t3, t4);
     has_work_ = !requests_.empty();
   }
+  step_started_ns_.store(0, std::memory_order_relaxed);
   return !batch.empty() || !events.empty();
 }
 

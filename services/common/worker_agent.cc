@@ -253,6 +253,16 @@ void WorkerAgent::OnTick(Clock::time_point now) {
     SendHeartbeat();  // tell the router at once
   }
 
+  // A worker that cannot make progress goes silent: the router times it out and moves its
+  // requests (WorkerHandler::Health).
+  const Status health = handler_->Health();
+  if (!health.ok() != unhealthy_) {
+    unhealthy_ = !health.ok();
+    if (unhealthy_) log->error("worker {}: unhealthy, withholding heartbeats: {}", options_.worker_id, health.ToString());
+    else log->info("worker {}: healthy again", options_.worker_id);
+  }
+  if (unhealthy_) return;
+
   switch (state()) {
     case State::kRegistering:
       if (now >= next_register_) {

@@ -75,6 +75,12 @@ class WorkerHandler {
 
   // The load to report in the next heartbeat.
   virtual WorkerLoad CurrentLoad() = 0;
+
+  // Non-OK: the worker cannot make progress (e.g. its engine is stuck in a step). The agent then
+  // sends no heartbeat and no registration, so the router removes the worker and moves its
+  // requests; once healthy again the worker finds the router forgot it, drops its jobs and
+  // registers anew (as after a lost router). Called on the agent's thread every tick.
+  virtual Status Health() { return Status::Ok(); }
 };
 
 struct WorkerAgentOptions {
@@ -185,6 +191,7 @@ class WorkerAgent {
   // so the router moves or fails it at once instead of waiting for its stall timeout.
   std::vector<uint64_t> dropped_while_lost_;
   uint64_t incarnation_when_lost_ = 0;
+  bool unhealthy_ = false;  // the handler's Health() failed at the last tick (agent thread)
 
   std::unique_ptr<ControlChannel> channel_;  // last: its thread stops before the rest goes
 };

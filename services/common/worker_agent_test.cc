@@ -93,6 +93,7 @@ class RecordingHandler : public WorkerHandler {
   }
   WorkerLoad CurrentLoad() override { return WorkerLoad{1, 2, 3, 4, 5}; }
   void OnDrain() override { drained = true; }
+  Status Health() override { return healthy ? Status::Ok() : Status::Unavailable("stuck in a step"); }
   std::vector<uint64_t> Started() {
     std::lock_guard<std::mutex> l(mu);
     return started;
@@ -104,6 +105,7 @@ class RecordingHandler : public WorkerHandler {
   std::mutex mu;
   std::vector<uint64_t> started, aborted;
   std::atomic<bool> drained{false};
+  std::atomic<bool> healthy{true};
 };
 
 WorkerAgentOptions Options(const std::string& endpoint) {
@@ -233,6 +235,28 @@ TEST(WorkerAgentTest, ForgottenWorkerRegistersAgainAndAbortsItsJobs) {
   router.Send(Job(6));
   ASSERT_TRUE(WaitFor([&] { return handler.Started().size() == 2; }, 5s));
   for (const auto& ev : router.Received<TokenEventMsg>()) EXPECT_NE(ev.request_id, 5u);
+}
+
+// A worker whose handler reports it cannot make progress goes silent (no heartbeat, so the
+// router times it out and moves its jobs); healthy again, it finds the router lost, drops its
+// jobs and registers anew.
+TEST(WorkerAgentTest, UnhealthyWorkerGoesSilentThenRegistersAgain) {
+  FakeRouter router("tcp://127.0.0.1:*");
+  RecordingHandler handler;
+  auto agent = WorkerAgent::Start(Options(router.endpoint()), &handler);
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registered(); }, 5s));
+  router.Send(Job(7));
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->live_jobs() == 1; }, 5s));
+  handler.healthy = false;
+  std::this_thread::sleep_for(300ms);  // a heartbeat sent before the flag may still arrive
+  const size_t heartbeats = router.Received<HeartbeatMsg>().size();
+  std::this_thread::sleep_for(600ms);  // 12 heartbeat intervals, past the router timeout
+  EXPECT_EQ(router.Received<HeartbeatMsg>().size(), heartbeats) << "an unhealthy worker kept heartbeating";
+  EXPECT_EQ((*agent)->registrations(), 1);
+  handler.healthy = true;
+  ASSERT_TRUE(WaitFor([&] { return handler.Aborted().size() == 1; }, 5s)) << "the job of the silent period was kept";
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registrations() == 2 && (*agent)->registered(); }, 5s));
 }
 
 // The worker loses the router (no answer past its timeout) while the router still routes a job

@@ -2,16 +2,17 @@
 // and prefill halves are in engine_worker_decode.cc and engine_worker_prefill.cc.
 #include "services/worker/engine_worker.h"
 
-#include "services/worker/model_instance.h"
-
 #include <algorithm>
 #include <cstdlib>
+
+#include <fmt/format.h>
 
 #include "common/logging.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 #include "services/common/process_util.h"
 #include "services/common/request_log.h"
 #include "services/worker/import_allocator.h"
+#include "services/worker/model_instance.h"
 
 namespace pdserve::services::worker {
 
@@ -160,6 +161,14 @@ WorkerCapacity EngineWorker::Capacity() const {
   c.max_context_tokens = static_cast<uint32_t>(engine_->max_sequence_length());
   c.dp_ranks = static_cast<uint32_t>(instance_->dp_size());
   return c;
+}
+
+Status EngineWorker::Health() {
+  if (config_.step_stall_timeout.count() == 0) return Status::Ok();
+  const double stuck = engine_->CurrentStepSeconds();
+  if (stuck * 1000 <= static_cast<double>(config_.step_stall_timeout.count())) return Status::Ok();
+  return Status::Unavailable(fmt::format("the engine's step has run for {:.1f} s (step_stall_timeout_ms {})", stuck,
+                                         config_.step_stall_timeout.count()));
 }
 
 WorkerLoad EngineWorker::CurrentLoad() {

@@ -88,6 +88,8 @@ class EngineWorker final : public WorkerHandler {
   WorkerLoad CurrentLoad() override;
   // Ok, or why the engine stopped for good (its multi-rank group broke): the process should exit.
   Status failure() const { return engine_->failure(); }
+  // Unavailable while the engine's current step has run past config.step_stall_timeout.
+  Status Health() override;
 
  private:
   struct Job {

@@ -15,7 +15,8 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
                                        "kv_cache_gib", "block_tokens", "max_seqs", "metrics_host", "metrics_port",
                                        "ready_file", "drain_timeout_ms", "register_retry_ms", "ucx_tls",
                                        "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
-                                       "log_level", "curve_secret_key_file", "router_public_key_file", "plan"}));
+                                       "log_level", "curve_secret_key_file", "router_public_key_file", "plan",
+                                       "step_stall_timeout_ms"}));
   int64_t threads = c->threads, port = c->metrics_port;
   std::string plan;
   PDSERVE_RETURN_IF_ERROR(w.Get("plan", &plan));
@@ -40,6 +41,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("ucx_net_devices", &c->ucx_net_devices));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_lease_ms", &c->kv_lease));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_transfer_timeout_ms", &c->kv_transfer_timeout));
+  PDSERVE_RETURN_IF_ERROR(w.Get("step_stall_timeout_ms", &c->step_stall_timeout));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_stream_layers", &c->kv_stream_layers));
   PDSERVE_RETURN_IF_ERROR(w.Get("log_level", &c->log_level));
   PDSERVE_RETURN_IF_ERROR(w.Get("curve_secret_key_file", &c->curve_secret_key_file));
@@ -59,7 +61,8 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
                           "block-tokens", "max-seqs", "metrics-host", "metrics-port", "ready-file", "drain-timeout-ms",
                           "register-retry-ms", "ucx-tls", "ucx-net-devices", "kv-lease-ms",
                           "kv-transfer-timeout-ms", "kv-stream-layers", "log-level", "test-fail-prefill-at-layer",
-                           "test-tear-kv-writes", "curve-secret-key-file", "router-public-key-file", "plan"},
+                           "test-tear-kv-writes", "curve-secret-key-file", "router-public-key-file", "plan",
+                          "step-stall-timeout-ms"},
                          {}));
   WorkerServiceConfig c;
   std::string role = fixed_role ? WorkerRoleName(*fixed_role) : "colocated";
@@ -92,6 +95,9 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   PDSERVE_ASSIGN_OR_RETURN(int64_t retry, cl.GetInt("register-retry-ms", c.register_retry.count()));
   PDSERVE_ASSIGN_OR_RETURN(int64_t lease, cl.GetInt("kv-lease-ms", c.kv_lease.count()));
   PDSERVE_ASSIGN_OR_RETURN(int64_t xfer, cl.GetInt("kv-transfer-timeout-ms", c.kv_transfer_timeout.count()));
+  PDSERVE_ASSIGN_OR_RETURN(int64_t stall, cl.GetInt("step-stall-timeout-ms", c.step_stall_timeout.count()));
+  if (stall < 0) return Status::InvalidArgument("--step-stall-timeout-ms must be >= 0 (0: off)");
+  c.step_stall_timeout = std::chrono::milliseconds(stall);
   if (auto v = cl.Get("kv-stream-layers")) {
     if (*v == "true" || *v == "1") c.kv_stream_layers = true;
     else if (*v == "false" || *v == "0") c.kv_stream_layers = false;

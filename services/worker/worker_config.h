@@ -42,6 +42,10 @@ struct WorkerServiceConfig {
   std::string ucx_net_devices;
   std::chrono::milliseconds kv_lease{30000};
   std::chrono::milliseconds kv_transfer_timeout{10000};
+  // Watchdog: an engine step running longer than this (stuck, e.g. a multi-rank instance
+  // waiting in a collective for a rank that stopped) makes the worker withhold its heartbeats,
+  // so the router moves its requests (WorkerHandler::Health). 0: off.
+  std::chrono::milliseconds step_stall_timeout{60000};
   // Prefill: write each layer's KV as soon as the prompt's forward computed it (overlapping
   // the transfer with the remaining layers); false: write all layers after the forward.
   bool kv_stream_layers = true;

@@ -1,5 +1,5 @@
 // Fault tests of the engine-backed cluster with real processes: a worker killed (SIGKILL) or
-// paused (SIGSTOP) mid-stream, one rank of a multi-rank decode instance killed, a multi-rank
+// paused (SIGSTOP) mid-stream, one rank of a multi-rank decode instance killed or paused, a multi-rank
 // prefill instance whose forward fails, a prefill worker killed while its KV is in flight, the
 // router killed and restarted. Every case asserts that no request hangs, that no surviving
 // worker keeps a KV block (the worker's used-blocks gauge returns to 0), and that every reply
@@ -258,6 +258,43 @@ TEST(WorkerFaultTest, PrefillKilledMidTransferIsRetriedElsewhere) {
   // Reservations p0 was writing come back (transfer abort, or lease expiry + quarantine).
   for (const auto& id : live_decode) EXPECT_TRUE(w.NoBlocksUsed(id, 15s)) << "KV blocks leaked on " << id;
   EXPECT_TRUE(w.NoBlocksUsed("p1", 5s));
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// One rank of a DP = 2 decode instance paused (SIGSTOP) mid-stream: the router times it out,
+// and its peer, alive and heartbeating, is stuck in the lock-step vote waiting for it. The
+// peer's step watchdog (--step-stall-timeout-ms) sees its step stuck, withholds the heartbeats,
+// the router removes it too, and every stream completes exactly on the one-process decode
+// worker. Resumed (SIGCONT), both ranks find the router forgot them, drop their jobs and
+// register again with no block in use, and serve exactly.
+TEST(WorkerFaultTest, PausedDecodeRankStallsItsPeerWhoseWatchdogHandsItsStreamsOver) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("fault-rankpause");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.StartInstance("d", "decode", 2, "dp=2,ep=2", 2, {"--step-stall-timeout-ms", "2000"}), w);
+  ASSERT_OK_W(w.Start("e0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(4, 60s)) << w.Logs();
+  constexpr int kN = 6, kMax = 300;
+  for (int k = 0; k < kN; ++k) Reference(Prompt(600 + k), kMax);
+  auto ready = json::parse(ReadFile(c.dir() + "/d.ready.dp1").value());
+  const pid_t rank1 = ready["pid"].get<pid_t>();
+  auto run = StreamWithFault(c, 600, kN, kMax, 6, [&] { kill(rank1, SIGSTOP); });
+  ExpectAllExact(run, 600, kMax);
+  EXPECT_GE(RouterMetric(c, "pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\""), 1);
+  EXPECT_NE(w.Logs().find("withholding heartbeats"), std::string::npos) << "the peer's watchdog never fired";
+  EXPECT_TRUE(RouterIdle(c));
+  kill(rank1, SIGCONT);
+  EXPECT_TRUE(c.WaitForWorkers(4, 30s)) << "the resumed instance did not register again";
+  for (const char* id : {"d-dp0", "d-dp1", "e0", "p0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 15s)) << id;
+  std::vector<int> max_tokens;
+  for (int k = 0; k < 4; ++k) {
+    const auto p = Prompt(620 + k);
+    auto s = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(p, 8, true), 60s));
+    EXPECT_FALSE(s.error) << s.error_message;
+    EXPECT_EQ(s.text, Text(Reference(p, 8))) << k;
+  }
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
