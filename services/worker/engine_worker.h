@@ -18,6 +18,10 @@
 //              decode's verdict), releases the held blocks and sends the first token (index
 //              0). Without streaming the transfer thread writes every layer after the forward.
 //
+// Multi-rank instances (ModelInstance, docs/services.md "Multi-rank workers"): one EngineWorker
+// per DP unit, on the unit's leader; its engine steps through the unit's RankGroup, and a job
+// placed on another DP rank is refused.
+//
 // Threading: WorkerHandler calls run on the WorkerAgent's thread and never block (engine and
 // receiver calls only queue work); engine events arrive on the engine's step thread; the
 // decode role runs one receiver-event thread, the prefill role one transfer thread (both
