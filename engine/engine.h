@@ -190,6 +190,7 @@ class Engine {
   std::vector<float> logits_;
   std::vector<Request*> exporting_;  // this step's requests with a kv_export that began
   std::vector<int32_t> imported_;    // group: blocks of imports committed since the last step
+  std::vector<GroupSequence> group_seqs_;  // group: this step's sequences (scratch)
   bool group_stopped_ = false;       // group: every rank voted stop (the group is done)
   int64_t next_arrival_ = 0;
 

@@ -39,6 +39,15 @@ std::vector<int32_t> Prompt(int64_t len, int seed) {
   return p;
 }
 
+// Greedy sampling of `max_tokens` tokens, events into `events`.
+RequestOptions Greedy(int64_t max_tokens, EventCollector* events) {
+  RequestOptions ro;
+  ro.sampling.temperature = 0;
+  ro.sampling.max_tokens = max_tokens;
+  ro.on_event = events->Callback();
+  return ro;
+}
+
 class EngineGroupTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -64,10 +73,7 @@ class EngineGroupTest : public ::testing::Test {
   // The single-process engine's greedy tokens for `prompt` run alone.
   static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int64_t max_tokens = kMaxTokens) {
     EventCollector events;
-    RequestOptions ro;
-    ro.sampling.temperature = 0;
-    ro.sampling.max_tokens = max_tokens;
-    ro.on_event = events.Callback();
+    RequestOptions ro = Greedy(max_tokens, &events);
     auto id = reference_->AddRequest(prompt, ro);
     EXPECT_TRUE(id.ok());
     EXPECT_TRUE(testing::RunUntilIdle(reference_));
@@ -129,10 +135,7 @@ class EngineGroupTest : public ::testing::Test {
     r.engine->Start();
     for (size_t i = 0; i < prompts.size(); ++i) {
       if (static_cast<int>(i % static_cast<size_t>(plan.dp)) != r.group->dp_rank()) continue;
-      RequestOptions ro;
-      ro.sampling.temperature = 0;
-      ro.sampling.max_tokens = max_tokens[i];
-      ro.on_event = events.Callback();
+      RequestOptions ro = Greedy(max_tokens[i], &events);
       auto id = r.engine->AddRequest(prompts[i], ro);
       ASSERT_TRUE(id.ok()) << id.status().ToString();
       ids[i] = *id;
@@ -201,10 +204,7 @@ TEST_F(EngineGroupTest, HandSteppedEnginesStopTogether) {
   const int64_t max_tokens = 4 + 6 * r.group->dp_rank();
   const std::vector<int32_t> expected = Reference(prompt, max_tokens);
   EventCollector events;
-  RequestOptions ro;
-  ro.sampling.temperature = 0;
-  ro.sampling.max_tokens = max_tokens;
-  ro.on_event = events.Callback();
+  RequestOptions ro = Greedy(max_tokens, &events);
   auto id = r.engine->AddRequest(prompt, ro);
   ASSERT_TRUE(id.ok());
   while (events.finished() < 1) r.engine->Step();
@@ -225,11 +225,8 @@ TEST_F(EngineGroupTest, ImportedKvReachesTheFollowers) {
   int32_t first_token = -1;
   {
     EventCollector events;
-    RequestOptions ro;
-    ro.sampling.temperature = 0;
-    ro.sampling.max_tokens = 1;
+    RequestOptions ro = Greedy(1, &events);
     ro.hold_kv = true;
-    ro.on_event = events.Callback();
     auto id = reference_->AddRequest(prompt, ro);
     ASSERT_TRUE(id.ok());
     ASSERT_TRUE(testing::RunUntilIdle(reference_));
@@ -247,10 +244,7 @@ TEST_F(EngineGroupTest, ImportedKvReachesTheFollowers) {
     return;
   }
   EventCollector events;
-  RequestOptions ro;
-  ro.sampling.temperature = 0;
-  ro.sampling.max_tokens = kMaxTokens;
-  ro.on_event = events.Callback();
+  RequestOptions ro = Greedy(kMaxTokens, &events);
   auto import = r.engine->ReserveImport(prompt, ro);
   ASSERT_TRUE(import.ok()) << import.status().ToString();
   ASSERT_EQ(import->block_ids.size(), blocks.size());

@@ -142,8 +142,8 @@ bool Engine::Step() { return StepOnce(false); }
 Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<const model::BatchSequence> batch,
                           bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer) {
   if (!options_.group) return batch.empty() ? Status::Ok() : model_->ForwardBatch(batch, stats, on_layer);
-  std::vector<GroupSequence> seqs;
-  seqs.reserve(chunks.size());
+  std::vector<GroupSequence>& seqs = group_seqs_;
+  seqs.clear();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& c = chunks[i];
     seqs.push_back({{batch[i].tokens, static_cast<size_t>(c.n)}, c.start, c.grouping,

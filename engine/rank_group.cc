@@ -65,7 +65,8 @@ Result<GroupStepResult> RankGroup::LeaderStep(std::span<const GroupSequence> seq
     int64_t header[kHeaderWords] = {stop ? 1 : 0, static_cast<int64_t>(seqs.size()),
                                     static_cast<int64_t>(imported.size()), 0, 0};
     message_.clear();
-    std::vector<int32_t> ids;
+    std::vector<int32_t>& ids = ids_;
+    ids.clear();
     for (const GroupSequence& s : seqs) {
       message_.insert(message_.end(), {static_cast<int64_t>(s.tokens.size()), s.start, static_cast<int64_t>(s.grouping),
                                        s.logits ? 1 : 0, static_cast<int64_t>(s.blocks.size())});
@@ -77,48 +78,51 @@ Result<GroupStepResult> RankGroup::LeaderStep(std::span<const GroupSequence> seq
       header[kBlockIds] += static_cast<int64_t>(s.blocks.size());
     }
     ids.insert(ids.end(), imported.begin(), imported.end());
-    PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(header, kHeaderWords, MPI_INT64_T, 0, unit_.get()), "MPI_Bcast (step header)");
-    if (!message_.empty())
-      PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(message_.data(), static_cast<int>(message_.size()), MPI_INT64_T, 0, unit_.get()),
-                                  "MPI_Bcast (step sequences)");
-    if (!ids.empty())
-      PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(ids.data(), static_cast<int>(ids.size()), MPI_INT32_T, 0, unit_.get()),
-                                  "MPI_Bcast (step ids)");
-    for (int32_t b : imported)
-      PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(pool.base() + int64_t{b} * pool.block_bytes(),
-                                            static_cast<int>(pool.block_bytes()), MPI_BYTE, 0, unit_.get()),
-                                  "MPI_Bcast (imported KV block)");
+    PDSERVE_RETURN_IF_ERROR(BroadcastStep(header, &ids));
+    PDSERVE_RETURN_IF_ERROR(BroadcastBlocks(pool, imported));
   }
   return VoteAndRun(seqs, pool, stop, stats, on_layer);
+}
+
+Status RankGroup::BroadcastStep(int64_t* header, std::vector<int32_t>* ids) {
+  PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(header, kHeaderWords, MPI_INT64_T, 0, unit_.get()), "MPI_Bcast (step header)");
+  if (!leader()) {
+    message_.resize(static_cast<size_t>(header[kSeqs]) * kSeqWords);
+    ids->resize(static_cast<size_t>(header[kTokens] + header[kBlockIds] + header[kImported]));
+  }
+  if (!message_.empty())
+    PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(message_.data(), static_cast<int>(message_.size()), MPI_INT64_T, 0, unit_.get()),
+                                "MPI_Bcast (step sequences)");
+  if (!ids->empty())
+    PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(ids->data(), static_cast<int>(ids->size()), MPI_INT32_T, 0, unit_.get()),
+                                "MPI_Bcast (step ids)");
+  return Status::Ok();
+}
+
+Status RankGroup::BroadcastBlocks(const BlockPool& pool, std::span<const int32_t> blocks) {
+  for (int32_t b : blocks)
+    PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(pool.base() + int64_t{b} * pool.block_bytes(),
+                                          static_cast<int>(pool.block_bytes()), MPI_BYTE, 0, unit_.get()),
+                                "MPI_Bcast (imported KV block)");
+  return Status::Ok();
 }
 
 Status RankGroup::FollowerLoop() {
   if (leader()) return Status::FailedPrecondition("FollowerLoop on a unit leader");
   PDSERVE_RETURN_IF_ERROR(ExchangeGeometry(nullptr));
   BlockPool& pool = *follower_pool_;
-  std::vector<int32_t> ids;
+  std::vector<int32_t>& ids = ids_;
   std::vector<GroupSequence> seqs;
   while (true) {
     if (broken_) return Status::Aborted("the rank group is broken (a rank failed)");
     int64_t header[kHeaderWords];
-    PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(header, kHeaderWords, MPI_INT64_T, 0, unit_.get()), "MPI_Bcast (step header)");
+    PDSERVE_RETURN_IF_ERROR(BroadcastStep(header, &ids));
     const auto n_seqs = static_cast<size_t>(header[kSeqs]);
-    message_.resize(n_seqs * kSeqWords);
-    ids.resize(static_cast<size_t>(header[kTokens] + header[kBlockIds] + header[kImported]));
-    if (!message_.empty())
-      PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(message_.data(), static_cast<int>(message_.size()), MPI_INT64_T, 0, unit_.get()),
-                                  "MPI_Bcast (step sequences)");
-    if (!ids.empty())
-      PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(ids.data(), static_cast<int>(ids.size()), MPI_INT32_T, 0, unit_.get()),
-                                  "MPI_Bcast (step ids)");
-    const int32_t* imported = ids.data() + header[kTokens] + header[kBlockIds];
-    for (int64_t i = 0; i < header[kImported]; ++i) {
-      const int32_t b = imported[i];
+    const std::span<const int32_t> imported(ids.data() + header[kTokens] + header[kBlockIds],
+                                            static_cast<size_t>(header[kImported]));
+    for (int32_t b : imported)
       if (b < 0 || b >= pool.n_blocks()) return Status::Internal("imported block id " + std::to_string(b) + " outside the pool");
-      PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(pool.base() + int64_t{b} * pool.block_bytes(),
-                                            static_cast<int>(pool.block_bytes()), MPI_BYTE, 0, unit_.get()),
-                                  "MPI_Bcast (imported KV block)");
-    }
+    PDSERVE_RETURN_IF_ERROR(BroadcastBlocks(pool, imported));
     seqs.assign(n_seqs, {});
     follower_logits_.resize(n_seqs * static_cast<size_t>(model_.config().vocab_size));
     const int32_t* tokens = ids.data();

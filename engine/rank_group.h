@@ -99,6 +99,11 @@ class RankGroup {
   // Leader: sends {blocks, block bytes, block tokens} of `pool`; follower: receives them and
   // allocates its pool.
   Status ExchangeGeometry(const BlockPool* pool);
+  // The step message over the unit: the leader's header (kHeaderWords), message_ and *ids go
+  // out; a follower's are resized and filled.
+  Status BroadcastStep(int64_t* header, std::vector<int32_t>* ids);
+  // The bytes of `blocks` of `pool`, from the leader's pool into each follower's.
+  Status BroadcastBlocks(const BlockPool& pool, std::span<const int32_t> blocks);
   // Vote, then run what the decision says over `seqs` built against `pool`.
   Result<GroupStepResult> VoteAndRun(std::span<const GroupSequence> seqs, const BlockPool& pool, bool stop,
                                      model::BatchStats* stats, const model::LayerKvDone& on_layer);
@@ -114,6 +119,7 @@ class RankGroup {
   std::unique_ptr<BlockPool> follower_pool_;  // followers only
   // Scratch of the step message and the model call.
   std::vector<int64_t> message_;
+  std::vector<int32_t> ids_;
   std::vector<model::BatchSequence> batch_;
   std::vector<float> follower_logits_;
 };

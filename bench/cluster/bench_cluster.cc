@@ -79,20 +79,6 @@ struct Cluster {
   std::string control;
 };
 
-Result<json> WaitReady(const std::string& path, ChildProcess* p) {
-  json r;
-  const bool ok = services::testing::WaitFor(
-      [&] {
-        auto t = services::ReadFile(path);
-        if (!t.ok()) return !p->Running();
-        r = json::parse(t.value(), nullptr, false);
-        return !r.is_discarded();
-      },
-      120s, 50ms);
-  if (!ok || r.is_discarded() || r.is_null()) return Status::DeadlineExceeded(path + ":\n" + p->Log());
-  return r;
-}
-
 Result<Cluster> StartCluster(const std::string& dir, const std::string& model, int threads,
                              const std::vector<std::pair<std::string, std::vector<std::string>>>& workers) {
   const std::string bin = BinDir();
@@ -103,7 +89,7 @@ Result<Cluster> StartCluster(const std::string& dir, const std::string& model, i
                                                           "tcp://127.0.0.1:*", "--ready-file", ready, "--log-level",
                                                           "warn"},
                                                          dir + "/router.log"));
-  PDSERVE_ASSIGN_OR_RETURN(json r, WaitReady(ready, c.router.get()));
+  PDSERVE_ASSIGN_OR_RETURN(json r, services::testing::WaitForReadyFile(ready, c.router.get(), 120s));
   c.http_port = r["http_port"].get<int>();
   c.control = r["control_endpoint"].get<std::string>();
   for (const auto& [id, role_args] : workers) {
@@ -115,7 +101,7 @@ Result<Cluster> StartCluster(const std::string& dir, const std::string& model, i
     argv.insert(argv.end(), role_args.begin() + 1, role_args.end());
     PDSERVE_ASSIGN_OR_RETURN(auto p, ChildProcess::Spawn(argv, dir + "/" + id + ".log",
                                                          {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
-    PDSERVE_ASSIGN_OR_RETURN(json wr, WaitReady(wready, p.get()));
+    PDSERVE_ASSIGN_OR_RETURN(json wr, services::testing::WaitForReadyFile(wready, p.get(), 120s));
     c.metrics_ports[id] = wr["metrics_port"].get<int>();
     c.workers[id] = std::move(p);
   }

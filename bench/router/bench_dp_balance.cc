@@ -14,8 +14,6 @@
 // Run: cmake --build build --target bench_dp_balance && build/bin/bench_dp_balance
 //      [--streams N] [--seconds S]
 // Writes bench/results/dp_balance.{json,md}.
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -43,34 +41,6 @@ using nlohmann::json;
 using testing::ChildProcess;
 
 std::string BinDir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path().string(); }
-
-// The first `name` on PATH ("" when none).
-std::string FindInPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin";
-  for (size_t i = 0; i <= dirs.size();) {
-    size_t k = dirs.find(':', i);
-    if (k == std::string::npos) k = dirs.size();
-    const std::string candidate = dirs.substr(i, k - i) + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-    i = k + 1;
-  }
-  return "";
-}
-
-Result<json> WaitReady(const std::string& path, ChildProcess* child) {
-  json out;
-  const bool ok = testing::WaitFor(
-      [&] {
-        auto t = ReadFile(path);
-        if (!t.ok()) return !child->Running();
-        out = json::parse(t.value(), nullptr, false);
-        return !out.is_discarded();
-      },
-      90s);
-  if (!ok || out.is_discarded() || out.is_null()) return Status::DeadlineExceeded("no ready file " + path + "\n" + child->Log());
-  return out;
-}
 
 struct PolicyResult {
   std::string policy;
@@ -100,17 +70,14 @@ Result<PolicyResult> RunPolicy(const std::string& bin, const std::string& dir, c
                            ChildProcess::Spawn({bin + "/pdserve-router", "--port", "0", "--control", "tcp://127.0.0.1:*",
                                                 "--ready-file", ready, "--decode-policy", policy, "--log-level", "warn"},
                                                dir + "/router-" + policy + ".log"));
-  PDSERVE_ASSIGN_OR_RETURN(json r, WaitReady(ready, router.get()));
+  PDSERVE_ASSIGN_OR_RETURN(json r, testing::WaitForReadyFile(ready, router.get(), 90s));
   const int port = r["http_port"].get<int>();
   const std::string control = r["control_endpoint"].get<std::string>();
   const std::vector<std::string> common = {"--router", control, "--model", model, "--model-name", "pdserve",
                                            "--register-retry-ms", "50", "--kv-gib", "0.0625", "--threads", "1",
                                            "--log-level", "warn"};
-  const std::vector<std::string> env = {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo", "OMPI_ALLOW_RUN_AS_ROOT=1",
-                                        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
-                                        "OMPI_MCA_mpi_yield_when_idle=1", "OMPI_MCA_btl=self,vader,tcp",
-                                        "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
-                                        "OMPI_MCA_pml=ob1"};
+  std::vector<std::string> env = testing::LoopbackMpiEnv();
+  env.insert(env.end(), {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"});
   std::vector<std::string> prefill_argv = {bin + "/pdserve-prefill", "--worker-id", "p0", "--ready-file",
                                            dir + "/p0-" + policy + ".ready"};
   prefill_argv.insert(prefill_argv.end(), common.begin(), common.end());
@@ -119,9 +86,10 @@ Result<PolicyResult> RunPolicy(const std::string& bin, const std::string& dir, c
                                           "--worker-id", "d", "--ready-file", dir + "/d-" + policy + ".ready"};
   decode_argv.insert(decode_argv.end(), common.begin(), common.end());
   PDSERVE_ASSIGN_OR_RETURN(auto decode, ChildProcess::Spawn(decode_argv, dir + "/d-" + policy + ".log", env));
-  PDSERVE_RETURN_IF_ERROR(WaitReady(dir + "/p0-" + policy + ".ready", prefill.get()).status());
+  PDSERVE_RETURN_IF_ERROR(testing::WaitForReadyFile(dir + "/p0-" + policy + ".ready", prefill.get(), 90s).status());
   for (int k = 0; k < 2; ++k)
-    PDSERVE_RETURN_IF_ERROR(WaitReady(dir + "/d-" + policy + ".ready.dp" + std::to_string(k), decode.get()).status());
+    PDSERVE_RETURN_IF_ERROR(
+        testing::WaitForReadyFile(dir + "/d-" + policy + ".ready.dp" + std::to_string(k), decode.get(), 90s).status());
   auto workers = [&] {
     auto reply = testing::HttpGet(port, "/v1/workers", 2s);
     return reply.status == 200 ? json::parse(reply.body, nullptr, false) : json();

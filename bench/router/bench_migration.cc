@@ -44,20 +44,6 @@ using testing::ChildProcess;
 
 std::string BinDir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path().string(); }
 
-Result<json> WaitReady(const std::string& path, ChildProcess* child) {
-  json out;
-  const bool ok = testing::WaitFor(
-      [&] {
-        auto t = ReadFile(path);
-        if (!t.ok()) return !child->Running();
-        out = json::parse(t.value(), nullptr, false);
-        return !out.is_discarded();
-      },
-      60s);
-  if (!ok || out.is_discarded() || out.is_null()) return Status::DeadlineExceeded("no ready file " + path);
-  return out;
-}
-
 // One router and its workers, started fresh.
 class Cluster {
  public:
@@ -70,7 +56,7 @@ class Cluster {
                                                            "--heartbeat-interval-ms", "100", "--heartbeat-timeout-ms",
                                                            "800", "--log-level", "warn"},
                                                           dir_ + "/router.log"));
-    PDSERVE_ASSIGN_OR_RETURN(json r, WaitReady(ready, router_.get()));
+    PDSERVE_ASSIGN_OR_RETURN(json r, services::testing::WaitForReadyFile(ready, router_.get(), 60s));
     port_ = r["http_port"].get<int>();
     const std::string control = r["control_endpoint"].get<std::string>();
     std::vector<std::pair<std::string, std::string>> workers;
@@ -87,7 +73,7 @@ class Cluster {
                                            model_, "--model-name", "pdserve", "--ready-file", wr, "--register-retry-ms",
                                            "50", "--kv-gib", "0.0625", "--threads", "1", "--log-level", "warn"},
                                           dir_ + "/" + id + ".log", {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
-      PDSERVE_RETURN_IF_ERROR(WaitReady(wr, child.get()).status());
+      PDSERVE_RETURN_IF_ERROR(services::testing::WaitForReadyFile(wr, child.get(), 60s).status());
       workers_[id] = std::move(child);
     }
     const size_t n = workers.size();

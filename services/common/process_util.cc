@@ -1,6 +1,7 @@
 #include "services/common/process_util.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -139,6 +140,20 @@ uint64_t RandomU64() {
 int64_t UnixMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+std::string FindInPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find(':', start);
+    if (end == std::string::npos) end = p.size();
+    const std::filesystem::path cand = std::filesystem::path(p.substr(start, end - start)) / name;
+    if (access(cand.c_str(), X_OK) == 0) return cand.string();
+    start = end + 1;
+  }
+  return "";
 }
 
 }  // namespace pdserve::services

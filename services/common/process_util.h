@@ -46,6 +46,9 @@ Status WriteFileAtomically(const std::string& path, const std::string& content);
 // Reads a whole file. Errors: NotFound.
 Result<std::string> ReadFile(const std::string& path);
 
+// The first executable `name` in $PATH ("" when there is none), e.g. mpirun.
+std::string FindInPath(const std::string& name);
+
 // A random non-zero 64-bit value (incarnations, request-id prefixes).
 uint64_t RandomU64();
 

@@ -44,14 +44,9 @@ TEST(LaunchTest, StartsServesAndStopsEveryProcessOnSigterm) {
   auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg, "--ready-file", ready},
                                     dir + "/launch.log");
   ASSERT_TRUE(launch.ok());
-  nlohmann::json r;
-  ASSERT_TRUE(WaitFor([&] {
-    auto text = services::ReadFile(ready);
-    if (!text.ok()) return false;
-    r = nlohmann::json::parse(text.value());
-    return true;
-  }, 30s)) << (*launch)->Log();
-  const int port = r["http_port"];
+  auto r = services::testing::WaitForReadyFile(ready, launch->get(), 30s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const int port = (*r)["http_port"];
   // The ready file means the router is ready (a prefill and a decode worker registered); the
   // colocated pair may still be registering on a loaded machine.
   nlohmann::json health;
@@ -64,7 +59,7 @@ TEST(LaunchTest, StartsServesAndStopsEveryProcessOnSigterm) {
                                            R"({"model":"pdserve","prompt":[1000,2000,3000],"max_tokens":4})");
   EXPECT_EQ(reply.status, 200) << reply.body;
   std::vector<pid_t> pids;
-  for (const auto& [name, pid] : r["pids"].items()) pids.push_back(pid.get<pid_t>());
+  for (const auto& [name, pid] : (*r)["pids"].items()) pids.push_back(pid.get<pid_t>());
   EXPECT_EQ(pids.size(), 5u);  // router + 4 workers
   (*launch)->Signal(SIGTERM);
   EXPECT_EQ((*launch)->WaitExit(20s), std::optional<int>(0)) << (*launch)->Log();
@@ -92,15 +87,9 @@ TEST(LaunchTest, MultiRankDecodeInstance) {
   auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg, "--ready-file", ready},
                                     dir + "/launch.log");
   ASSERT_TRUE(launch.ok());
-  nlohmann::json r;
-  ASSERT_TRUE(WaitFor([&] {
-    auto text = services::ReadFile(ready);
-    if (!text.ok()) return !(*launch)->Running();
-    r = nlohmann::json::parse(text.value());
-    return true;
-  }, 90s)) << (*launch)->Log();
-  ASSERT_FALSE(r.is_null()) << (*launch)->Log();
-  const int port = r["http_port"];
+  auto r = services::testing::WaitForReadyFile(ready, launch->get(), 90s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const int port = (*r)["http_port"];
   const auto health = nlohmann::json::parse(services::testing::HttpGet(port, "/health").body);
   EXPECT_EQ(health["workers"]["decode"], 2) << health.dump();
   auto reply = services::testing::HttpPost(port, "/v1/completions",

@@ -31,19 +31,6 @@ std::string SelfDir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
-std::string FindInPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::string p = path ? path : "";
-  size_t start = 0;
-  while (start <= p.size()) {
-    size_t end = p.find(':', start);
-    if (end == std::string::npos) end = p.size();
-    const fs::path cand = fs::path(p.substr(start, end - start)) / name;
-    if (access(cand.c_str(), X_OK) == 0) return cand.string();
-    start = end + 1;
-  }
-  return "";
-}
 }  // namespace
 
 Launcher::Launcher(ClusterConfig config, std::string config_path, std::string ready_file)
@@ -62,7 +49,7 @@ Status Launcher::CheckBinaries() {
   for (const auto& g : config_.workers) {
     check(ClusterConfig::BinaryName(g));
     engine = engine || g.type == "engine";
-    if ((g.mpi_ranks > 1 || g.plan) && FindInPath("mpirun").empty()) missing.push_back("mpirun (in PATH)");
+    if ((g.mpi_ranks > 1 || g.plan) && services::FindInPath("mpirun").empty()) missing.push_back("mpirun (in PATH)");
   }
   if (engine && config_.generate_model.enabled) check("pdserve");
   if (missing.empty()) return Status::Ok();
@@ -132,7 +119,7 @@ Status Launcher::StartWorkers() {
       std::vector<std::string> argv;
       // One machine: more ranks than cores is expected, and root may run them.
       if (g.mpi_ranks > 1 || g.plan) {
-        argv = {FindInPath("mpirun"), "-n", std::to_string(g.mpi_ranks), "--oversubscribe"};
+        argv = {services::FindInPath("mpirun"), "-n", std::to_string(g.mpi_ranks), "--oversubscribe"};
         if (getuid() == 0) argv.push_back("--allow-run-as-root");
       }
       argv.insert(argv.end(), {Bin(ClusterConfig::BinaryName(g)), "--router", control_endpoint_, "--worker-id", id,

@@ -10,28 +10,11 @@ namespace pdserve::router::testing {
 
 using services::testing::ChildProcess;
 using services::testing::WaitFor;
+using services::testing::WaitForReadyFile;
 using namespace std::chrono_literals;
 
 namespace {
 const std::string kBin = PDSERVE_BIN_DIR;
-
-Result<nlohmann::json> WaitReadyFile(const std::string& path, ChildProcess* child, std::chrono::milliseconds timeout) {
-  nlohmann::json out;
-  const bool ok = WaitFor(
-      [&] {
-        auto text = services::ReadFile(path);
-        if (!text.ok()) return !child->Running();  // stop waiting if it died
-        try {
-          out = nlohmann::json::parse(text.value());
-          return true;
-        } catch (...) {
-          return false;
-        }
-      },
-      timeout);
-  if (!ok || out.is_null()) return Status::DeadlineExceeded("no ready file " + path + ":\n" + child->Log());
-  return out;
-}
 }  // namespace
 
 TestCluster::TestCluster(const std::string& name) : dir_(services::testing::MakeTempDir("pdserve-" + name)) {}
@@ -53,7 +36,7 @@ Status TestCluster::StartRouter(const std::vector<std::string>& extra_args, int 
   if (!child.ok()) return child.status();
   router_ = std::move(child).value();
   ++router_starts_;
-  PDSERVE_ASSIGN_OR_RETURN(nlohmann::json r, WaitReadyFile(ready, router_.get(), 20s));
+  PDSERVE_ASSIGN_OR_RETURN(nlohmann::json r, WaitForReadyFile(ready, router_.get(), 20s));
   http_port_ = r["http_port"].get<int>();
   control_endpoint_ = r["control_endpoint"].get<std::string>();
   request_endpoint_ = r.value("request_endpoint", std::string());
@@ -75,7 +58,7 @@ Status TestCluster::StartWorker(const std::string& id, const std::string& role,
   if (!child.ok()) return child.status();
   auto* c = child.value().get();
   workers_[id] = std::move(child).value();
-  PDSERVE_ASSIGN_OR_RETURN(nlohmann::json r, WaitReadyFile(ready, c, 10s));
+  PDSERVE_ASSIGN_OR_RETURN(nlohmann::json r, WaitForReadyFile(ready, c, 10s));
   metrics_ports_[id] = r["metrics_port"].get<int>();
   return Status::Ok();
 }

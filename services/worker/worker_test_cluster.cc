@@ -18,6 +18,7 @@ using router::testing::MetricValue;
 using services::testing::ChildProcess;
 using services::testing::HttpGet;
 using services::testing::WaitFor;
+using services::testing::WaitForReadyFile;
 
 namespace {
 const std::string kBin = PDSERVE_BIN_DIR;
@@ -113,21 +114,6 @@ std::vector<std::string> WorkerArgs(const std::string& router, const std::string
           "--kv-lease-ms", "4000", "--kv-transfer-timeout-ms", "4000"};
 }
 
-// The metrics port from a worker's ready file, once it is there (an error if `p` exited first).
-Result<int> WaitForReadyFile(const std::string& ready, ChildProcess* p, const std::string& what) {
-  json r;
-  const bool ok = WaitFor(
-      [&] {
-        auto text = ReadFile(ready);
-        if (!text.ok()) return !p->Running();
-        r = json::parse(text.value(), nullptr, false);
-        return !r.is_discarded();
-      },
-      60s);
-  if (!ok || r.is_discarded() || r.is_null()) return Status::DeadlineExceeded(what + " did not start:\n" + p->Log());
-  return r["metrics_port"].get<int>();
-}
-
 }  // namespace
 
 Status Workers::Start(const std::string& id, const std::string& role, std::vector<std::string> extra) {
@@ -141,7 +127,8 @@ Status Workers::Start(const std::string& id, const std::string& role, std::vecto
                                                            {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
   ChildProcess* p = child.get();
   procs_[id] = std::move(child);
-  PDSERVE_ASSIGN_OR_RETURN(ports_[id], WaitForReadyFile(ready, p, id));
+  PDSERVE_ASSIGN_OR_RETURN(json r, WaitForReadyFile(ready, p, 60s));
+  ports_[id] = r["metrics_port"].get<int>();
   return Status::Ok();
 }
 
@@ -152,21 +139,16 @@ Status Workers::StartInstance(const std::string& id, const std::string& role, in
                                    "--plan", plan};
   for (std::string& a : WorkerArgs(c_->control_endpoint(), id, ready)) argv.push_back(std::move(a));
   argv.insert(argv.end(), extra.begin(), extra.end());
-  // mpirun as root, more ranks than cores, shared memory / loopback only, MPI kept off UCX
-  // (the KV transfer layer has its own UCX context on tcp).
-  PDSERVE_ASSIGN_OR_RETURN(
-      auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log",
-                                      {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo", "OMPI_ALLOW_RUN_AS_ROOT=1",
-                                       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
-                                       "OMPI_MCA_mpi_yield_when_idle=1", "OMPI_MCA_btl=self,vader,tcp",
-                                       "OMPI_MCA_btl_tcp_if_include=lo", "OMPI_MCA_oob_tcp_if_include=lo",
-                                       "OMPI_MCA_pml=ob1"}));
+  std::vector<std::string> env = services::testing::LoopbackMpiEnv();
+  env.insert(env.end(), {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"});
+  PDSERVE_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log", env));
   ChildProcess* p = child.get();
   procs_[id] = std::move(child);
   for (int k = 0; k < dp; ++k) {
     const std::string rank_id = dp > 1 ? id + "-dp" + std::to_string(k) : id;
     const std::string rank_ready = dp > 1 ? ready + ".dp" + std::to_string(k) : ready;
-    PDSERVE_ASSIGN_OR_RETURN(ports_[rank_id], WaitForReadyFile(rank_ready, p, rank_id));
+    PDSERVE_ASSIGN_OR_RETURN(json r, WaitForReadyFile(rank_ready, p, 60s));
+    ports_[rank_id] = r["metrics_port"].get<int>();
   }
   return Status::Ok();
 }

@@ -14,7 +14,30 @@
 #include <sstream>
 #include <thread>
 
+#include "common/mapped_file.h"
+
 namespace pdserve::services::testing {
+
+Result<nlohmann::json> WaitForReadyFile(const std::string& path, ChildProcess* child, std::chrono::milliseconds timeout) {
+  nlohmann::json out;
+  const bool ok = WaitFor(
+      [&] {
+        auto text = ReadFileToString(path);
+        if (!text.ok()) return !child->Running();  // stop waiting if it died
+        out = nlohmann::json::parse(text.value(), nullptr, false);
+        return !out.is_discarded();
+      },
+      timeout);
+  if (!ok || out.is_discarded() || out.is_null())
+    return Status::DeadlineExceeded("no ready file " + path + ":\n" + child->Log());
+  return out;
+}
+
+std::vector<std::string> LoopbackMpiEnv() {
+  return {"OMPI_ALLOW_RUN_AS_ROOT=1",       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
+          "OMPI_MCA_mpi_yield_when_idle=1", "OMPI_MCA_btl=self,vader,tcp",      "OMPI_MCA_btl_tcp_if_include=lo",
+          "OMPI_MCA_oob_tcp_if_include=lo", "OMPI_MCA_pml=ob1"};
+}
 
 Result<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<std::string>& argv,
                                                           const std::string& log_path,

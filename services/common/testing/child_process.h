@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 
 namespace pdserve::services::testing {
@@ -57,5 +59,14 @@ std::string MakeTempDir(const std::string& prefix);
 // Polls `pred` every `interval` until it is true (returns true) or `timeout` passes (false).
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
              std::chrono::milliseconds interval = std::chrono::milliseconds(20));
+
+// The JSON a service writes to its --ready-file once up. Errors: DeadlineExceeded (with the
+// child's log) when `child` exits first or `timeout` passes.
+Result<nlohmann::json> WaitForReadyFile(const std::string& path, ChildProcess* child, std::chrono::milliseconds timeout);
+
+// The environment that makes mpirun work on one host without a hostfile (as root, more ranks
+// than cores, shared memory and loopback TCP only, MPI kept off UCX so the KV transfer's own UCX
+// context is the only one): the same settings as cmake/pdserve_mpi.cmake's, plus pml ob1.
+std::vector<std::string> LoopbackMpiEnv();
 
 }  // namespace pdserve::services::testing
