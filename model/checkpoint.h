@@ -33,6 +33,8 @@ class Checkpoint {
 
   // Returns the tensor or nullptr; marks it used.
   const TensorInfo* Find(const std::string& name);
+  // Every tensor by name, without marking any used (for size accounting).
+  const std::map<std::string, const TensorInfo*>& tensors() const { return by_name_; }
   // Tensor names not consumed by Find (sorted).
   std::vector<std::string> UnusedNames() const;
 

@@ -1,7 +1,8 @@
 // W8A8 in the engine: ApplyLinear's INT8 path (bitwise equal to quantize + the int64 reference
 // GEMM), W8A8 checkpoints used in place from the mapping (no BF16 detour), and the accuracy of
-// a converted model against the BF16 engine on the tiny presets: per-layer cos-sim >= 0.99,
-// last-position logits cos-sim >= 0.99, top-1 agreement over 100 teacher-forced greedy steps.
+// a converted model against the BF16 engine on the tiny presets and `small`: per-layer cos-sim
+// >= 0.99, last-position logits cos-sim >= 0.99 (on `small` with the routing pinned, see
+// PresetCase), top-1 agreement over 100 teacher-forced greedy steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -224,6 +225,16 @@ TEST(ForcedExpertsTest, OwnChoicesReproduceTheRunAndOthersChangeIt) {
 struct PresetCase {
   const char* preset;
   const char* dtype;  // the reference checkpoint's format
+  // Free-running floors. 0.99 (the issue's gate) where the model allows it; `small`'s random
+  // router turns INT8-sized perturbations into expert flips (docs/quantization.md: Gaussian
+  // noise of the same RMS does the same), so its free-running figures get regression floors
+  // and the 0.99 gate applies to the pinned run, which isolates the INT8 arithmetic.
+  double min_cos = 0.99;
+  // Decode steps: the issue asks for the agreement to be reported; these floors (well under
+  // the observed figures, docs/quantization.md) catch a broken path, not noise. Random models
+  // have small top-1 margins and an indexer whose top-k flips under noise.
+  double min_mean_step_cos = 0.97;
+  int64_t min_top1 = 75;
 };
 
 class W8A8AccuracyTest : public ::testing::TestWithParam<PresetCase> {};
@@ -261,21 +272,19 @@ TEST_P(W8A8AccuracyTest, CloseToTheBf16Engine) {
               static_cast<long long>(r->expert_slots), r->pinned_min_layer_cos, r->pinned_logits_cos);
   RecordProperty("logits_cos", std::to_string(r->logits_cos));
   RecordProperty("top1_agree", std::to_string(r->top1_agree));
-  EXPECT_GE(r->min_layer_cos, 0.99);
-  EXPECT_GE(r->logits_cos, 0.99);
+  EXPECT_GE(r->min_layer_cos, pc.min_cos);
+  EXPECT_GE(r->logits_cos, pc.min_cos);
   EXPECT_GE(r->pinned_min_layer_cos, 0.99);
   EXPECT_GE(r->pinned_logits_cos, 0.99);
   EXPECT_GT(r->expert_slots, 0);
-  // Decode steps: the issue asks for the agreement to be reported; these floors (well under
-  // the observed 86-95 and 0.988-0.999, docs/quantization.md) catch a broken path, not noise.
-  // Random tiny models have small top-1 margins and an indexer whose top-k flips under noise.
-  EXPECT_GE(r->mean_step_logits_cos, 0.97);
-  EXPECT_GE(r->top1_agree, 75);
+  EXPECT_GE(r->mean_step_logits_cos, pc.min_mean_step_cos);
+  EXPECT_GE(r->top1_agree, pc.min_top1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, W8A8AccuracyTest,
                          ::testing::Values(PresetCase{"tiny", "bf16"}, PresetCase{"tiny2", "bf16"},
-                                           PresetCase{"tiny", "fp8"}),
+                                           PresetCase{"tiny", "fp8"},
+                                           PresetCase{"small", "bf16", 0.98, 0.95, 50}),
                          [](const auto& info) { return std::string(info.param.preset) + "_" + info.param.dtype; });
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -84,6 +85,85 @@ inline double ReadBandwidthGBps(int threads, int rounds = 5) {
     if (sums[0] < 0) std::printf(" ");  // keep the sums observable
     best = std::max(best, static_cast<double>(n * sizeof(float)) / s / 1e9);
   }
+  return best;
+}
+
+inline double WallSeconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// ---- compute ceilings of one core (GMAC/s), the denominators for compute-bound kernels ----
+// Each runs 12 independent accumulator chains (more than latency x pipes), no loads: the most
+// this core retires of that instruction mix. `now` is the clock (wall or thread CPU time).
+
+// fp32 FMA: 12 vfmadd231ps per iteration, 8 MACs each.
+inline double FmaLoopGmacs(int64_t iters, double (*now)() = &WallSeconds) {
+  __m256 a[12];
+  for (int r = 0; r < 12; ++r) a[r] = _mm256_set1_ps(static_cast<float>(r));
+  const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+  const double t0 = now();
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int r = 0; r < 12; ++r) a[r] = _mm256_fmadd_ps(a[r], b, c);
+  }
+  const double sec = now() - t0;
+  float sink = 0;
+  for (int r = 0; r < 12; ++r) sink += _mm256_cvtss_f32(a[r]);
+  asm volatile("" : : "x"(sink));
+  return static_cast<double>(iters) * 12 * 8 / sec / 1e9;
+}
+
+// The exact int8 GEMM's arithmetic without VNNI: vpmaddwd (16 int16 MACs into 8 int32 pair
+// sums) and the vpaddd that accumulates its result, 12 of each per iteration. Written in asm:
+// with intrinsics the compiler would hoist the loop-invariant vpmaddwd out of the loop.
+inline double Int16MaddAddLoopGmacs(int64_t iters, double (*now)() = &WallSeconds) {
+#if defined(__x86_64__)
+  const double t0 = now();
+  for (int64_t it = 0; it < iters; ++it) {
+    asm volatile(
+        "vpmaddwd %%ymm15, %%ymm14, %%ymm0\n\tvpaddd %%ymm0, %%ymm6, %%ymm6\n\t"
+        "vpmaddwd %%ymm15, %%ymm14, %%ymm1\n\tvpaddd %%ymm1, %%ymm7, %%ymm7\n\t"
+        "vpmaddwd %%ymm15, %%ymm14, %%ymm2\n\tvpaddd %%ymm2, %%ymm8, %%ymm8\n\t"
+        "vpmaddwd %%ymm15, %%ymm14, %%ymm3\n\tvpaddd %%ymm3, %%ymm9, %%ymm9\n\t"
+        "vpmaddwd %%ymm15, %%ymm14, %%ymm4\n\tvpaddd %%ymm4, %%ymm10, %%ymm10\n\t"
+        "vpmaddwd %%ymm15, %%ymm14, %%ymm5\n\tvpaddd %%ymm5, %%ymm11, %%ymm11\n\t"
+        "vpmaddwd %%ymm15, %%ymm13, %%ymm0\n\tvpaddd %%ymm0, %%ymm6, %%ymm6\n\t"
+        "vpmaddwd %%ymm15, %%ymm13, %%ymm1\n\tvpaddd %%ymm1, %%ymm7, %%ymm7\n\t"
+        "vpmaddwd %%ymm15, %%ymm13, %%ymm2\n\tvpaddd %%ymm2, %%ymm8, %%ymm8\n\t"
+        "vpmaddwd %%ymm15, %%ymm13, %%ymm3\n\tvpaddd %%ymm3, %%ymm9, %%ymm9\n\t"
+        "vpmaddwd %%ymm15, %%ymm13, %%ymm4\n\tvpaddd %%ymm4, %%ymm10, %%ymm10\n\t"
+        "vpmaddwd %%ymm15, %%ymm13, %%ymm5\n\tvpaddd %%ymm5, %%ymm11, %%ymm11\n\t"
+        :
+        :
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+          "xmm11");
+  }
+  return static_cast<double>(iters) * 12 * 16 / (now() - t0) / 1e9;
+#else
+  (void)iters;
+  (void)now;
+  return 0;
+#endif
+}
+
+// Runs fn(t) on n threads at once, returns the sum of their results.
+inline double OnThreads(int n, const std::function<double(int)>& fn) {
+  std::vector<double> r(static_cast<size_t>(n));
+  std::vector<std::thread> th;
+  for (int t = 1; t < n; ++t) th.emplace_back([&, t] { r[static_cast<size_t>(t)] = fn(t); });
+  r[0] = fn(0);
+  for (auto& t : th) t.join();
+  double s = 0;
+  for (double v : r) s += v;
+  return s;
+}
+
+// Best over `rounds` of `loop` run on `threads` threads at once (GMAC/s summed over threads).
+inline double PeakGmacs(double (*loop)(int64_t, double (*)()), int threads, int rounds,
+                        int64_t iters = 20'000'000) {
+  double best = 0;
+  for (int i = 0; i < rounds; ++i)
+    best = std::max(best, OnThreads(threads, [&](int) { return loop(iters, &WallSeconds); }));
   return best;
 }
 

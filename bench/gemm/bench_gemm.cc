@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/common/bench_util.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
 #include "kernels/gemm.h"
@@ -48,7 +49,6 @@ namespace pdserve::bench {
 namespace {
 
 using kernels::WeightView;
-using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -130,34 +130,9 @@ void Merge(Stat& acc, const Stat& s) {  // best over rounds; median of the best 
 
 // ---- machine limits -----------------------------------------------------------------------------
 
-// GFLOP/s of a loop of independent FMA chains on one thread (12 chains > latency x 2 pipes).
+// GFLOP/s of bench_util's FMA loop on one thread, on this driver's clock.
 double FmaLoopGflops(int64_t iters) {
-  __m256 a[12];
-  for (int r = 0; r < 12; ++r) a[r] = _mm256_set1_ps(static_cast<float>(r));
-  const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-  const auto t0 = Clock::now();
-  const double c0 = g_cpu_time ? ThreadCpuSeconds() : 0;
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int r = 0; r < 12; ++r) a[r] = _mm256_fmadd_ps(a[r], b, c);
-  }
-  const double sec = g_cpu_time ? ThreadCpuSeconds() - c0 : Seconds(t0, Clock::now());
-  float sink = 0;
-  for (int r = 0; r < 12; ++r) sink += _mm256_cvtss_f32(a[r]);
-  asm volatile("" : : "x"(sink));
-  return static_cast<double>(iters) * 12 * 16 / sec / 1e9;
-}
-
-// Runs fn(t) on n threads at once, returns the sum of their results.
-double OnThreads(int n, const std::function<double(int)>& fn) {
-  std::vector<double> r(n);
-  std::vector<std::thread> th;
-  for (int t = 1; t < n; ++t) th.emplace_back([&, t] { r[t] = fn(t); });
-  r[0] = fn(0);
-  for (auto& t : th) t.join();
-  double s = 0;
-  for (double v : r) s += v;
-  return s;
+  return 2 * FmaLoopGmacs(iters, g_cpu_time ? &ThreadCpuSeconds : &WallSeconds);
 }
 
 double FmaPeak(int threads, int rounds) {

@@ -26,6 +26,7 @@
 #include "kernels/gemm_int8.h"
 #include "kernels/gemm_int8_internal.h"
 #include "kernels/quantize.h"
+#include "model/checkpoint.h"
 #include "model/convert.h"
 #include "model/convert_accuracy.h"
 #include "model/test_hooks.h"
@@ -60,11 +61,30 @@ const Shape kShapes[] = {{1024, 1024, "small: o_proj/2"},   {2048, 1024, "small:
                          {1024, 256, "small: expert down"}, {2048, 7168, "V3.2: expert gate/up"},
                          {7168, 2048, "V3.2: expert down"}};
 
+// The compute ceilings of the two GEMMs' inner loops on this machine, in the same run: what
+// INT8/BF16 can reach at most on prefill shapes (exact int8 products without VNNI take a
+// vpmaddwd plus the vpaddd that accumulates it per 16 MACs, fp32 one FMA per 8).
+nlohmann::json CeilingProbe(const Opts& o, std::string* md, double* ceiling_ratio) {
+  const double fma = PeakGmacs(&FmaLoopGmacs, o.threads, 2 * o.rounds + 1);
+  const double madd = PeakGmacs(&Int16MaddAddLoopGmacs, o.threads, 2 * o.rounds + 1);
+  *ceiling_ratio = madd / fma;
+  char line[400];
+  std::snprintf(line, sizeof(line),
+                "Compute ceilings, %d threads (register-only loops, 12 chains): fp32 FMA %.1f GMAC/s, "
+                "int16 vpmaddwd+vpaddd %.1f GMAC/s: **INT8/BF16 ceiling %.2fx** on prefill shapes.\n\n",
+                o.threads, fma, madd, madd / fma);
+  *md += line;
+  std::printf("%s", line);
+  return {{"fma_gmacs", fma}, {"int16_madd_add_gmacs", madd}, {"int8_over_bf16_ceiling", madd / fma}};
+}
+
 nlohmann::json GemmBench(const Opts& o, ThreadPool* pool, std::string* md) {
   nlohmann::json out = nlohmann::json::array();
-  *md += "## GEMM: INT8 (W8A8) vs BF16 / F32 weights, " + std::to_string(o.threads) + " threads\n\n"
-         "| m | n_out x n_in | shape | F32 GF/s | BF16 GF/s | INT8 GOP/s | INT8+quant GOP/s | INT8/BF16 | INT8+quant/BF16 | INT8/F32 |\n"
-         "|---|---|---|---|---|---|---|---|---|---|\n";
+  *md += "## GEMM: INT8 (W8A8) vs BF16 / F32 weights, " + std::to_string(o.threads) + " threads\n\n";
+  double ceiling = 0;
+  nlohmann::json ceilings = CeilingProbe(o, md, &ceiling);
+  *md += "| m | n_out x n_in | shape | F32 GF/s | BF16 GF/s | INT8 GOP/s | INT8+quant GOP/s | INT8/BF16 | of ceiling | INT8+quant/BF16 | INT8/F32 |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (int64_t m : {512, 2048}) {
@@ -94,11 +114,11 @@ nlohmann::json GemmBench(const Opts& o, ThreadPool* pool, std::string* md) {
       const double fl = 2.0 * m * s.n_out * s.n_in / 1e9;
       out.push_back({{"m", m}, {"n_out", s.n_out}, {"n_in", s.n_in}, {"f32_gflops", fl / tf}, {"bf16_gflops", fl / tb},
                      {"int8_gops", fl / ti}, {"int8_with_quant_gops", fl / tq}, {"int8_over_bf16", tb / ti},
-                     {"int8_quant_over_bf16", tb / tq}, {"int8_over_f32", tf / ti}});
+                     {"int8_quant_over_bf16", tb / tq}, {"int8_over_f32", tf / ti}, {"share_of_ceiling", tb / ti / ceiling}});
       char line[320];
-      std::snprintf(line, sizeof(line), "| %lld | %lldx%lld | %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx | %.2fx |\n",
+      std::snprintf(line, sizeof(line), "| %lld | %lldx%lld | %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.0f%% | %.2fx | %.2fx |\n",
                     static_cast<long long>(m), static_cast<long long>(s.n_out), static_cast<long long>(s.n_in), s.what,
-                    fl / tf, fl / tb, fl / ti, fl / tq, tb / ti, tb / tq, tf / ti);
+                    fl / tf, fl / tb, fl / ti, fl / tq, tb / ti, 100 * tb / ti / ceiling, tb / tq, tf / ti);
       *md += line;
       std::printf("%s", line);
       std::fflush(stdout);
@@ -133,7 +153,7 @@ nlohmann::json GemmBench(const Opts& o, ThreadPool* pool, std::string* md) {
     *md += line;
     std::printf("%s", line);
   }
-  return out;
+  return {{"ceilings", ceilings}, {"shapes", out}};
 }
 
 nlohmann::json CrossoverBench(const Opts& o, ThreadPool* pool, std::string* md) {
@@ -194,6 +214,26 @@ Status EnsureModels(const Opts& o, std::string* bf16, std::string* fp8, std::str
   return Status::Ok();
 }
 
+// Weight bytes one decode step at batch 1 reads from the checkpoint in `dir`: every matrix
+// (with its scales) once, except the embedding (one row) and the routed experts (top_k of
+// n_routed per MoE layer). The step is memory-bound, so the ratio of two models' figures is
+// the speed-up their weights allow.
+Result<double> DecodeWeightBytes(const std::string& dir) {
+  PDSERVE_ASSIGN_OR_RETURN(auto ckpt, model::Checkpoint::Open(dir));
+  const model::ModelConfig& c = ckpt->config();
+  double bytes = 0;
+  for (const auto& [name, t] : ckpt->tensors()) {
+    int layer = -1;
+    if (std::sscanf(name.c_str(), "model.layers.%d.", &layer) == 1 && layer >= c.num_hidden_layers) continue;  // MTP
+    double share = 1;
+    if (name.rfind("model.embed_tokens.", 0) == 0) share = 1.0 / static_cast<double>(c.vocab_size);
+    if (name.find(".mlp.experts.") != std::string::npos)
+      share = static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.n_routed_experts);
+    bytes += share * static_cast<double>(t->n_bytes);
+  }
+  return bytes;
+}
+
 nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
   std::string bf16, fp8, w8, w8all;
   if (Status s = EnsureModels(o, &bf16, &fp8, &w8, &w8all); !s.ok()) return {{"error", s.ToString()}};
@@ -237,11 +277,22 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
     }
   nlohmann::json out;
   *md += "\n## Decode step, `small` preset, batch 1, context " + std::to_string(o.context) + ", " +
-         std::to_string(o.threads) + " threads\n\n| weights | step ms | speed-up vs BF16 |\n|---|---|---|\n";
+         std::to_string(o.threads) + " threads\n\nIdeal: the speed-up the weight bytes read per step allow "
+         "(memory-bound step).\n\n| weights | step ms | speed-up vs BF16 | weight MB per step | ideal speed-up | weight GB/s |\n"
+         "|---|---|---|---|---|---|\n";
+  std::vector<double> bytes;
   for (const Run& r : runs) {
-    out[r.name] = {{"step_ms", r.best * 1e3}, {"speedup", runs[0].best / r.best}};
-    char line[128];
-    std::snprintf(line, sizeof(line), "| %s | %.2f | %.2fx |\n", r.name.c_str(), r.best * 1e3, runs[0].best / r.best);
+    auto b = DecodeWeightBytes(r.dir);
+    if (!b.ok()) return {{"error", b.status().ToString()}};
+    bytes.push_back(*b);
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    out[r.name] = {{"step_ms", r.best * 1e3}, {"speedup", runs[0].best / r.best}, {"weight_mb_per_step", bytes[i] / 1e6},
+                   {"ideal_speedup", bytes[0] / bytes[i]}, {"weight_gbps", bytes[i] / r.best / 1e9}};
+    char line[200];
+    std::snprintf(line, sizeof(line), "| %s | %.2f | %.2fx | %.1f | %.2fx | %.1f |\n", r.name.c_str(), r.best * 1e3,
+                  runs[0].best / r.best, bytes[i] / 1e6, bytes[0] / bytes[i], bytes[i] / r.best / 1e9);
     *md += line;
     std::printf("%s", line);
   }
