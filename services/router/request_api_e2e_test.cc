@@ -307,7 +307,7 @@ TEST(RequestApiE2eTest, AbortAndDisconnectFreeEverything) {
 
 TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing) {
   TestCluster c("zmq-bad");
-  ASSERT_OK_C(c.StartRouter({"--request-endpoint", "tcp://127.0.0.1:*"}), c);
+  ASSERT_OK_C(c.StartRouter({"--request-endpoint", "tcp://127.0.0.1:*", "--max-prompt-tokens", "200"}), c);
   ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--max-context", "64", "--token-delay-us", "5000"}), c);
   ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
   auto client = Connect(c);
@@ -359,6 +359,7 @@ TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing
     std::function<void(api::Submit&)> edit;
     uint32_t status;
     std::string param, code;
+    std::string message_has = "";
   };
   const std::vector<Case> cases = {
       {[](api::Submit& s) { s.sampling.temperature = 5; }, 400, "temperature", ""},
@@ -371,7 +372,11 @@ TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing
       {[](api::Submit& s) { s.prompt_ids.clear(); }, 400, "prompt", ""},
       {[](api::Submit& s) { s.prompt_ids = {999999999}; }, 400, "prompt", ""},
       {[](api::Submit& s) { s.prompt_ids = {-4}; }, 400, "prompt", ""},
+      // Longer than the worker's context (refused by the router core) and longer than
+      // router.max_prompt_tokens (refused before it).
       {[](api::Submit& s) { s.prompt_ids = std::vector<int32_t>(100, 1000); }, 400, "prompt", "context_length_exceeded"},
+      {[](api::Submit& s) { s.prompt_ids = std::vector<int32_t>(201, 1000); }, 400, "prompt", "context_length_exceeded",
+       "router.max_prompt_tokens"},
       {[](api::Submit& s) { s.stop = {""}; }, 400, "stop", ""},
       {[](api::Submit& s) { s.top_logprobs = 3; }, 400, "top_logprobs", ""},
       {[](api::Submit& s) {
@@ -397,6 +402,7 @@ TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing
     EXPECT_EQ(e.http_status, k.status) << e.message;
     EXPECT_EQ(e.param, k.param) << e.message;
     EXPECT_EQ(e.code, k.code) << e.message;
+    EXPECT_NE(e.message.find(k.message_has), std::string::npos) << e.message;
     EXPECT_EQ(r.status().code(), k.status == 404 ? StatusCode::kNotFound : StatusCode::kInvalidArgument);
   }
   // The same invalid values over HTTP give the same error.

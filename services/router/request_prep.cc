@@ -42,6 +42,11 @@ std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokeniz
     prompt = std::move(pr.prompt_ids);
   }
   if (prompt.empty()) return ApiError::BadRequest("the prompt is empty", prompt_param);
+  if (config.max_prompt_tokens != 0 && prompt.size() > config.max_prompt_tokens)
+    return ApiError::BadRequest(fmt::format("the prompt has {} tokens, more than this server's limit of {} "
+                                            "(router.max_prompt_tokens)",
+                                            prompt.size(), config.max_prompt_tokens),
+                                prompt_param, "context_length_exceeded");
 
   SubmitSpec& spec = out->spec;
   spec.tag = tag;

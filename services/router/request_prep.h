@@ -1,7 +1,8 @@
 // Request preparation shared by the router's fronts (HTTP: router_server.h; ZeroMQ:
 // request_api_server.h): from a validated ParsedRequest (openai_request.h) to what
 // RouterCore::Submit and GenerationSession need -- model check, chat template, tokenization
-// (BOS for text prompts), vocabulary check of token-id prompts, stop tokens (EOS unless
+// (BOS for text prompts), vocabulary check of token-id prompts, the prompt length limit
+// (router.max_prompt_tokens), stop tokens (EOS unless
 // ignore_eos), deadline -- and the error mapping of a refused Submit. Both fronts therefore
 // accept, refuse and word errors identically.
 //
@@ -33,7 +34,8 @@ struct PreparedRequest {
 // A new request tag ("cmpl-..." / "chatcmpl-..."), unique per router process.
 std::string NewRequestTag(bool chat);
 
-// Errors: the ApiError to send (404 model_not_found, 400 naming "prompt" / "messages").
+// Errors: the ApiError to send (404 model_not_found, 400 naming "prompt" / "messages", 400
+// context_length_exceeded over the length limit).
 std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokenizer::Tokenizer& tokenizer,
                                        const tokenizer::ChatTemplate& chat_template, ParsedRequest& request,
                                        const std::string& tag, std::chrono::steady_clock::time_point arrival,

@@ -20,6 +20,7 @@
 #include "services/router/openai_request.h"
 #include "services/router/openai_response.h"
 #include "services/router/request_api_server.h"
+#include "services/router/request_prep.h"
 #include "services/router/workers_view.h"
 #include "tokenizer/tokenizer_paths.h"
 
@@ -332,8 +333,7 @@ void RouterServer::HandleDrain(const httplib::Request& req, httplib::Response& r
 void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res) {
   const auto arrival = Clock::now();
   const bool chat = endpoint == ApiEndpoint::kChat;
-  const std::string tag = fmt::format("{}-{:016x}{:08x}", chat ? "chatcmpl" : "cmpl", services::RandomU64(),
-                                      static_cast<uint32_t>(++request_counter_));
+  const std::string tag = NewRequestTag(chat);
   res.set_header("X-Request-Id", tag);
   services::RequestLog rlog("router", tag);
 
@@ -342,72 +342,21 @@ void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& 
     rlog.Debug("rejected: {}", err->message);
     return ReplyError(res, *err);
   }
-  if (pr.model != config_.model_name)
-    return ReplyError(res, ApiError::NotFound(fmt::format("The model '{}' does not exist (this server serves '{}')",
-                                                          pr.model, config_.model_name),
-                                              "model_not_found"));
-  // Prompt tokens.
-  std::vector<int32_t> prompt;
-  const char* prompt_param = chat ? "messages" : "prompt";
-  if (chat) {
-    auto text = chat_template_->Render(pr.messages, pr.chat_options);
-    if (!text.ok()) return ReplyError(res, ApiError::BadRequest(text.status().message(), "messages"));
-    auto ids = tokenizer_->Encode(text.value(), {/*add_bos=*/false, /*parse_special_tokens=*/true});
-    if (!ids.ok()) return ReplyError(res, ApiError::BadRequest(ids.status().message(), "messages"));
-    prompt = std::move(ids).value();
-  } else if (pr.prompt_text) {
-    // Plain-text prompts get BOS, as the model was trained (the chat template adds its own).
-    auto ids = tokenizer_->Encode(*pr.prompt_text, {tokenizer_->bos_id().has_value(), true});
-    if (!ids.ok()) return ReplyError(res, ApiError::BadRequest(ids.status().message(), "prompt"));
-    prompt = std::move(ids).value();
-  } else {
-    for (int32_t id : pr.prompt_ids)
-      if (!tokenizer_->IsValidId(id))
-        return ReplyError(res, ApiError::BadRequest(fmt::format("token id {} is not in the vocabulary", id), "prompt"));
-    prompt = std::move(pr.prompt_ids);
+  PreparedRequest prepared;
+  if (auto err = PrepareRequest(config_, *tokenizer_, *chat_template_, pr, tag, arrival, &prepared)) {
+    rlog.Debug("rejected: {}", err->message);
+    return ReplyError(res, *err);
   }
-  if (prompt.empty()) return ReplyError(res, ApiError::BadRequest("the prompt is empty", prompt_param));
-  if (config_.max_prompt_tokens != 0 && prompt.size() > config_.max_prompt_tokens)
-    return ReplyError(res, ApiError::BadRequest(fmt::format("the prompt has {} tokens, more than this server's limit "
-                                                            "of {} (router.max_prompt_tokens)",
-                                                            prompt.size(), config_.max_prompt_tokens),
-                                                prompt_param, "context_length_exceeded"));
-
-  SubmitSpec spec;
-  spec.tag = tag;
-  const auto prompt_size = static_cast<uint32_t>(prompt.size());
-  spec.prompt = std::move(prompt);
-  spec.sampling = pr.sampling;
-  spec.sampling.stop_strings = pr.stop;
-  spec.sampling.stop_token_ids = pr.stop_token_ids;
-  if (!pr.ignore_eos && tokenizer_->eos_id()) spec.sampling.stop_token_ids.push_back(*tokenizer_->eos_id());
-  spec.sampling.logprobs = pr.logprobs;
-  spec.sampling.top_logprobs = pr.top_logprobs;
-  spec.max_tokens = pr.max_tokens;
-  spec.arrival = arrival;
-  spec.deadline_unix_ms = services::UnixMillis() + config_.request_timeout.count();
-  auto submitted = core_->Submit(spec);
+  auto submitted = core_->Submit(prepared.spec);
   if (!submitted.ok()) {
-    const Status& st = submitted.status();
-    ApiError e = ApiError::FromStatus(st, tag);
-    if (st.code() == StatusCode::kInvalidArgument) {
-      e.param = prompt_param;
-      e.code = "context_length_exceeded";
-    } else if (st.code() == StatusCode::kUnavailable) {
-      e.code = "no_workers";
-    }
-    rlog.Debug("not dispatched: {}", st.ToString());
-    return ReplyError(res, e);
+    rlog.Debug("not dispatched: {}", submitted.status().ToString());
+    return ReplyError(res, SubmitError(submitted.status(), tag, chat));
   }
   metrics_->queue_time.Observe(std::chrono::duration<double>(Clock::now() - arrival).count());
-  metrics_->prompt_tokens.Increment(prompt_size);
+  metrics_->prompt_tokens.Increment(prepared.prompt_tokens);
 
-  GenerationSession::Options so;
-  so.stop_strings = pr.stop;
-  so.stop_token_ids = spec.sampling.stop_token_ids;
-  so.skip_special_tokens = pr.skip_special_tokens;
   auto session = std::make_shared<GenerationSession>(core_.get(), std::move(submitted).value(), *tokenizer_,
-                                                     std::move(so), metrics_.get());
+                                                     std::move(prepared.session), metrics_.get());
   const ConnectionWatch watch = ConnectionWatch::ForRequest(req);
   if (!watch.found())
     rlog.Debug("client socket not found ({}:{} -> port {}): hang-ups are noticed at the next write", req.remote_addr,
