@@ -168,38 +168,43 @@ float WAt(const void* w, bool bf16, int64_t i) {
   return bf16 ? Bf16ToF32(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i];
 }
 
+// out[r][i] = sum over d, in d order, of q[r][d] * w[d][i] (one FMA chain per output).
+// Columns go in strips of NV x 8: RB x NV accumulators in registers; a lone row takes wide
+// strips (8 chains hide the FMA latency, a strip reads whole cache lines of every w row).
+template <int RB, int NV>
+void AbsorbStrips(const float* const* q, const uint8_t* w, bool bf16, int64_t w_row_bytes, int64_t n_d,
+                  int64_t i_end, int64_t* i_io, float* const* out) {
+#if defined(__AVX2__)
+  int64_t i = *i_io;
+  for (; i + 8 * NV <= i_end; i += 8 * NV) {
+    __m256 acc[RB][NV];
+    for (int r = 0; r < RB; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < n_d; ++d) {
+      const uint8_t* row = w + d * w_row_bytes;
+      __m256 wv[NV];
+      for (int v = 0; v < NV; ++v) wv[v] = LoadW8(row, bf16, i + 8 * v);
+      for (int r = 0; r < RB; ++r) {
+        const __m256 a = _mm256_set1_ps(q[r][d]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(a, wv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out[r] + i + 8 * v, acc[r][v]);
+  }
+  *i_io = i;
+#else
+  (void)q, (void)w, (void)bf16, (void)w_row_bytes, (void)n_d, (void)i_end, (void)i_io, (void)out;
+#endif
+}
+
 template <int RB>
 void AbsorbRows(const float* const* q, const uint8_t* w, bool bf16, int64_t w_row_bytes, int64_t n_d, int64_t dim,
                 float* const* out) {
   int64_t i = 0;
-#if defined(__AVX2__)
-  for (; i + 16 <= dim; i += 16) {
-    __m256 acc0[RB], acc1[RB];
-    for (int r = 0; r < RB; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < n_d; ++d) {
-      const uint8_t* row = w + d * w_row_bytes;
-      const __m256 w0 = LoadW8(row, bf16, i), w1 = LoadW8(row, bf16, i + 8);
-      for (int r = 0; r < RB; ++r) {
-        const __m256 a = _mm256_set1_ps(q[r][d]);
-        acc0[r] = _mm256_fmadd_ps(a, w0, acc0[r]);
-        acc1[r] = _mm256_fmadd_ps(a, w1, acc1[r]);
-      }
-    }
-    for (int r = 0; r < RB; ++r) {
-      _mm256_storeu_ps(out[r] + i, acc0[r]);
-      _mm256_storeu_ps(out[r] + i + 8, acc1[r]);
-    }
-  }
-  for (; i + 8 <= dim; i += 8) {
-    __m256 acc[RB];
-    for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < n_d; ++d) {
-      const __m256 w0 = LoadW8(w + d * w_row_bytes, bf16, i);
-      for (int r = 0; r < RB; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q[r][d]), w0, acc[r]);
-    }
-    for (int r = 0; r < RB; ++r) _mm256_storeu_ps(out[r] + i, acc[r]);
-  }
-#endif
+  if constexpr (RB == 1) AbsorbStrips<1, 8>(q, w, bf16, w_row_bytes, n_d, dim, &i, out);
+  AbsorbStrips<RB, 2>(q, w, bf16, w_row_bytes, n_d, dim, &i, out);
+  AbsorbStrips<RB, 1>(q, w, bf16, w_row_bytes, n_d, dim, &i, out);
   for (; i < dim; ++i)
     for (int r = 0; r < RB; ++r) {
       float y = 0.0f;

@@ -249,8 +249,11 @@ TEST(MlaAttentionTest, Fp8DecodeMatchesTableForEveryCode) {
 TEST(MlaAttentionTest, AbsorbQueriesEqualsAxpyRowLoop) {
   std::mt19937 rng(13);
   std::normal_distribution<float> nd;
+  // Row counts hit the 4-row and lone-row kernels; widths hit every strip width (64, 16, 8
+  // columns) and the scalar path (a width not a multiple of 8).
   for (auto [rows, n_d, dim, bf16] : {std::tuple{7, 128, 512, true}, std::tuple{3, 48, 260, false},
-                                      std::tuple{1, 5, 13, true}}) {
+                                      std::tuple{1, 5, 13, true}, std::tuple{5, 20, 88, false},
+                                      std::tuple{1, 33, 152, true}}) {
     const int64_t ld = dim + 6;
     std::vector<uint16_t> wb(n_d * ld);
     std::vector<float> wf(n_d * ld);

@@ -218,13 +218,16 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
         heads(0, H);
       }
     };
+    // The gathered keys (up to index_topk x kv_lora_rank floats, 1 MiB on V3.2) live in
+    // per-thread buffers that outlive the call: a fresh vector per layer costs its zero-fill,
+    // a few percent of a decode step.
     if (nA >= 2 * pool_->n_threads()) {
       pool_->ParallelFor(nA, [&](int64_t b, int64_t e) {
-        std::vector<float> csel, kpesel;
+        thread_local std::vector<float> csel, kpesel;
         for (int64_t a = b; a < e; ++a) attend_row(a, &csel, &kpesel, false);
       });
     } else {
-      std::vector<float> csel, kpesel;
+      thread_local std::vector<float> csel, kpesel;
       for (int64_t a = 0; a < nA; ++a) attend_row(a, &csel, &kpesel, true);
     }
     // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, up to 8 rows per call
