@@ -58,6 +58,20 @@ Result<AccuracyReport> CompareW8A8(const std::string& reference_dir, const std::
       }
     }
   {
+    SequenceKvCache ci(w8->config());
+    ForwardTrace ti;
+    ForwardOptions oi;
+    oi.trace = &ti;
+    oi.forced_layer_inputs = &ta.hidden;
+    std::vector<float> li(la.size());
+    PDSERVE_RETURN_IF_ERROR(w8->Forward(prompt.data(), S, &ci, li.data(), oi));
+    for (int64_t l = 1; l <= L; ++l) {
+      const double cs = Cosine(&ta.hidden[static_cast<size_t>(l * S * D)], &ti.hidden[static_cast<size_t>(l * S * D)], S * D);
+      r.isolated_layer_cos.push_back(cs);
+      r.isolated_min_layer_cos = std::min(r.isolated_min_layer_cos, cs);
+    }
+  }
+  {
     SequenceKvCache cp(w8->config());
     ForwardTrace tp;
     ForwardOptions op;

@@ -16,6 +16,11 @@ namespace pdserve::model {
 struct AccuracyReport {
   std::vector<double> layer_cos;  // per layer: cos-sim of the residual stream over the prompt
   double min_layer_cos = 1.0;
+  // Per layer alone: each W8A8 layer fed the reference's input to that layer
+  // (ForwardOptions::forced_layer_inputs), routing free. The error a layer adds, without the
+  // drift of the layers before it.
+  std::vector<double> isolated_layer_cos;
+  double isolated_min_layer_cos = 1.0;
   double logits_cos = 0.0;        // last prompt position
   int64_t steps = 0;              // greedy steps compared
   // Teacher-forced: both engines decode the BF16 engine's greedy tokens; a step agrees when

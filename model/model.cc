@@ -68,6 +68,11 @@ Status Model::Validate(const BatchSequence& q) const {
       if (e < -1 || e >= c.n_routed_experts)
         return Status::InvalidArgument("forced expert id " + std::to_string(e) + " outside [-1, " +
                                        std::to_string(c.n_routed_experts) + ")");
+  const std::vector<float>* inputs = q.options ? q.options->forced_layer_inputs : nullptr;
+  if (inputs && static_cast<int64_t>(inputs->size()) != (L + 1) * S * c.hidden_size)
+    return Status::InvalidArgument("forced layer inputs has " + std::to_string(inputs->size()) +
+                                   " entries, expected (n_layers+1)*S*hidden_size = " +
+                                   std::to_string((L + 1) * S * c.hidden_size));
   return Status::Ok();
 }
 
@@ -176,8 +181,26 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
     kernels::RoundToBf16InPlace(residual.data(), R * D);
   };
 
+  // ForwardOptions::forced_layer_inputs: the residual stream of layer `slot`'s input replaced
+  // (residual is always bf16(sum)).
+  auto force_layer_input = [&](int64_t slot) {
+    bool forced = false;
+    for (int64_t s = 0; s < plan.n_seqs(); ++s) {
+      const BatchSequence& q = seqs[s];
+      const std::vector<float>* f = q.options ? q.options->forced_layer_inputs : nullptr;
+      if (!f) continue;
+      for (int64_t r = plan.seq_row[s]; r < plan.seq_row[s + 1]; ++r)
+        std::copy_n(f->begin() + (slot * q.n_tokens + plan.row_pos[r] - q.start) * D, D, sum.begin() + r * D);
+      forced = true;
+    }
+    if (!forced) return;
+    residual = sum;
+    kernels::RoundToBf16InPlace(residual.data(), R * D);
+  };
+
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = weights_->layer(l);
+    force_layer_input(l);
     norm_rows(lw.attn_norm, sum, &x);
     PDSERVE_RETURN_IF_ERROR(Attention(l, x.data(), plan, step, branch.data()));
     // Attention wrote (and, under CP, gathered) this layer's KV records: nothing later in this

@@ -59,6 +59,11 @@ struct ForwardOptions {
   // compared (e.g. W8A8 against BF16 with the BF16 run's ForwardTrace::experts). Single-process
   // MoE only: the expert-parallel FFN (FfnParallel) ignores it and does not fill trace->experts.
   const std::vector<int32_t>* forced_experts = nullptr;
+  // When set ([n_layers + 1, S, D], a reference run's ForwardTrace::hidden), every layer l
+  // starts from slot l of it instead of its predecessor's output, so the trace's slot l + 1
+  // holds layer l's own output for the reference's input: each layer's error alone, not the
+  // drift accumulated before it (the per-layer gate of a quantized model).
+  const std::vector<float>* forced_layer_inputs = nullptr;
 };
 
 struct BatchPlan;

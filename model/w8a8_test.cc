@@ -222,6 +222,56 @@ TEST(ForcedExpertsTest, OwnChoicesReproduceTheRunAndOthersChangeIt) {
   EXPECT_FALSE(st.ok());
 }
 
+TEST(ForcedLayerInputsTest, OwnTraceReproducesTheRunAndEachLayerStartsFromItsSlot) {
+  // ForwardOptions::forced_layer_inputs: a model fed its own traced residual stream computes
+  // the same bits; a change to slot l reaches layer l's output and later ones, not earlier ones;
+  // a wrong size is refused.
+  TempDir d("forced_inputs");
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.out_dir = d.path();
+  ASSERT_TRUE(MakeModel(mo).ok());
+  ThreadPool pool(2);
+  auto m = Model::Load(d.path(), &pool);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 71 + 3) % 1000);
+  const int64_t S = static_cast<int64_t>(prompt.size()), D = c.hidden_size, L = c.num_hidden_layers;
+  ASSERT_GE(L, 3);
+  auto run = [&](const std::vector<float>* inputs, ForwardTrace* trace, Status* status) {
+    SequenceKvCache cache(c);
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    ForwardOptions fo;
+    fo.trace = trace;
+    fo.forced_layer_inputs = inputs;
+    *status = (*m)->Forward(prompt.data(), S, &cache, logits.data(), fo);
+    return logits;
+  };
+  Status st;
+  ForwardTrace t0, t1, t2;
+  const auto free_logits = run(nullptr, &t0, &st);
+  ASSERT_TRUE(st.ok());
+  const auto own = run(&t0.hidden, &t1, &st);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(std::memcmp(own.data(), free_logits.data(), own.size() * 4), 0);
+  EXPECT_EQ(t1.hidden, t0.hidden);
+  auto slot = [&](const ForwardTrace& t, int64_t l) {
+    return std::vector<float>(t.hidden.begin() + l * S * D, t.hidden.begin() + (l + 1) * S * D);
+  };
+  std::vector<float> edited = t0.hidden;
+  for (int64_t i = 2 * S * D; i < 3 * S * D; ++i) edited[static_cast<size_t>(i)] *= 1.5f;  // layer 2's input
+  run(&edited, &t2, &st);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(slot(t2, 1), slot(t0, 1));  // layer 0's output
+  EXPECT_EQ(slot(t2, 2), slot(t0, 2));  // layer 1's output: the edit replaces it only as layer 2's input
+  EXPECT_NE(slot(t2, 3), slot(t0, 3));  // layer 2's output
+  edited.pop_back();
+  run(&edited, nullptr, &st);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("forced layer inputs"), std::string::npos) << st.ToString();
+}
+
 struct PresetCase {
   const char* preset;
   const char* dtype;  // the reference checkpoint's format
@@ -263,6 +313,13 @@ TEST_P(W8A8AccuracyTest, CloseToTheBf16Engine) {
     std::snprintf(buf, sizeof(buf), "%.5f ", c);
     layers += buf;
   }
+  std::string isolated;
+  for (double c : r->isolated_layer_cos) {
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), "%.5f ", c);
+    isolated += buf;
+  }
+  std::printf("[ W8A8 %s/%s ] per-layer cos alone (reference inputs): %s\n", pc.preset, pc.dtype, isolated.c_str());
   std::printf("[ W8A8 %s/%s ] per-layer cos: %s| logits cos %.5f | top-1 agreement %lld/%lld (teacher-forced), "
               "step logits cos min %.4f mean %.4f | free-run identical for %lld steps | prompt expert flips %lld/%lld | "
               "pinned choices: per-layer min cos %.5f, logits cos %.5f\n",
@@ -274,6 +331,7 @@ TEST_P(W8A8AccuracyTest, CloseToTheBf16Engine) {
   RecordProperty("top1_agree", std::to_string(r->top1_agree));
   EXPECT_GE(r->min_layer_cos, pc.min_cos);
   EXPECT_GE(r->logits_cos, pc.min_cos);
+  EXPECT_GE(r->isolated_min_layer_cos, 0.99);
   EXPECT_GE(r->pinned_min_layer_cos, 0.99);
   EXPECT_GE(r->pinned_logits_cos, 0.99);
   EXPECT_GT(r->expert_slots, 0);
