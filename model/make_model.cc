@@ -197,8 +197,19 @@ Result<ModelConfig> PresetConfig(const std::string& preset, int64_t vocab_overri
     c.first_k_dense_replace = 1; c.rope_theta = 10000.0; c.max_position_embeddings = 65536;
     c.index_n_heads = 16; c.index_head_dim = 128; c.index_topk = 512;
     c.yarn = {true, 16.0, 4096, 32.0, 1.0, 1.0, 1.0};
+  } else if (preset == "v32-slice") {
+    // DeepSeek-V3.2's layer shapes (attention, indexer, experts) in 2 MoE layers with 16
+    // routed experts and a small vocabulary: a decode step reads bytes in the full model's
+    // proportions (experts and q_b/o ~94%) at 1/30 of its size, for decode benchmarks.
+    c.vocab_size = 8192; c.hidden_size = 7168; c.intermediate_size = 18432; c.moe_intermediate_size = 2048;
+    c.num_hidden_layers = 2; c.num_attention_heads = 128; c.n_shared_experts = 1; c.n_routed_experts = 16;
+    c.routed_scaling_factor = 2.5; c.kv_lora_rank = 512; c.q_lora_rank = 1536; c.qk_rope_head_dim = 64;
+    c.qk_nope_head_dim = 128; c.v_head_dim = 128; c.n_group = 8; c.topk_group = 4; c.num_experts_per_tok = 8;
+    c.first_k_dense_replace = 0; c.rope_theta = 10000.0; c.max_position_embeddings = 163840;
+    c.index_n_heads = 64; c.index_head_dim = 128; c.index_topk = 2048;
+    c.yarn = {true, 40.0, 4096, 32.0, 1.0, 1.0, 1.0};
   } else {
-    return Status::InvalidArgument("unknown preset '" + preset + "' (tiny, tiny2, small)");
+    return Status::InvalidArgument("unknown preset '" + preset + "' (tiny, tiny2, small, v32-slice)");
   }
   if (vocab_override > 0) c.vocab_size = vocab_override;
   PDSERVE_RETURN_IF_ERROR(c.Validate());
@@ -212,7 +223,8 @@ Status MakeModel(const MakeModelOptions& options) {
     return Status::InvalidArgument("dtype must be bf16 or fp8, got '" + opt.dtype + "'");
   PDSERVE_ASSIGN_OR_RETURN(ModelConfig c, PresetConfig(opt.preset, opt.vocab));
   if (opt.dtype == "fp8") c.weight_format = "fp8";
-  if (opt.max_shard_bytes <= 0) opt.max_shard_bytes = opt.preset == "small" ? (256 << 20) : (1 << 20);
+  if (opt.max_shard_bytes <= 0)
+    opt.max_shard_bytes = opt.preset == "small" || opt.preset == "v32-slice" ? (256 << 20) : (1 << 20);
   std::error_code ec;
   std::filesystem::create_directories(opt.out_dir, ec);
   if (ec) return Status::Internal("cannot create directory: " + ec.message(), opt.out_dir);

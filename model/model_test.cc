@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "model/make_model.h"
 #include "model/model.h"
 #include "model/test_util.h"
 
@@ -92,6 +93,28 @@ TEST(ModelErrorsTest, BadTokensAndEmptyInput) {
   EXPECT_NE(s.message().find("token id 5000 outside the vocabulary"), std::string::npos);
   EXPECT_EQ((*m)->Forward(bad, 0, &cache, logits.data()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cache.n_tokens(), 0);  // nothing appended on error
+}
+
+// The v32-slice preset (decode benchmarks) keeps DeepSeek-V3.2's per-layer shapes; only the
+// layer count, the expert count and the vocabulary shrink.
+TEST(PresetTest, V32SliceHasTheRealModelsLayerShapes) {
+  auto c = PresetConfig("v32-slice", 0);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->hidden_size, 7168);
+  EXPECT_EQ(c->num_attention_heads, 128);
+  EXPECT_EQ(c->q_lora_rank, 1536);
+  EXPECT_EQ(c->kv_lora_rank, 512);
+  EXPECT_EQ(c->qk_nope_head_dim + c->qk_rope_head_dim, 192);
+  EXPECT_EQ(c->v_head_dim, 128);
+  EXPECT_EQ(c->moe_intermediate_size, 2048);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->n_shared_experts, 1);
+  EXPECT_EQ(c->index_n_heads, 64);
+  EXPECT_EQ(c->index_head_dim, 128);
+  EXPECT_EQ(c->index_topk, 2048);
+  EXPECT_EQ(c->num_hidden_layers, 2);
+  EXPECT_EQ(c->first_k_dense_replace, 0);  // both layers MoE, as 58 of V3.2's 61 are
+  EXPECT_EQ(PresetConfig("v33", 0).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

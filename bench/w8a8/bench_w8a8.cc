@@ -4,7 +4,8 @@
 //              that ApplyLinear adds) vs the BF16 and F32 Gemm on the same shapes, GFLOP/s;
 //              decode shapes (m = 1): weights rotated over 256 MiB so they come from DRAM, GB/s.
 //   crossover: GemmInt8's two paths for m = 1..16 (sets kGemmInt8SmallMMax).
-//   decode:    the `small` preset, batch 1: one decode step, BF16 vs W8A8 (and W8A8 "all").
+//   decode:    one decode step at batch 1, BF16 vs W8A8 (and W8A8 "all"), on the `small` preset
+//              and on `v32-slice` (V3.2's layer shapes), with the speed-up their bytes allow.
 //   convert:   FP8/BF16 `small` -> W8A8/BF16 in a fresh process: input GB/s and its peak RSS.
 //   accuracy:  `small` W8A8 vs BF16: per-layer cos, logits cos, top-1 over 100 greedy steps.
 // Every timing alternates the contenders over several rounds and keeps the best median: the
@@ -243,24 +244,31 @@ Result<double> DecodeWeightBytes(const std::string& dir) {
   return bytes;
 }
 
-nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
-  std::string bf16, fp8, w8, w8all;
-  if (Status s = EnsureModels(o, &bf16, &fp8, &w8, &w8all); !s.ok()) return {{"error", s.ToString()}};
+struct DecodeRun {
+  std::string name, dir;
+  bool per_expert = false;  // routed experts one Mlp each instead of the grouped INT8 GEMMs
+};
+
+// One decode step at batch 1 after a `context`-token prompt, for each run: best median step
+// time, the weight bytes it reads and the speed-up those bytes allow, as a markdown table
+// under `title`. The first run is the baseline.
+nlohmann::json TimeDecodeSteps(const Opts& o, ThreadPool* pool, const std::string& title,
+                               const std::vector<DecodeRun>& specs, std::string* md) {
   struct Run {
-    std::string name, dir;
+    DecodeRun spec;
     std::unique_ptr<model::Model> m;
     std::unique_ptr<model::SequenceKvCache> cache;
     std::vector<float> logits;
-    bool per_expert = false;  // routed experts one Mlp each instead of the grouped INT8 GEMMs
+    double bytes = 0;
     double best = 1e30;
   };
   std::vector<Run> runs;
-  for (const auto& [name, dir, per_expert] :
-       {std::tuple{"BF16", bf16, false}, std::tuple{"W8A8", w8, false}, std::tuple{"W8A8-all", w8all, false},
-        std::tuple{"W8A8, experts one by one (before grouping)", w8, true}}) {
-    auto m = model::Model::Load(dir, pool);
+  for (const DecodeRun& spec : specs) {
+    auto m = model::Model::Load(spec.dir, pool);
     if (!m.ok()) return {{"error", m.status().ToString()}};
-    Run r{name, dir, std::move(*m), nullptr, {}, per_expert};
+    auto bytes = DecodeWeightBytes(spec.dir);
+    if (!bytes.ok()) return {{"error", bytes.status().ToString()}};
+    Run r{spec, std::move(*m), nullptr, {}, *bytes};
     r.cache = std::make_unique<model::SequenceKvCache>(r.m->config());
     r.logits.resize(static_cast<size_t>(r.m->config().vocab_size));
     std::vector<int32_t> prompt(static_cast<size_t>(o.context));
@@ -273,7 +281,7 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
   const int32_t token = 42;
   for (int round = 0; round < 4 * o.rounds; ++round)
     for (Run& r : runs) {
-      model::TEST_SetPerExpertMoe(r.per_expert);
+      model::TEST_SetPerExpertMoe(r.spec.per_expert);
       std::vector<double> t;
       for (int s = 0; s < 8; ++s) {
         const auto t0 = Clock::now();
@@ -285,26 +293,56 @@ nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
       model::TEST_SetPerExpertMoe(false);
     }
   nlohmann::json out;
-  *md += "\n## Decode step, `small` preset, batch 1, context " + std::to_string(o.context) + ", " +
+  *md += "\n## Decode step, " + title + ", batch 1, context " + std::to_string(o.context) + ", " +
          std::to_string(o.threads) + " threads\n\nIdeal: the speed-up the weight bytes read per step allow "
          "(memory-bound step).\n\n| weights | step ms | speed-up vs BF16 | weight MB per step | ideal speed-up | weight GB/s |\n"
          "|---|---|---|---|---|---|\n";
-  std::vector<double> bytes;
+  const Run& base = runs[0];
   for (const Run& r : runs) {
-    auto b = DecodeWeightBytes(r.dir);
-    if (!b.ok()) return {{"error", b.status().ToString()}};
-    bytes.push_back(*b);
-  }
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const Run& r = runs[i];
-    out[r.name] = {{"step_ms", r.best * 1e3}, {"speedup", runs[0].best / r.best}, {"weight_mb_per_step", bytes[i] / 1e6},
-                   {"ideal_speedup", bytes[0] / bytes[i]}, {"weight_gbps", bytes[i] / r.best / 1e9}};
+    out[r.spec.name] = {{"step_ms", r.best * 1e3}, {"speedup", base.best / r.best}, {"weight_mb_per_step", r.bytes / 1e6},
+                        {"ideal_speedup", base.bytes / r.bytes}, {"weight_gbps", r.bytes / r.best / 1e9}};
     char line[200];
-    std::snprintf(line, sizeof(line), "| %s | %.2f | %.2fx | %.1f | %.2fx | %.1f |\n", r.name.c_str(), r.best * 1e3,
-                  runs[0].best / r.best, bytes[i] / 1e6, bytes[0] / bytes[i], bytes[i] / r.best / 1e9);
+    std::snprintf(line, sizeof(line), "| %s | %.2f | %.2fx | %.1f | %.2fx | %.1f |\n", r.spec.name.c_str(), r.best * 1e3,
+                  base.best / r.best, r.bytes / 1e6, base.bytes / r.bytes, r.bytes / r.best / 1e9);
     *md += line;
     std::printf("%s", line);
   }
+  return out;
+}
+
+// The `v32-slice` preset (V3.2's layer shapes, 2 layers) in BF16 and W8A8 under `models`.
+Status EnsureSliceModels(const Opts& o, std::string* bf16, std::string* w8) {
+  *bf16 = o.models + "/v32-slice";
+  *w8 = o.models + "/v32-slice-w8a8";
+  if (!std::filesystem::exists(*bf16 + "/config.json")) {
+    std::printf("making the v32-slice preset in %s ...\n", bf16->c_str());
+    model::MakeModelOptions mo;
+    mo.preset = "v32-slice";
+    mo.out_dir = *bf16;
+    PDSERVE_RETURN_IF_ERROR(model::MakeModel(mo));
+  }
+  if (!std::filesystem::exists(*w8 + "/config.json")) {
+    model::ConvertOptions co;
+    co.in_dir = *bf16;
+    co.out_dir = *w8;
+    co.quant = "w8a8";
+    co.pool = &ThreadPool::Default();
+    PDSERVE_RETURN_IF_ERROR(model::Convert(co).status());
+  }
+  return Status::Ok();
+}
+
+nlohmann::json DecodeBench(const Opts& o, ThreadPool* pool, std::string* md) {
+  std::string bf16, fp8, w8, w8all, slice, slice_w8;
+  if (Status s = EnsureModels(o, &bf16, &fp8, &w8, &w8all); !s.ok()) return {{"error", s.ToString()}};
+  if (Status s = EnsureSliceModels(o, &slice, &slice_w8); !s.ok()) return {{"error", s.ToString()}};
+  nlohmann::json out;
+  out["small"] = TimeDecodeSteps(o, pool, "`small` preset",
+                                 {{"BF16", bf16}, {"W8A8", w8}, {"W8A8-all", w8all},
+                                  {"W8A8, experts one by one (before grouping)", w8, true}},
+                                 md);
+  out["v32_slice"] = TimeDecodeSteps(o, pool, "`v32-slice` preset (V3.2's layer shapes, 2 layers, 16 experts)",
+                                     {{"BF16", slice}, {"W8A8", slice_w8}}, md);
   return out;
 }
 

@@ -1,4 +1,4 @@
-// `pdserve make-model --preset tiny|tiny2|small --out DIR [--seed N] [--vocab N] [--dtype bf16|fp8]`
+// `pdserve make-model --preset tiny|tiny2|small|v32-slice --out DIR [--seed N] [--vocab N] [--dtype bf16|fp8]`
 #include <cstdio>
 
 #include "model/make_model.h"
