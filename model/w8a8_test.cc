@@ -169,29 +169,41 @@ TEST(W8A8MoeTest, GroupedExpertsEqualThePerExpertPath) {
   }
 }
 
+// A fresh tiny checkpoint written under `dir`, loaded.
+Result<std::unique_ptr<Model>> LoadTinyModel(const TempDir& dir, ThreadPool* pool) {
+  MakeModelOptions mo;
+  mo.preset = "tiny";
+  mo.out_dir = dir.path();
+  PDSERVE_RETURN_IF_ERROR(MakeModel(mo));
+  return Model::Load(dir.path(), pool);
+}
+
+// `prompt` through `m` from an empty cache with options `fo`: the logits; the call's status
+// in *status.
+std::vector<float> ForwardPrompt(const Model& m, const std::vector<int32_t>& prompt, const ForwardOptions& fo,
+                                 Status* status) {
+  SequenceKvCache cache(m.config());
+  std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+  *status = m.Forward(prompt.data(), static_cast<int64_t>(prompt.size()), &cache, logits.data(), fo);
+  return logits;
+}
+
 TEST(ForcedExpertsTest, OwnChoicesReproduceTheRunAndOthersChangeIt) {
   // ForwardOptions::forced_experts: feeding a model its own traced expert choices gives the same
   // bits (the weights are its own scores), other choices change the output, bad input is refused.
   TempDir d("forced_experts");
-  MakeModelOptions mo;
-  mo.preset = "tiny";
-  mo.out_dir = d.path();
-  ASSERT_TRUE(MakeModel(mo).ok());
   ThreadPool pool(2);
-  auto m = Model::Load(d.path(), &pool);
+  auto m = LoadTinyModel(d, &pool);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   const ModelConfig& c = (*m)->config();
   std::vector<int32_t> prompt;
   for (int i = 0; i < 30; ++i) prompt.push_back((i * 53 + 7) % 1000);
   const int64_t S = static_cast<int64_t>(prompt.size()), top_k = c.num_experts_per_tok;
   auto run = [&](const std::vector<int32_t>* forced, ForwardTrace* trace, Status* status) {
-    SequenceKvCache cache(c);
-    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
     ForwardOptions fo;
     fo.trace = trace;
     fo.forced_experts = forced;
-    *status = (*m)->Forward(prompt.data(), S, &cache, logits.data(), fo);
-    return logits;
+    return ForwardPrompt(**m, prompt, fo, status);
   };
   Status st;
   ForwardTrace t0, t1;
@@ -227,12 +239,8 @@ TEST(ForcedLayerInputsTest, OwnTraceReproducesTheRunAndEachLayerStartsFromItsSlo
   // the same bits; a change to slot l reaches layer l's output and later ones, not earlier ones;
   // a wrong size is refused.
   TempDir d("forced_inputs");
-  MakeModelOptions mo;
-  mo.preset = "tiny";
-  mo.out_dir = d.path();
-  ASSERT_TRUE(MakeModel(mo).ok());
   ThreadPool pool(2);
-  auto m = Model::Load(d.path(), &pool);
+  auto m = LoadTinyModel(d, &pool);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   const ModelConfig& c = (*m)->config();
   std::vector<int32_t> prompt;
@@ -240,13 +248,10 @@ TEST(ForcedLayerInputsTest, OwnTraceReproducesTheRunAndEachLayerStartsFromItsSlo
   const int64_t S = static_cast<int64_t>(prompt.size()), D = c.hidden_size, L = c.num_hidden_layers;
   ASSERT_GE(L, 3);
   auto run = [&](const std::vector<float>* inputs, ForwardTrace* trace, Status* status) {
-    SequenceKvCache cache(c);
-    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
     ForwardOptions fo;
     fo.trace = trace;
     fo.forced_layer_inputs = inputs;
-    *status = (*m)->Forward(prompt.data(), S, &cache, logits.data(), fo);
-    return logits;
+    return ForwardPrompt(**m, prompt, fo, status);
   };
   Status st;
   ForwardTrace t0, t1, t2;

@@ -51,8 +51,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::string BinDir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path().string(); }
-
 // Sum and count of a histogram in a /metrics text (-1 when absent).
 std::pair<double, double> HistogramSumCount(const std::string& text, const std::string& name) {
   double sum = -1, count = -1;
@@ -81,7 +79,7 @@ struct Cluster {
 
 Result<Cluster> StartCluster(const std::string& dir, const std::string& model, int threads,
                              const std::vector<std::pair<std::string, std::vector<std::string>>>& workers) {
-  const std::string bin = BinDir();
+  const std::string bin = bench::BinDir();
   std::filesystem::create_directories(dir);
   Cluster c;
   const std::string ready = dir + "/router.ready";

@@ -51,6 +51,11 @@ inline std::string CommandOutput(const char* cmd) {
   return out;
 }
 
+// The directory of the running executable (build/bin: the drivers start their sibling binaries).
+inline std::string BinDir() {
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+}
+
 inline std::string MachineName() {
   return CommandOutput("lscpu | sed -n 's/^Model name: *//p' | head -1");
 }

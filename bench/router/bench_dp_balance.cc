@@ -40,8 +40,6 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using testing::ChildProcess;
 
-std::string BinDir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path().string(); }
-
 struct PolicyResult {
   std::string policy;
   double mean_imbalance = 0, p95_imbalance = 0;
@@ -163,7 +161,7 @@ int main(int argc, char** argv) {
     }
   }
   BlockTerminationSignals();
-  const std::string bin = BinDir();
+  const std::string bin = bench::BinDir();
   const std::string dir = testing::MakeTempDir("pdserve-dp-balance");
   const std::string model = dir + "/tiny";
   const std::string make = bin + "/pdserve make-model --preset tiny --seed 3 --out " + model + " > " + model + ".log 2>&1";

@@ -42,8 +42,6 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using testing::ChildProcess;
 
-std::string BinDir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path().string(); }
-
 // One router and its workers, started fresh.
 class Cluster {
  public:
@@ -163,7 +161,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--reps") reps = std::max(1, std::atoi(argv[i + 1]));
   BlockTerminationSignals();
-  const std::string bin = BinDir();
+  const std::string bin = bench::BinDir();
   const std::string dir = testing::MakeTempDir("pdserve-bench-migration");
   const std::string model = dir + "/tiny";
   const std::string make = bin + "/pdserve make-model --preset tiny --vocab 128815 --seed 3 --out " + model + " > " +

@@ -42,8 +42,6 @@ Stats Summarize(std::vector<double> v) {
 }
 json ToJson(const Stats& s) { return {{"p50_us", s.p50 * 1e6}, {"p90_us", s.p90 * 1e6}, {"p99_us", s.p99 * 1e6}}; }
 
-std::string BinDir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path().string(); }
-
 // Streams an SSE request; returns the time to the first chunk with text; *total: to [DONE].
 double HttpStream(httplib::Client& cli, const std::string& path, const json& body, double* total) {
   httplib::Request req;
@@ -102,7 +100,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
   services::BlockTerminationSignals();
-  const std::string bin = BinDir();
+  const std::string bin = bench::BinDir();
   const std::string dir = services::testing::MakeTempDir("pdserve-bench-request-api");
   const std::string ready = dir + "/router.ready";
   auto router = services::testing::ChildProcess::Spawn(

@@ -119,10 +119,6 @@ class DirectRouter {
   Clock::time_point first_{}, done_{};
 };
 
-std::string BinDir() {
-  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,7 +126,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
   BlockTerminationSignals();
-  const std::string bin = BinDir();
+  const std::string bin = bench::BinDir();
   const std::string dir = testing::MakeTempDir("pdserve-bench-router");
 
   // The direct path.
