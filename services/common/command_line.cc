@@ -42,17 +42,17 @@ Result<CommandLine> CommandLine::Parse(const std::vector<std::string>& args, con
     }
     const OptionSpec* o = FindOption(spec, key);
     if (o == nullptr) return Status::InvalidArgument("unknown option --" + key);
-    if (cl.values_.count(key)) return Status::InvalidArgument("option --" + key + " given twice");
+    if (cl.values_.count(key) && !o->repeatable) return Status::InvalidArgument("option --" + key + " given twice");
     if (o->value_name.empty()) {
       if (inline_value) return Status::InvalidArgument("flag --" + key + " takes no value");
-      cl.values_[key] = "1";
+      cl.values_[key].push_back("1");
       continue;
     }
     if (!inline_value) {
       if (i + 1 >= args.size()) return Status::InvalidArgument("option --" + key + " needs a value (" + o->value_name + ")");
       value = args[++i];
     }
-    cl.values_[key] = value;
+    cl.values_[key].push_back(value);
   }
   return cl;
 }
@@ -63,8 +63,13 @@ Result<CommandLine> CommandLine::Parse(int argc, char** argv, const CommandSpec&
 
 std::optional<std::string> CommandLine::Get(const std::string& key) const {
   auto it = values_.find(key);
-  if (it == values_.end()) return std::nullopt;
-  return it->second;
+  if (it == values_.end() || it->second.empty()) return std::nullopt;
+  return it->second.back();
+}
+
+std::vector<std::string> CommandLine::GetAll(const std::string& key) const {
+  auto it = values_.find(key);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
 }
 
 std::string CommandLine::GetOr(const std::string& key, const std::string& fallback) const {

@@ -28,6 +28,7 @@ struct OptionSpec {
   std::string name;        // without the leading "--"
   std::string value_name;  // shown in the usage ("N", "FILE"); empty: a flag taking no value
   std::string help;        // one line (may name the default)
+  bool repeatable = false; // may be given several times (GetAll); otherwise twice is an error
 };
 
 struct CommandSpec {
@@ -52,7 +53,10 @@ class CommandLine {
   const std::vector<std::string>& positionals() const { return positionals_; }
 
   bool Has(const std::string& key) const { return values_.count(key) > 0; }
+  // The value (the last one of a repeatable option).
   std::optional<std::string> Get(const std::string& key) const;
+  // Every value of a repeatable option, in order.
+  std::vector<std::string> GetAll(const std::string& key) const;
   std::string GetOr(const std::string& key, const std::string& fallback) const;
   // Errors: InvalidArgument "missing required option --key".
   Result<std::string> Require(const std::string& key) const;
@@ -65,7 +69,7 @@ class CommandLine {
   Result<bool> GetBool(const std::string& key, bool fallback) const;
 
  private:
-  std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> values_;
   std::vector<std::string> positionals_;
   bool help_ = false;
 };
