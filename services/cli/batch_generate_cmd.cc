@@ -110,8 +110,8 @@ PDSERVE_REGISTER_COMMAND(batch_generate, "batch-generate", "run prompts concurre
                          "--model DIR --prompts \"1,2,3;4,5,6\" [--copies N] [options]",
                          "Runs every prompt (each --copies times) concurrently through one colocated engine\n"
                          "(continuous batching, paged KV) and prints one JSON line per request, then the engine stats.",
-                         ({{"model", "DIR", "checkpoint directory"},
-                           {"prompts", "IDS", "prompts as token ids, ';' between prompts"},
+                         ({{"model", "DIR", "checkpoint directory", false, true},
+                           {"prompts", "IDS", "prompts as token ids, ';' between prompts", false, true},
                            {"copies", "N", "run each prompt N times (default 1)"},
                            {"max-tokens", "N", "tokens to generate per request (default 16)"},
                            {"temperature", "T", "sampling temperature (default 0: greedy)"},

@@ -109,7 +109,7 @@ PDSERVE_REGISTER_COMMAND(client, "client", "stream one request through the route
                          "--endpoint tcp://HOST:PORT (--chat TEXT | --prompt TEXT | --prompt-ids 1,2,3) [options]",
                          "Sends one request to the router's ZeroMQ request API (docs/request-api.md) and streams the\n"
                          "text to stdout; usage and the finish reason go to stderr. Exit 1 with the router's error.",
-                         ({{"endpoint", "ENDPOINT", "the router's request_endpoint, e.g. tcp://127.0.0.1:8001"},
+                         ({{"endpoint", "ENDPOINT", "the router's request_endpoint, e.g. tcp://127.0.0.1:8001", false, true},
                            {"chat", "TEXT", "one user message, rendered with the chat template"},
                            {"prompt", "TEXT", "plain text prompt"},
                            {"prompt-ids", "IDS", "prompt token ids, e.g. 1,2,3"},

@@ -49,8 +49,8 @@ PDSERVE_REGISTER_COMMAND(convert, "convert", "convert a BF16/FP8 HF checkpoint t
                          "--in HF_DIR --out DIR [--quant w8a8|w8a8_all|bf16] [options]",
                          "Streams a BF16 or FP8 (128x128 block-scaled) Hugging Face checkpoint into pdserve's W8A8\n"
                          "INT8 format or plain BF16 (docs/quantization.md), optionally split per EP rank.",
-                         ({{"in", "DIR", "the Hugging Face checkpoint"},
-                           {"out", "DIR", "where to write the converted checkpoint"},
+                         ({{"in", "DIR", "the Hugging Face checkpoint", false, true},
+                           {"out", "DIR", "where to write the converted checkpoint", false, true},
                            {"quant", "Q", "w8a8 (default) | w8a8_all | bf16"},
                            {"ep-size", "N", "write one expert shard per EP rank (default 1)"},
                            {"max-shard-mb", "N", "largest output shard (default 4096)"},

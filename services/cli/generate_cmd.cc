@@ -206,7 +206,7 @@ PDSERVE_REGISTER_COMMAND(generate, "generate", "greedy generation on one process
                          "Under mpirun with --plan the model runs across the ranks (docs/parallel.md); --prompt-ids\n"
                          "may then list several prompts separated by ';'. --prompt needs a model whose vocabulary\n"
                          "covers the tokenizer (make-model --vocab 129280).",
-                         ({{"model", "DIR", "checkpoint directory"},
+                         ({{"model", "DIR", "checkpoint directory", false, true},
                            {"prompt", "TEXT", "prompt text (tokenized with --tokenizer)"},
                            {"prompt-ids", "IDS", "prompt token ids, e.g. 0,15,7 (';' between prompts under a plan)"},
                            {"tokenizer", "DIR", "tokenizer directory (default: the bundled DeepSeek-V3 one)"},

@@ -45,7 +45,7 @@ PDSERVE_REGISTER_COMMAND(keygen, "keygen", "write ZeroMQ CURVE key pairs for the
                          "--out DIR --name NAME [--name NAME2 ...]",
                          "Writes DIR/NAME.secret (mode 0600) and DIR/NAME.public for each name (docs/operations.md,\n"
                          "\"Security\"); existing files are never overwritten.",
-                         ({{"out", "DIR", "directory for the key files (created)"},
-                           {"name", "NAME", "a key pair's name (repeat for several)", true}}),
+                         ({{"out", "DIR", "directory for the key files (created)", false, true},
+                           {"name", "NAME", "a key pair's name (repeat for several)", true, true}}),
                          0, RunKeygen);
 }  // namespace pdserve::cli

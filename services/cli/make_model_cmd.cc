@@ -32,7 +32,7 @@ PDSERVE_REGISTER_COMMAND(make_model, "make-model", "write a random checkpoint of
                          "(config.json + safetensors). Chat prompts need a vocabulary covering the DeepSeek-V3\n"
                          "tokenizer: --vocab 129280 (the presets' own vocabularies are small).",
                          ({{"preset", "NAME", "tiny (default) | tiny2 | small | v32-slice (docs/engine.md)"},
-                           {"out", "DIR", "output directory"},
+                           {"out", "DIR", "output directory", false, true},
                            {"seed", "N", "random seed (default 1)"},
                            {"vocab", "N", "vocabulary size (0: the preset's)"},
                            {"dtype", "T", "bf16 (default) | fp8 (128x128 block scales, like the official weights)"},

@@ -54,6 +54,10 @@ Result<CommandLine> CommandLine::Parse(const std::vector<std::string>& args, con
     }
     cl.values_[key].push_back(value);
   }
+  if (!cl.help_) {
+    for (const OptionSpec& o : spec.options)
+      if (o.required && !cl.Has(o.name)) return Status::InvalidArgument("missing required option --" + o.name);
+  }
   return cl;
 }
 
@@ -127,7 +131,8 @@ std::string FormatUsage(const CommandSpec& spec) {
   if (!spec.description.empty()) out += "\n" + spec.description + (spec.description.back() == '\n' ? "" : "\n");
   std::vector<std::pair<std::string, std::string>> rows;
   for (const OptionSpec& o : spec.options)
-    rows.emplace_back("--" + o.name + (o.value_name.empty() ? "" : " " + o.value_name), o.help);
+    rows.emplace_back("--" + o.name + (o.value_name.empty() ? "" : " " + o.value_name),
+                      o.help + (o.required ? " (required)" : ""));
   rows.emplace_back("--help", "print this text and exit");
   size_t width = 0;
   for (const auto& [head, help] : rows) width = std::max(width, head.size());

@@ -29,6 +29,7 @@ struct OptionSpec {
   std::string value_name;  // shown in the usage ("N", "FILE"); empty: a flag taking no value
   std::string help;        // one line (may name the default)
   bool repeatable = false; // may be given several times (GetAll); otherwise twice is an error
+  bool required = false;   // missing is a parse error (unless --help)
 };
 
 struct CommandSpec {
