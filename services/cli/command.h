@@ -35,8 +35,9 @@ struct CommandRegistrar {
 // "1,2,3" -> token ids (non-negative int32). Errors: InvalidArgument naming --prompt-ids.
 Result<std::vector<int32_t>> ParseTokenIds(const std::string& s);
 
-// Prints "pdserve <cmd>: <status>" to stderr and returns the exit code: 0 for OK, 1 otherwise.
-// (Bad usage is caught before the command runs, by its CommandSpec: exit 2.)
+// Prints "pdserve <cmd>: <status>" to stderr and returns the exit code: 0 for OK, 2 for bad
+// usage (services::IsUsageError: an option's value out of range, a missing argument), 1 for
+// every other failure.
 int ReportStatus(const std::string& command, const Status& status);
 
 }  // namespace pdserve::cli

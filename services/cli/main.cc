@@ -45,8 +45,10 @@ Result<std::vector<int32_t>> ParseTokenIds(const std::string& s) {
 
 int ReportStatus(const std::string& command, const Status& status) {
   if (status.ok()) return 0;
-  std::fprintf(stderr, "pdserve %s: %s\n", command.c_str(), status.ToString().c_str());
-  return 1;
+  const bool usage = services::IsUsageError(status);
+  std::fprintf(stderr, "pdserve %s: %s%s\n", command.c_str(), status.ToString().c_str(),
+               usage ? (" (see pdserve " + command + " --help)").c_str() : "");
+  return usage ? 2 : 1;
 }
 
 }  // namespace pdserve::cli

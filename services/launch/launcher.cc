@@ -31,9 +31,10 @@ std::string SelfDir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
-std::string DescribeStatus(int status) {
-  if (status > 128 && status < 128 + 65) return fmt::format("killed by signal {} (status {})", status - 128, status);
-  return fmt::format("status {}", status);
+// "exited with status 3" / "was killed by signal 9".
+std::string DescribeExit(int status) {
+  if (status > 128 && status < 128 + 65) return fmt::format("was killed by signal {}", status - 128);
+  return fmt::format("exited with status {}", status);
 }
 
 std::string Millis(std::chrono::milliseconds d) { return fmt::format("{:.1f} s", d.count() / 1000.0); }
@@ -79,7 +80,7 @@ bool Launcher::PollOnce(std::chrono::milliseconds timeout) {
   bool sig_ready = false;
   for (const auto& e : supervisor_.Poll(timeout, signal_fd_, &sig_ready)) {
     if (!ready_) {
-      if (failure_.empty()) failure_ = fmt::format("{} (pid {}) exited with {}", e.name, e.pid, DescribeStatus(e.status));
+      if (failure_.empty()) failure_ = fmt::format("{} (pid {}) {}", e.name, e.pid, DescribeExit(e.status));
     } else {
       OnExit(e);
     }
@@ -100,11 +101,11 @@ void Launcher::OnExit(const ProcessExit& e) {
   const RestartConfig& rc = RestartOf(*in);
   const bool clean = e.status == 0;
   if (in->state == InstanceState::kDraining) {
-    Say(fmt::format("{} left the pool ({} after a scale-down)", in->name, DescribeStatus(e.status)));
+    Say(fmt::format("{} left the pool (it {} after a scale-down)", in->name, DescribeExit(e.status)));
     in->state = InstanceState::kLeft;
   } else if (rc.policy == RestartPolicy::kNever || (clean && rc.policy == RestartPolicy::kOnFailure)) {
-    Say(fmt::format("{} (pid {}) exited with {} after {}; restart policy '{}': it stays down{}", in->name, e.pid,
-                    DescribeStatus(e.status), Millis(ran), RestartPolicyName(rc.policy),
+    Say(fmt::format("{} (pid {}) {} after {}; restart policy '{}': it stays down{}", in->name, e.pid,
+                    DescribeExit(e.status), Millis(ran), RestartPolicyName(rc.policy),
                     clean ? " (drained: it left the pool)" : ""));
     in->state = InstanceState::kLeft;
   } else {
@@ -112,9 +113,9 @@ void Launcher::OnExit(const ProcessExit& e) {
     if (ran >= rc.reset_after) in->consecutive_failures = 0;
     if (!clean) ++in->consecutive_failures;
     if (rc.max_restarts > 0 && in->consecutive_failures > rc.max_restarts) {
-      Say(fmt::format("error: {} (pid {}) exited with {} after {}: {} failed runs in a row, the cap "
+      Say(fmt::format("error: {} (pid {}) {} after {}: {} failed runs in a row, the cap "
                       "(max_restarts {}); giving up on it, the rest of the cluster keeps serving",
-                      in->name, e.pid, DescribeStatus(e.status), Millis(ran), in->consecutive_failures,
+                      in->name, e.pid, DescribeExit(e.status), Millis(ran), in->consecutive_failures,
                       rc.max_restarts));
       in->state = InstanceState::kGaveUp;
       if (in->group < 0) failure_ = "the router failed " + std::to_string(in->consecutive_failures) + " times in a row";
@@ -122,8 +123,8 @@ void Launcher::OnExit(const ProcessExit& e) {
       auto delay = rc.backoff;
       for (uint32_t k = 1; k < std::max<uint32_t>(1, in->consecutive_failures) && delay < rc.max_backoff; ++k) delay *= 2;
       delay = std::min(delay, rc.max_backoff);
-      Say(fmt::format("{} (pid {}) exited with {} after {}; restarting in {} (policy '{}', failure {} in a row{})",
-                      in->name, e.pid, DescribeStatus(e.status), Millis(ran), Millis(delay),
+      Say(fmt::format("{} (pid {}) {} after {}; restarting in {} (policy '{}', failure {} in a row{})",
+                      in->name, e.pid, DescribeExit(e.status), Millis(ran), Millis(delay),
                       RestartPolicyName(rc.policy), in->consecutive_failures,
                       rc.max_restarts > 0 ? fmt::format(" of at most {}", rc.max_restarts) : std::string()));
       in->state = InstanceState::kRestartPending;
@@ -166,7 +167,7 @@ Status Launcher::EnsureModel() {
   while (supervisor_.Running("make-model")) {
     bool sig = false;
     for (const auto& e : supervisor_.Poll(std::chrono::milliseconds(200), signal_fd_, &sig))
-      if (e.status != 0) return Status::Internal(fmt::format("pdserve make-model failed ({})", DescribeStatus(e.status)));
+      if (e.status != 0) return Status::Internal(fmt::format("pdserve make-model failed (it {})", DescribeExit(e.status)));
     if (sig) {
       signalfd_siginfo info;
       if (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) signal_ = static_cast<int>(info.ssi_signo);
