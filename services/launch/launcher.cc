@@ -212,6 +212,7 @@ Status Launcher::StartInstance(Instance& in) {
     const WorkerGroupConfig& g = config_.workers[in.group];
     spec.argv = WorkerArgv(g, in.index);
     spec.env = g.env;
+    spec.stop_through_children = g.mpi_ranks > 1 || g.plan.has_value();
   }
   PDSERVE_RETURN_IF_ERROR(supervisor_.Start(spec).status());
   in.state = InstanceState::kRunning;
@@ -272,7 +273,7 @@ Status Launcher::ScaleGroup(const std::string& group, uint32_t count) {
     } else {
       Say(fmt::format("scaling group '{}' down: draining {}", group, in->name));
       in->state = InstanceState::kDraining;
-      supervisor_.Signal(in->name, SIGTERM);
+      supervisor_.RequestStop(in->name);
     }
   }
   for (uint32_t k = static_cast<uint32_t>(live.size()); k < count; ++k) {
@@ -351,8 +352,12 @@ int Launcher::Shutdown(int code) {
   std::vector<std::string> workers;
   for (const Instance& in : instances_)
     if (in.group >= 0) workers.push_back(in.name);
-  supervisor_.Stop(workers, config_.stop_grace);
-  supervisor_.Stop({"router", "make-model"}, config_.stop_grace);
+  std::vector<ProcessExit> exits = supervisor_.Stop(workers, config_.stop_grace);
+  for (ProcessExit& e : supervisor_.Stop({"router", "make-model"}, config_.stop_grace)) exits.push_back(std::move(e));
+  // A clean stop ends every process with status 0 (a worker drains, then exits): say so when one
+  // did not, e.g. a drain cut short by the SIGKILL after cluster.stop_grace_ms.
+  for (const ProcessExit& e : exits)
+    if (e.status != 0) Say(fmt::format("warning: {} (pid {}) {} while stopping", e.name, e.pid, DescribeExit(e.status)));
   Say(code == 0 ? "all processes stopped" : fmt::format("all processes stopped; exit {}", code));
   if (!ready_file_.empty()) std::remove(ready_file_.c_str());
   std::error_code ec;
