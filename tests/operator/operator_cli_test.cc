@@ -11,11 +11,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 #include <gtest/gtest.h>
 
 #include "services/common/testing/child_process.h"
+#include "services/common/testing/http_test_client.h"
 #include "tests/operator/operator_util.h"
 
 namespace pdserve::operator_test {
@@ -113,6 +117,74 @@ TEST(OperatorCliTest, ServicesWithoutArgumentsBindNothingAndDialNothing) {
     const CommandResult r = RunCommand("timeout 10 " + Bin(b));
     EXPECT_EQ(r.status, 2) << r.output;  // not 124: it did not sit there dialling a default router
     EXPECT_NE(r.output.find("is required"), std::string::npos) << r.output;
+  }
+}
+
+// Nobody listens: `pdserve client` says so within its connect timeout instead of waiting out
+// the request timeout, and a worker keeps retrying with warnings instead of one line and silence.
+TEST(OperatorCliTest, DeadEndpointsAreReportedPromptly) {
+  const int nobody = services::testing::FreeTcpPort();
+  const auto t0 = std::chrono::steady_clock::now();
+  const CommandResult client = RunCommand(Bin("pdserve") + " client --endpoint tcp://127.0.0.1:" +
+                                          std::to_string(nobody) + " --chat hi --connect-timeout-ms 1000");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(client.status, 1) << client.output;
+  EXPECT_NE(client.output.find("no answer from a router at tcp://127.0.0.1:" + std::to_string(nobody)),
+            std::string::npos)
+      << client.output;
+
+  const std::string dir = MakeTempDir("pdserve-op-noroute");
+  auto worker = ChildProcess::Spawn({Bin("pdserve-echo-worker"), "--router",
+                                     "tcp://127.0.0.1:" + std::to_string(nobody), "--worker-id", "lonely"},
+                                    dir + "/worker.log");
+  ASSERT_TRUE(worker.ok());
+  auto warnings = [&] {
+    const std::string log = (*worker)->Log();
+    size_t n = 0;
+    for (size_t at = 0; (at = log.find("no answer from router", at)) != std::string::npos; ++at) ++n;
+    return n;
+  };
+  // Warnings at about 1 s, 3 s, 7 s ... after the first attempt.
+  EXPECT_TRUE(services::testing::WaitFor([&] { return warnings() >= 2; }, 8s)) << (*worker)->Log();
+  EXPECT_NE((*worker)->Log().find("[warning] worker lonely: no answer from router tcp://127.0.0.1:"), std::string::npos)
+      << (*worker)->Log();
+  (*worker)->Signal(SIGTERM);
+  EXPECT_EQ((*worker)->WaitExit(10s), std::optional<int>(0));
+}
+
+// Every series the shipped Grafana dashboard reads exists from the start (a counter that
+// appears only at its first increment shows "No data", e.g. worker removals).
+TEST(OperatorCliTest, EveryDashboardSeriesIsExportedFromStartUp) {
+  std::ifstream in(std::string(PDSERVE_SOURCE_DIR) + "/deploy/grafana/dashboard.json");
+  const std::string dashboard((std::istreambuf_iterator<char>(in)), {});
+  std::set<std::string> names;
+  for (size_t at = 0; (at = dashboard.find("pdserve_", at)) != std::string::npos;) {
+    size_t end = at;
+    while (end < dashboard.size() && (std::isalnum(static_cast<unsigned char>(dashboard[end])) || dashboard[end] == '_'))
+      ++end;
+    names.insert(dashboard.substr(at, end - at));
+    at = end;
+  }
+  ASSERT_GT(names.size(), 10u);
+  const std::string dir = MakeTempDir("pdserve-op-dashboard");
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(services::testing::FreeTcpPort());
+  auto router = ChildProcess::Spawn({Bin("pdserve-router"), "--port", "0", "--control", endpoint, "--ready-file",
+                                     dir + "/router.ready"},
+                                    dir + "/router.log");
+  ASSERT_TRUE(router.ok());
+  auto r = services::testing::WaitForReadyFile(dir + "/router.ready", router->get(), 30s);
+  ASSERT_TRUE(r.ok());
+  auto worker = ChildProcess::Spawn({Bin("pdserve-echo-worker"), "--router", endpoint, "--ready-file",
+                                     dir + "/worker.ready"},
+                                    dir + "/worker.log");
+  ASSERT_TRUE(worker.ok());
+  auto w = services::testing::WaitForReadyFile(dir + "/worker.ready", worker->get(), 30s);
+  ASSERT_TRUE(w.ok());
+  const std::string exported = services::testing::HttpGet((*r)["http_port"], "/metrics").body +
+                               services::testing::HttpGet((*w)["metrics_port"], "/metrics").body;
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    EXPECT_NE(exported.find("\n" + name), std::string::npos) << name << " is not exported before any traffic";
   }
 }
 

@@ -126,6 +126,34 @@ TEST(OperatorSignalTest, EngineWorker) {
        30s);
 }
 
+// Prefill and decode workers also bring up the UCX transport (and decode its KV region and
+// receiver thread): a signal at any moment of that must end them as cleanly.
+void RaceKvWorker(const std::string& binary) {
+  if (!std::filesystem::exists("/sys/class/net"))
+    GTEST_SKIP() << "SKIPPED LOUDLY: no /sys/class/net here, so UCX tcp has no device for " << binary;
+  const std::string model = services::testing::CachedTestModel(PDSERVE_BIN_DIR, "tiny", 128815, 3);
+  ASSERT_FALSE(model.empty());
+  const std::string dir = MakeTempDir("pdserve-race-kv-router");
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(services::testing::FreeTcpPort());
+  auto router = ChildProcess::Spawn({Bin("pdserve-router"), "--port", "0", "--control", endpoint, "--ready-file",
+                                     dir + "/router.ready", "--log-level", "warn"},
+                                    dir + "/router.log");
+  ASSERT_TRUE(router.ok());
+  ASSERT_TRUE(services::testing::WaitForReadyFile(dir + "/router.ready", router->get(), 30s).ok());
+  std::atomic<int> id{0};
+  Race({binary,
+        [&](const std::string&) {
+          return std::vector<std::string>{Bin(binary), "--router", endpoint, "--worker-id",
+                                          binary + "-" + std::to_string(id++), "--model", model, "--threads", "1",
+                                          "--kv-gib", "0.0625", "--log-level", "warn"};
+        },
+        {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}},
+       30s);
+}
+
+TEST(OperatorSignalTest, PrefillWorker) { RaceKvWorker("pdserve-prefill"); }
+TEST(OperatorSignalTest, DecodeWorker) { RaceKvWorker("pdserve-decode"); }
+
 TEST(OperatorSignalTest, Launcher) {
   Race({"launch",
         [](const std::string& run_dir) {
