@@ -50,7 +50,7 @@
 #include "kvtransfer/kv_sender.h"
 #include "kvtransfer/testing/fault_transport.h"
 #include "kvtransfer/transport.h"
-#include "services/common/worker_agent.h"
+#include "services/worker/agent/worker_agent.h"
 #include "services/worker/worker_config.h"
 #include "services/worker/worker_service_metrics.h"
 

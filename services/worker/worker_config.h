@@ -16,7 +16,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 #include "services/common/command_line.h"
 
 namespace pdserve::services::worker {

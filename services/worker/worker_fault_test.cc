@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "services/common/process_util.h"
-#include "services/common/testing/tcp_proxy.h"
-#include "services/router/cluster_fixture.h"
-#include "services/worker/worker_test_cluster.h"
+#include "services/testing/tcp_proxy.h"
+#include "services/testing/cluster_fixture.h"
+#include "services/testing/worker_test_cluster.h"
 
 namespace pdserve::services::worker {
 namespace {

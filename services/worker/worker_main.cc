@@ -10,7 +10,7 @@
 #include "common/logging.h"
 #include "services/common/metrics.h"
 #include "services/common/process_util.h"
-#include "services/common/worker_agent.h"
+#include "services/worker/agent/worker_agent.h"
 #include "services/worker/engine_worker.h"
 #include "services/worker/model_instance.h"
 #include "services/worker/worker_config.h"

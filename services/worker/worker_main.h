@@ -9,7 +9,7 @@
 
 #include <optional>
 
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 
 namespace pdserve::services::worker {
 

@@ -1,5 +1,5 @@
 // ServiceMetrics: the metrics of the engine-backed worker services beyond the common
-// WorkerMetrics (services/common/worker_metrics.h, owned by the WorkerAgent, which these
+// WorkerMetrics (services/worker/agent/worker_metrics.h, owned by the WorkerAgent, which these
 // services also feed: queue time, KV transfer bytes / seconds / failures). Defined here and
 // nowhere else; constant labels role and worker as in WorkerMetrics.
 //
@@ -31,7 +31,7 @@
 #include <prometheus/registry.h>
 
 #include "engine/engine.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 
 namespace pdserve::services::worker {
 
