@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "common/cpu_features.h"
+#include "kernels/isa.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {
@@ -105,6 +106,7 @@ int ReportStatus(const std::string& command, const Status& status) {
 
 int main(int argc, char** argv) {
   pdserve::RequireCpuFeatures();
+  pdserve::kernels::RequireIsa();  // a bad PDSERVE_ISA is reported before any command runs
   auto& registry = pdserve::cli::CommandRegistry();
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
     std::fprintf(stderr, "usage: pdserve <command> [options]\ncommands:\n");
