@@ -88,7 +88,7 @@ void RunWave(DriverScratch<Plan>& s, size_t begin, size_t end, ThreadPool* pool,
     pl.prepare = true;
     pl.xp_offset = xp_total;
     pl.terms_offset = terms_total;
-    xp_total += pl.k->prepared_bytes(pl.p.m, pl.p.w.n_in);
+    xp_total += (pl.k->prepared_bytes(pl.p.m, pl.p.w.n_in) + 63) / 64 * 64;  // 64-B aligned
     terms_total += (pl.p.m + pl.k->m_granule - 1) / pl.k->m_granule;
     prep_elems += pl.p.m * pl.p.w.n_in;
   }

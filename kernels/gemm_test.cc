@@ -137,10 +137,14 @@ void CheckProblem(const Problem& p) {
     Gemm(p.x.data(), p.m, p.ldx, w, yt.data(), p.ldy, &Pool(threads));
     ExpectBitwiseEqual(y, yt, tag + " threads=" + std::to_string(threads));
   }
+  std::vector<float> y_avx2;
   ForEachIsa([&](Isa isa) {
     std::vector<float> yi = NewY(p);
     internal::GemmWithIsa(isa, p.x.data(), p.m, p.ldx, w, yi.data(), p.ldy, &Pool(2));
     ExpectNearRef(p, yi, 0, p.n_out, tag + " isa " + IsaName(isa));
+    // Every level sums in the same order (one fp32 FMA chain per output): the same bits.
+    if (isa == Isa::kAvx2) y_avx2 = yi;
+    else ExpectBitwiseEqual(y_avx2, yi, tag + " isa " + IsaName(isa) + " vs avx2");
     std::vector<float> y1 = NewY(p);
     internal::GemmWithIsa(isa, p.x.data(), p.m, p.ldx, w, y1.data(), p.ldy, nullptr);
     ExpectBitwiseEqual(yi, y1, tag + " isa " + IsaName(isa) + " 1 vs 2 threads");
@@ -166,7 +170,11 @@ TEST_P(GemmShapes, MatchesReferenceAllSizes) {
   for (int64_t n_in : {1, 7, 9, 33, 128, 257}) {
     for (int64_t n_out : {1, 7, 9, 33, 128, 257}) {
       for (bool strided : {false, true}) {
-        CheckProblem(MakeProblem(m, n_in, n_out, dtype, strided, seed++));
+        Problem p = MakeProblem(m, n_in, n_out, dtype, strided, seed++);
+        CheckProblem(p);
+        // bf16-exact x (every projection input of the model): the avx512 level's vdpbf16ps path.
+        for (float& v : p.x) v = RoundToBf16(v);
+        CheckProblem(p);
         if (HasFailure()) return;
       }
     }
@@ -192,7 +200,10 @@ TEST(Gemm, LargeDimensions) {
     for (const Shape& s : {Shape{1, 4097, 257}, Shape{3, 4097, 33}, Shape{8, 4097, 9},
                            Shape{17, 4097, 65}, Shape{64, 4097, 129}, Shape{1, 33, 4097},
                            Shape{5, 257, 4097}, Shape{130, 33, 4097}}) {
-      CheckProblem(MakeProblem(s.m, s.n_in, s.n_out, dtype, (seed & 1) != 0, seed));
+      Problem p = MakeProblem(s.m, s.n_in, s.n_out, dtype, (seed & 1) != 0, seed);
+      CheckProblem(p);
+      for (float& v : p.x) v = RoundToBf16(v);
+      CheckProblem(p);
       ++seed;
     }
   }

@@ -34,8 +34,7 @@ PDSERVE_INT8_KERNELS(Int8)   // gemm_avx512.cc
 }  // namespace avx512
 
 namespace amx {
-PDSERVE_FLOAT_KERNELS(Bf16)  // gemm_amx.cc
-PDSERVE_INT8_KERNELS(Int8)   // gemm_amx.cc
+PDSERVE_INT8_KERNELS(Int8)   // gemm_amx.cc (BF16 weights use avx512's kernels)
 }  // namespace amx
 
 #undef PDSERVE_FLOAT_KERNELS

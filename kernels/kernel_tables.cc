@@ -16,10 +16,22 @@ constexpr FloatKernels kAvx2Bf16{1, kAvx2McMax, &avx2::Bf16PreparedBytes, &avx2:
 constexpr Int8Kernels kAvx2Int8{1, 512, &avx2::Int8PreparedBytes, &avx2::Int8Prepare,
                                 &avx2::Int8Compute};
 
+// avx512: BF16 tasks run 12-row microkernels against packed 32-row panels; rows per task as
+// for avx2 (panels are packed once per task).
+constexpr FloatKernels kAvx512Bf16{1, 512, &avx512::Bf16PreparedBytes, &avx512::Bf16Prepare,
+                                   &avx512::Bf16Compute};
+// Dot products over k with the task's rows in groups of 4: the weight block is re-read from
+// L1/L2 per group, so tasks keep few rows (their x stays in L2).
+constexpr Int8Kernels kAvx512Int8{1, 64, &avx512::Int8PreparedBytes, &avx512::Int8Prepare,
+                                  &avx512::Int8Compute};
+// amx: x in 16-row B tiles.
+constexpr Int8Kernels kAmxInt8{16, 256, &amx::Int8PreparedBytes, &amx::Int8Prepare,
+                               &amx::Int8Compute};
+
 }  // namespace
 
 const KernelTable kAvx2Table{Isa::kAvx2, kAvx2F32, kAvx2Bf16, kAvx2Int8};
-const KernelTable kAvx512Table{Isa::kAvx512, kAvx2F32, kAvx2Bf16, kAvx2Int8};
-const KernelTable kAmxTable{Isa::kAmx, kAvx2F32, kAvx2Bf16, kAvx2Int8};
+const KernelTable kAvx512Table{Isa::kAvx512, kAvx2F32, kAvx512Bf16, kAvx512Int8};
+const KernelTable kAmxTable{Isa::kAmx, kAvx2F32, kAvx512Bf16, kAmxInt8};
 
 }  // namespace pdserve::kernels::internal
