@@ -4,19 +4,17 @@
 // baseline files, which the linker could otherwise pick from here; the kernels_isa_objects
 // test checks the object file).
 //
-// BF16 weights: vdpbf16ps, keeping the one order of every level (kernels/gemm.h): each output is
-// the sequential fp32 chain over k. vdpbf16ps adds, per 32-bit lane, the product of the high
-// bf16 halves and then that of the low halves, rounding after each (measured bit for bit
-// against that model on this CPU; the SDM pseudocode says the same). With each (k, k+1) pair
-// stored swapped (k in the high half), a lane does fma(x_k, w_k) then fma(x_k+1, w_k+1): the
-// FMA chain, whenever x_k is bf16-exact (the product of two bf16 is exact in fp32). Every
-// projection input of the model is bf16-exact; rows that are not go through the avx2 kernels,
-// which give the same bits. (vdpbf16ps treats bf16 denormals as zero and flushes denormal
-// sums: only values below 2^-126 differ.)
-//   Layout: lanes are 16 outputs. Per task, weight rows are packed 32 at a time, kKc k at a time,
-//   into [k pair][16 outputs] panels (a 16x16 transpose of dwords per 16 rows x 32 k), then a
-//   microkernel of up to 12 x rows x 2 panels runs 24 accumulators: per k pair 2 panel loads,
-//   12 broadcasts of x pairs, 24 vdpbf16ps. Partial sums between k blocks are parked in y.
+// F32 / BF16 weights: fp32 FMA on zmm, keeping the one order of every level (kernels/gemm.h):
+// each output is the sequential fp32 FMA chain over k, so results are bitwise those of the avx2
+// kernels, for any x. Lanes are 16 outputs. Per task, weight rows are packed 32 at a time, kKc k
+// at a time, into [k][16 outputs] fp32 panels (16x16 transposes of dwords; bf16 pairs are split
+// into their k and k + 1 halves after the transpose), then a microkernel of up to 12 x rows x 2
+// panels runs 24 accumulators: per k 2 panel loads, 12 broadcasts of x, 24 FMAs. Partial sums
+// between k blocks are parked in y.
+// (vdpbf16ps would keep the order too, with k-pairs swapped, for bf16-exact x: it adds the high
+// halves' product, then the low halves', rounding after each. But on this CPU it retires 32
+// MACs per 2 cycles, half the fp32 FMA rate; AMX's tdpbf16ps sums in an internal order that
+// matches no fp32 FMA chain (measured), which would break the one-order contract.)
 //
 // INT8 (W8A8): vpdpbusd multiplies unsigned by signed bytes, so x is stored as x + 128 (u8) and
 // the sum corrected by 128 * sum_k w[j, k]; int32 arithmetic wraps, and the true result fits,
@@ -41,15 +39,11 @@ namespace {
 inline int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// ---- BF16 -------------------------------------------------------------------------------------
+// ---- F32 / BF16 weights ------------------------------------------------------------------------
 
-constexpr int64_t kKc = 512;   // k per packed block (multiple of 32): 2 panels = 32 KiB, in L1
-constexpr int kMr = 12;        // x rows per microkernel
-// The avx2 level's fp32 copy of x (rows of RoundUp(n_in, 8) floats) comes first in the
-// prepared buffer, then the swapped bf16 pairs (rows of RoundUp(n_in, 32) / 2 dwords).
-inline int64_t F32Stride(int64_t n_in) { return RoundUp(n_in, 8); }
-inline int64_t PairStride(int64_t n_in) { return RoundUp(n_in, 32) / 2; }
-inline int64_t PairsOffset(int64_t m, int64_t n_in) { return RoundUp(m * F32Stride(n_in) * 4, 64); }
+constexpr int64_t kKc = 256;  // k per packed block: 2 panels of 16 outputs x kKc fp32 = 32 KiB, L1
+constexpr int kMr = 12;       // x rows per microkernel
+inline int64_t F32Stride(int64_t n_in) { return RoundUp(n_in, 8); }  // avx2's prepared rows
 
 // 16x16 transpose of dwords: r[row][col] -> r[col][row].
 inline void Transpose16(__m512i r[16]) {
@@ -77,28 +71,52 @@ inline void Transpose16(__m512i r[16]) {
   }
 }
 
-// Packs weight rows [j, j + n_rows) (n_rows <= 16; missing rows zero) x k in [k0, k0 + kc)
-// (kc a multiple of 32; k >= n_in zero) into dst[pair][16]: dword = (w[k] << 16) | w[k + 1].
+// Packs weight rows [0, n_rows) (n_rows <= 16; missing rows zero) x k in [k0, k0 + kc) (k >= n_in
+// zero) as fp32 into dst[k][16].
+// BF16: per 16 rows x 32 k, the rows' dwords (bf16 pairs) are transposed (64 shuffles), then
+// each pair vector gives k (<< 16) and k + 1 (high half masked): 0.19 shuffle-port ops/weight.
 void PackPanel(const uint16_t* w, int64_t ld, int64_t n_in, int n_rows, int64_t k0, int64_t kc,
-               uint32_t* dst) {
+               float* dst) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t s = 0; s < kc; s += 32) {
-    const int64_t k = k0 + s;
-    const int64_t valid = n_in - k;
+    const int64_t k = k0 + s, valid = n_in - k;
     const __mmask32 mask = valid >= 32 ? ~__mmask32{0} : (valid <= 0 ? 0 : (__mmask32{1} << valid) - 1);
     __m512i r[16];
     for (int t = 0; t < 16; ++t) {
-      r[t] = t < n_rows ? _mm512_rol_epi32(_mm512_maskz_loadu_epi16(mask, w + t * ld + k), 16)
+      r[t] = t < n_rows ? _mm512_maskz_loadu_epi16(mask, w + t * ld + k) : _mm512_setzero_si512();
+    }
+    Transpose16(r);  // r[p]: pair p (k + 2p, k + 2p + 1) of the 16 rows
+    // An odd kc writes one more k (zero: past n_in) at index kc < kKc, never read.
+    const int pairs = static_cast<int>(kc - s < 32 ? (kc - s + 1) / 2 : 16);
+    for (int p = 0; p < pairs; ++p) {
+      _mm512_store_si512(dst + (s + 2 * p) * 16, _mm512_slli_epi32(r[p], 16));
+      _mm512_store_si512(dst + (s + 2 * p + 1) * 16, _mm512_and_si512(r[p], hi));
+    }
+  }
+}
+// F32: per 16 rows x 16 k, one 16x16 transpose.
+void PackPanel(const float* w, int64_t ld, int64_t n_in, int n_rows, int64_t k0, int64_t kc,
+               float* dst) {
+  for (int64_t s = 0; s < kc; s += 16) {
+    const int64_t k = k0 + s, valid = n_in - k;
+    const __mmask16 mask = valid >= 16 ? 0xffff : (valid <= 0 ? 0 : static_cast<__mmask16>((1u << valid) - 1));
+    __m512i r[16];
+    for (int t = 0; t < 16; ++t) {
+      r[t] = t < n_rows ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, w + t * ld + k))
                         : _mm512_setzero_si512();
     }
     Transpose16(r);
-    for (int p = 0; p < 16; ++p) _mm512_store_si512(dst + (s / 2 + p) * 16, r[p]);
+    const int ks = static_cast<int>(kc - s < 16 ? kc - s : 16);
+    for (int q = 0; q < ks; ++q) _mm512_store_si512(dst + (s + q) * 16, r[q]);
   }
 }
 
-// y[i][c] (+)= chains over kp pairs for i < M, outputs c < 16 * NP (masked by n_rows).
+// y[i][c] (+)= chains over kc k for i < M, outputs c < 16 * NP (masked by n_rows): per k, NP
+// panel loads, M broadcasts of x, M * NP FMAs. first: start from +0, else from y (the partial
+// sums of the previous k blocks, stored exactly).
 template <int M, int NP>
-void MicroKernel(const uint32_t* x, int64_t ldp, const uint32_t* panels, int64_t panel_stride,
-                 int64_t kp, float* y, int64_t ldy, int n_rows, bool first) {
+void MicroKernel(const float* x, int64_t ldx, const float* panels, int64_t panel_stride,
+                 int64_t kc, float* y, int64_t ldy, int n_rows, bool first) {
   const __mmask16 m0 = n_rows >= 16 ? 0xffff : static_cast<__mmask16>((1u << n_rows) - 1);
   const __mmask16 m1 = n_rows >= 32 ? 0xffff : (n_rows <= 16 ? 0 : static_cast<__mmask16>((1u << (n_rows - 16)) - 1));
   __m512 acc[M][NP];
@@ -112,16 +130,16 @@ void MicroKernel(const uint32_t* x, int64_t ldp, const uint32_t* panels, int64_t
       if constexpr (NP == 2) acc[i][1] = _mm512_maskz_loadu_ps(m1, y + i * ldy + 16);
     }
   }
-  const uint32_t* p1 = panels + panel_stride;
-  for (int64_t p = 0; p < kp; ++p) {
-    const __m512bh w0 = (__m512bh)_mm512_load_si512(panels + p * 16);
-    __m512bh w1 = w0;
-    if constexpr (NP == 2) w1 = (__m512bh)_mm512_load_si512(p1 + p * 16);
+  const float* p1 = panels + panel_stride;
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 w0 = _mm512_load_ps(panels + k * 16);
+    __m512 w1 = w0;
+    if constexpr (NP == 2) w1 = _mm512_load_ps(p1 + k * 16);
 #pragma GCC unroll 12
     for (int i = 0; i < M; ++i) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * ldp + p]));
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xb, w0);
-      if constexpr (NP == 2) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xb, w1);
+      const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
+      acc[i][0] = _mm512_fmadd_ps(xb, w0, acc[i][0]);
+      if constexpr (NP == 2) acc[i][1] = _mm512_fmadd_ps(xb, w1, acc[i][1]);
     }
   }
 #pragma GCC unroll 12
@@ -131,8 +149,8 @@ void MicroKernel(const uint32_t* x, int64_t ldp, const uint32_t* panels, int64_t
   }
 }
 
-using MicroFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*,
-                         int64_t, int, bool);
+using MicroFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
+                         int, bool);
 
 template <int NP, int... Ms>
 constexpr void FillRow(MicroFn* row, std::integer_sequence<int, Ms...>) {
@@ -148,36 +166,37 @@ struct MicroTable {
 constexpr MicroTable kMicro;
 
 struct alignas(64) PanelBuffer {
-  uint32_t d[2][kKc / 2][16];
+  float d[2][kKc][16];
 };
 
-void Bf16Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+// Outputs [j0, j1) of x rows [i0, i1): per 32 weight rows and kKc k, pack 2 panels, then
+// microkernels over the rows in blocks of kMr.
+template <typename T>
+void Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   static thread_local PanelBuffer buf;
-  const uint16_t* w = static_cast<const uint16_t*>(p.w.data);
-  const int64_t ld = p.w.ld, n_in = p.w.n_in, kp_all = RoundUp(n_in, 32);
-  const int64_t ldp = PairStride(n_in);
-  const uint32_t* xpairs = reinterpret_cast<const uint32_t*>(static_cast<const char*>(p.xp) +
-                                                             PairsOffset(p.m, n_in));
+  const T* w = static_cast<const T*>(p.w.data);
+  const int64_t ld = p.w.ld, n_in = p.w.n_in, ldx = F32Stride(n_in);
+  const float* x = static_cast<const float*>(p.xp);
   for (int64_t j = j0; j < j1; j += 32) {
     const int n_rows = static_cast<int>(Min(32, j1 - j));
     const int np = n_rows > 16 ? 2 : 1;
-    for (int64_t k0 = 0; k0 < kp_all; k0 += kKc) {
-      const int64_t kc = Min(kKc, kp_all - k0);
-      // The next block of the same rows (or the next rows' first block) while this one runs:
-      // 32 rows of kKc bf16, one prefetch per line, into L2.
-      const int64_t kn = k0 + kc < kp_all ? k0 + kc : 0;
-      const int64_t jn = k0 + kc < kp_all ? j : j + 32;
+    for (int64_t k0 = 0; k0 < n_in; k0 += kKc) {
+      const int64_t kc = Min(kKc, n_in - k0);
+      // The next block of the same rows (or the next rows' first block), into L2 while this
+      // one runs: 32 rows are more streams than the hardware prefetcher follows.
+      const int64_t kn = k0 + kc < n_in ? k0 + kc : 0;
+      const int64_t jn = k0 + kc < n_in ? j : j + 32;
+      const int64_t bytes = Min(kKc, n_in - kn) * static_cast<int64_t>(sizeof(T));
       for (int t = 0; t < 32 && jn + t < p.w.n_out; ++t) {
         const char* row = reinterpret_cast<const char*>(w + (jn + t) * ld + kn);
-        const int64_t bytes = Min(kKc, n_in - kn) * 2;
         for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
       }
       PackPanel(w + j * ld, ld, n_in, n_rows < 16 ? n_rows : 16, k0, kc, &buf.d[0][0][0]);
       if (np == 2) PackPanel(w + (j + 16) * ld, ld, n_in, n_rows - 16, k0, kc, &buf.d[1][0][0]);
       for (int64_t i = i0; i < i1; i += kMr) {
         const int mr = static_cast<int>(Min(kMr, i1 - i));
-        kMicro.fn[np - 1][mr - 1](xpairs + i * ldp + k0 / 2, ldp, &buf.d[0][0][0], kKc / 2 * 16,
-                                  kc / 2, p.y + i * p.ldy + j, p.ldy, n_rows, k0 == 0);
+        kMicro.fn[np - 1][mr - 1](x + i * ldx + k0, ldx, &buf.d[0][0][0], kKc * 16, kc,
+                                  p.y + i * p.ldy + j, p.ldy, n_rows, k0 == 0);
       }
     }
   }
@@ -187,8 +206,9 @@ void Bf16Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_
 
 inline int64_t Int8Stride(int64_t n_in) { return RoundUp(n_in, 64); }
 
-// acc[i][r] = sum_k xu[i][k] * w[r][k] for i < M, r < R (xu = x + 128), and wsum[r] = sum_k w[r][k].
-template <int M, int R>
+// acc[i][r] = sum_k xu[i][k] * w[r][k] for i < M, r < R (xu = x + 128), and with kSums
+// wsum[r] = sum_k w[r][k] (computed once per weight block, by its first group of x rows).
+template <int M, int R, bool kSums>
 void Int8Block(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t ld, int64_t n_in,
                int32_t acc_out[4][8], int32_t wsum_out[8], const char* pf, const char* pf_end) {
   __m512i acc[M][R], ws[R];
@@ -212,14 +232,14 @@ void Int8Block(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t ld, int64
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512i wv = _mm512_maskz_loadu_epi8(mask, w + r * ld + k);
-      ws[r] = _mm512_dpbusd_epi32(ws[r], ones, wv);
+      if constexpr (kSums) ws[r] = _mm512_dpbusd_epi32(ws[r], ones, wv);
 #pragma GCC unroll 4
       for (int i = 0; i < M; ++i) acc[i][r] = _mm512_dpbusd_epi32(acc[i][r], xv[i], wv);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    wsum_out[r] = _mm512_reduce_add_epi32(ws[r]);
+    if constexpr (kSums) wsum_out[r] = _mm512_reduce_add_epi32(ws[r]);
 #pragma GCC unroll 4
     for (int i = 0; i < M; ++i) acc_out[i][r] = _mm512_reduce_add_epi32(acc[i][r]);
   }
@@ -228,65 +248,32 @@ void Int8Block(const uint8_t* x, int64_t ldx, const int8_t* w, int64_t ld, int64
 using Int8BlockFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int64_t,
                              int32_t[4][8], int32_t[8], const char*, const char*);
 
-template <int M, int... Rs>
+template <int M, bool kSums, int... Rs>
 constexpr void FillInt8Row(Int8BlockFn* row, std::integer_sequence<int, Rs...>) {
-  ((row[Rs] = &Int8Block<M, Rs + 1>), ...);
+  ((row[Rs] = &Int8Block<M, Rs + 1, kSums>), ...);
 }
 struct Int8Table {
-  Int8BlockFn fn[4][8];
+  Int8BlockFn fn[2][4][8];  // [with sums][M - 1][R - 1]
   constexpr Int8Table() : fn{} {
-    FillInt8Row<1>(fn[0], std::make_integer_sequence<int, 8>{});
-    FillInt8Row<2>(fn[1], std::make_integer_sequence<int, 8>{});
-    FillInt8Row<3>(fn[2], std::make_integer_sequence<int, 8>{});
-    FillInt8Row<4>(fn[3], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<1, false>(fn[0][0], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<2, false>(fn[0][1], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<3, false>(fn[0][2], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<4, false>(fn[0][3], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<1, true>(fn[1][0], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<2, true>(fn[1][1], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<3, true>(fn[1][2], std::make_integer_sequence<int, 8>{});
+    FillInt8Row<4, true>(fn[1][3], std::make_integer_sequence<int, 8>{});
   }
 };
 constexpr Int8Table kInt8;
 
 }  // namespace
 
-int64_t Bf16PreparedBytes(int64_t m, int64_t n_in) {
-  return PairsOffset(m, n_in) + RoundUp(m * PairStride(n_in) * 4, 64);
+void F32Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  Tiles<float>(p, i0, i1, j0, j1);
 }
-
-// The fp32 rows (for rows that need the avx2 kernels) and the swapped bf16 pairs; terms[i] is
-// 1 when row i is bf16-exact, else 3.
-void Bf16Prepare(const float* x, int64_t ldx, int64_t m, int64_t i0, int64_t i1, int64_t n_in,
-                 void* xp, uint8_t* terms) {
-  avx2::Bf16Prepare(x, ldx, m, i0, i1, n_in, xp, terms);
-  uint32_t* pairs = reinterpret_cast<uint32_t*>(static_cast<char*>(xp) + PairsOffset(m, n_in));
-  const int64_t ldp = PairStride(n_in);
-  // Words 1, 3, .., 63 of two fp32 vectors: the high (bf16) halves of 32 floats, in order.
-  alignas(64) static const uint16_t kOdd[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
-                                                23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
-                                                45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-  const __m512i odd = _mm512_load_si512(kOdd);
-  for (int64_t i = i0; i < i1; ++i) {
-    const float* s = x + i * ldx;
-    __m512i low_bits = _mm512_setzero_si512();
-    for (int64_t k = 0; k < 2 * ldp; k += 32) {
-      const int64_t valid = n_in - k;
-      const __mmask16 m0 = valid >= 16 ? 0xffff : (valid <= 0 ? 0 : static_cast<__mmask16>((1u << valid) - 1));
-      const __mmask16 m1 = valid >= 32 ? 0xffff : (valid <= 16 ? 0 : static_cast<__mmask16>((1u << (valid - 16)) - 1));
-      const __m512i v0 = _mm512_castps_si512(_mm512_maskz_loadu_ps(m0, s + k));
-      const __m512i v1 = _mm512_castps_si512(_mm512_maskz_loadu_ps(m1, s + k + 16));
-      low_bits = _mm512_or_si512(low_bits, _mm512_or_si512(v0, v1));
-      const __m512i bf = _mm512_permutex2var_epi16(v0, odd, v1);
-      _mm512_store_si512(pairs + i * ldp + k / 2, _mm512_rol_epi32(bf, 16));
-    }
-    const bool exact = _mm512_test_epi32_mask(low_bits, _mm512_set1_epi32(0xffff)) == 0;
-    terms[i] = exact ? 1 : 3;
-  }
-}
-
 void Bf16Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  for (int64_t i = i0; i < i1; ++i) {
-    if (p.terms[i] != 1) {  // a row that is not bf16-exact: the avx2 kernels (the same bits)
-      avx2::Bf16Compute(p, i0, i1, j0, j1);
-      return;
-    }
-  }
-  Bf16Tiles(p, i0, i1, j0, j1);
+  Tiles<uint16_t>(p, i0, i1, j0, j1);
 }
 
 int64_t Int8PreparedBytes(int64_t m, int64_t n_in) { return RoundUp(m * Int8Stride(n_in), 64); }
@@ -320,7 +307,7 @@ void Int8Compute(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64
     const char* pf_end = rn > 0 ? reinterpret_cast<const char*>(w.data + (jn + rn - 1) * w.ld + w.n_in) : pf;
     for (int64_t i = i0; i < i1; i += 4) {
       const int mg = static_cast<int>(Min(4, i1 - i));
-      kInt8.fn[mg - 1][r - 1](xu + i * ldx, ldx, w.data + j * w.ld, w.ld, w.n_in, acc, wsum, pf,
+      kInt8.fn[i == i0 ? 1 : 0][mg - 1][r - 1](xu + i * ldx, ldx, w.data + j * w.ld, w.ld, w.n_in, acc, wsum, pf,
                               i == i0 ? pf_end : pf);
       for (int ii = 0; ii < mg; ++ii) {
         for (int rr = 0; rr < r; ++rr) {

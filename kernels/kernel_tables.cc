@@ -16,9 +16,11 @@ constexpr FloatKernels kAvx2Bf16{1, kAvx2McMax, &avx2::Bf16PreparedBytes, &avx2:
 constexpr Int8Kernels kAvx2Int8{1, 512, &avx2::Int8PreparedBytes, &avx2::Int8Prepare,
                                 &avx2::Int8Compute};
 
-// avx512: BF16 tasks run 12-row microkernels against packed 32-row panels; rows per task as
-// for avx2 (panels are packed once per task).
-constexpr FloatKernels kAvx512Bf16{1, 512, &avx512::Bf16PreparedBytes, &avx512::Bf16Prepare,
+// avx512: 12-row microkernels against packed 32-row panels, for any m; rows per task as for
+// avx2 (panels are packed once per task). x is prepared as for avx2 (fp32 rows).
+constexpr FloatKernels kAvx512F32{1, 512, &avx2::F32PreparedBytes, &avx2::F32Prepare,
+                                  &avx512::F32Compute};
+constexpr FloatKernels kAvx512Bf16{1, 512, &avx2::Bf16PreparedBytes, &avx2::Bf16Prepare,
                                    &avx512::Bf16Compute};
 // Dot products over k with the task's rows in groups of 4: the weight block is re-read from
 // L1/L2 per group, so tasks keep few rows (their x stays in L2).
@@ -31,7 +33,7 @@ constexpr Int8Kernels kAmxInt8{16, 256, &amx::Int8PreparedBytes, &amx::Int8Prepa
 }  // namespace
 
 const KernelTable kAvx2Table{Isa::kAvx2, kAvx2F32, kAvx2Bf16, kAvx2Int8};
-const KernelTable kAvx512Table{Isa::kAvx512, kAvx2F32, kAvx512Bf16, kAvx512Int8};
-const KernelTable kAmxTable{Isa::kAmx, kAvx2F32, kAvx512Bf16, kAmxInt8};
+const KernelTable kAvx512Table{Isa::kAvx512, kAvx512F32, kAvx512Bf16, kAvx512Int8};
+const KernelTable kAmxTable{Isa::kAmx, kAvx512F32, kAvx512Bf16, kAmxInt8};
 
 }  // namespace pdserve::kernels::internal
