@@ -116,6 +116,15 @@ void Epilogue(const int32_t* c, const Int8Problem& p, int64_t i, int ni, int64_t
   }
 }
 
+// k steps (64 k) per block: 32 weight rows x 16 steps = 32 KiB of A tiles, reused from L1 by
+// every pair of x-row groups of the task.
+constexpr int64_t kStepsPerBlock = 16;
+// Rows of x per task (kernel_tables.cc: the amx INT8 mc_max) and the partial C tiles they need.
+constexpr int64_t kMaxTaskRows = 256;
+struct alignas(64) Partials {
+  int32_t c[kMaxTaskRows / 32][4][256];
+};
+
 // Prefetch distance along each weight row (bytes), into L2: the A tiles read 32 rows at once,
 // more streams than the hardware prefetcher follows.
 constexpr int64_t kPrefetchAhead = 1024;
@@ -168,54 +177,78 @@ void Int8Compute(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64
   const int8_t* xb = static_cast<const int8_t*>(p.xp);
   alignas(64) int8_t pad0[kTileBytes], pad1[kTileBytes];
   alignas(64) int32_t c[4][256];
+  // Partial C tiles of every pair of x-row groups between k blocks (a task has at most 256
+  // rows: 8 pairs x 4 tiles x 1 KiB).
+  static thread_local Partials partials;
   ConfigureTiles();
   for (int64_t j = j0; j < j1; j += 32) {
     const int nj = static_cast<int>(Min(32, j1 - j));
     const bool two_a = nj > 16;
-    for (int64_t i = i0; i < i1; i += 32) {
-      const int ni = static_cast<int>(Min(32, i1 - i));
-      const bool two_b = ni > 16;
-      const int8_t* b0 = xb + (i / 16) * steps * kTileBytes;
-      const int8_t* b1 = b0 + steps * kTileBytes;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t s = 0; s < steps; ++s) {
-        const int64_t k = s * 64;
-        if (i == i0) {
-          for (int r = 0; r < nj; ++r) {
-            _mm_prefetch(reinterpret_cast<const char*>(p.w.data + (j + r) * p.w.ld + k) + kPrefetchAhead, _MM_HINT_T1);
+    // k blocks of kStepsPerBlock steps: the block's A tiles (32 rows x 1 KiB) stay in L1
+    // while every pair of x-row groups passes over them.
+    for (int64_t s0 = 0; s0 < steps; s0 += kStepsPerBlock) {
+      const int64_t s1 = Min(steps, s0 + kStepsPerBlock);
+      const bool first = s0 == 0, last = s1 == steps;
+      for (int64_t i = i0, pair = 0; i < i1; i += 32, ++pair) {
+        const int ni = static_cast<int>(Min(32, i1 - i));
+        const bool two_b = ni > 16;
+        const int8_t* b0 = xb + (i / 16) * steps * kTileBytes;
+        const int8_t* b1 = b0 + steps * kTileBytes;
+        int32_t* saved = partials.c[pair][0];
+        if (first) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        } else {
+          PDSERVE_TILE_LOAD(0, saved, 64);
+          PDSERVE_TILE_LOAD(1, saved + 256, 64);
+          PDSERVE_TILE_LOAD(2, saved + 512, 64);
+          PDSERVE_TILE_LOAD(3, saved + 768, 64);
+        }
+        for (int64_t s = s0; s < s1; ++s) {
+          const int64_t k = s * 64;
+          if (i == i0) {
+            for (int r = 0; r < nj; ++r) {
+              _mm_prefetch(reinterpret_cast<const char*>(p.w.data + (j + r) * p.w.ld + k) + kPrefetchAhead, _MM_HINT_T1);
+            }
+          }
+          int64_t sa0, sa1 = 64;
+          const int8_t* a0 = ATile(p.w, j, k, pad0, &sa0);
+          PDSERVE_TILE_LOAD(4, a0, sa0);
+          PDSERVE_TILE_LOAD(6, b0 + s * kTileBytes, 64);
+          _tile_dpbssd(0, 4, 6);
+          if (two_b) {
+            PDSERVE_TILE_LOAD(7, b1 + s * kTileBytes, 64);
+            _tile_dpbssd(1, 4, 7);
+          }
+          if (two_a) {
+            const int8_t* a1 = ATile(p.w, j + 16, k, pad1, &sa1);
+            PDSERVE_TILE_LOAD(5, a1, sa1);
+            _tile_dpbssd(2, 5, 6);
+            if (two_b) _tile_dpbssd(3, 5, 7);
           }
         }
-        int64_t sa0, sa1 = 64;
-        const int8_t* a0 = ATile(p.w, j, k, pad0, &sa0);
-        PDSERVE_TILE_LOAD(4, a0, sa0);
-        PDSERVE_TILE_LOAD(6, b0 + s * kTileBytes, 64);
-        _tile_dpbssd(0, 4, 6);
+        if (!last) {
+          PDSERVE_TILE_STORE(0, saved, 64);
+          PDSERVE_TILE_STORE(1, saved + 256, 64);
+          PDSERVE_TILE_STORE(2, saved + 512, 64);
+          PDSERVE_TILE_STORE(3, saved + 768, 64);
+          continue;
+        }
+        PDSERVE_TILE_STORE(0, c[0], 64);
+        Epilogue(c[0], p, i, ni < 16 ? ni : 16, j, nj < 16 ? nj : 16);
         if (two_b) {
-          PDSERVE_TILE_LOAD(7, b1 + s * kTileBytes, 64);
-          _tile_dpbssd(1, 4, 7);
+          PDSERVE_TILE_STORE(1, c[1], 64);
+          Epilogue(c[1], p, i + 16, ni - 16, j, nj < 16 ? nj : 16);
         }
         if (two_a) {
-          const int8_t* a1 = ATile(p.w, j + 16, k, pad1, &sa1);
-          PDSERVE_TILE_LOAD(5, a1, sa1);
-          _tile_dpbssd(2, 5, 6);
-          if (two_b) _tile_dpbssd(3, 5, 7);
-        }
-      }
-      PDSERVE_TILE_STORE(0, c[0], 64);
-      Epilogue(c[0], p, i, ni < 16 ? ni : 16, j, nj < 16 ? nj : 16);
-      if (two_b) {
-        PDSERVE_TILE_STORE(1, c[1], 64);
-        Epilogue(c[1], p, i + 16, ni - 16, j, nj < 16 ? nj : 16);
-      }
-      if (two_a) {
-        PDSERVE_TILE_STORE(2, c[2], 64);
-        Epilogue(c[2], p, i, ni < 16 ? ni : 16, j + 16, nj - 16);
-        if (two_b) {
-          PDSERVE_TILE_STORE(3, c[3], 64);
-          Epilogue(c[3], p, i + 16, ni - 16, j + 16, nj - 16);
+          PDSERVE_TILE_STORE(2, c[2], 64);
+          Epilogue(c[2], p, i, ni < 16 ? ni : 16, j + 16, nj - 16);
+          if (two_b) {
+            PDSERVE_TILE_STORE(3, c[3], 64);
+            Epilogue(c[3], p, i + 16, ni - 16, j + 16, nj - 16);
+          }
         }
       }
     }

@@ -267,6 +267,151 @@ struct Int8Table {
 };
 constexpr Int8Table kInt8;
 
+// Outer-product layout for tasks of >= kInt8TilesMinRows rows: 32 weight rows x kInt8Kc k are
+// packed as [k quad][16 outputs] dwords (16x16 dword transposes), and their sums over k as one
+// vector per panel; a microkernel of up to 12 x rows x 2 panels runs 24 int32 accumulators:
+// per quad 2 panel loads, 12 broadcasts of x quads, 24 vpdpbusd. Partial sums between k blocks
+// are parked in y (int32 bits in the fp32 slots when dequantizing); the last block applies the
+// correction and the epilogue.
+constexpr int64_t kInt8Kc = 1024;  // 2 panels of 256 quads x 16 dwords = 32 KiB, in L1
+constexpr int64_t kInt8TilesMinRows = 4;
+
+struct alignas(64) Int8PanelBuffer {
+  uint32_t d[2][kInt8Kc / 4][16];
+};
+
+// Packs weight rows [0, n_rows) (<= 16; missing rows zero) x k in [k0, k0 + kc) (k >= n_in zero)
+// into dst[quad][16]; adds each row's sum of weights over these k to *wsum (lane = row).
+void PackInt8Panel(const int8_t* w, int64_t ld, int64_t n_in, int n_rows, int64_t k0, int64_t kc,
+                   uint32_t* dst, __m512i* wsum) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t s = 0; s < kc; s += 64) {
+    const int64_t k = k0 + s, valid = n_in - k;
+    const __mmask64 mask = valid >= 64 ? ~__mmask64{0} : (valid <= 0 ? 0 : (__mmask64{1} << valid) - 1);
+    __m512i r[16];
+    for (int t = 0; t < 16; ++t) {
+      r[t] = t < n_rows ? _mm512_maskz_loadu_epi8(mask, w + t * ld + k) : _mm512_setzero_si512();
+    }
+    Transpose16(r);  // r[q]: quad q (k + 4q .. k + 4q + 3) of the 16 rows
+    const int quads = static_cast<int>(kc - s < 64 ? (kc - s + 3) / 4 : 16);
+    for (int q = 0; q < quads; ++q) {
+      _mm512_store_si512(dst + (s / 4 + q) * 16, r[q]);
+      *wsum = _mm512_dpbusd_epi32(*wsum, ones, r[q]);
+    }
+  }
+}
+
+template <int M, int NP>
+void Int8MicroKernel(const uint8_t* x, int64_t ldx, const uint32_t* panels, int64_t panel_stride,
+                     int64_t quads, const Int8Problem& p, int64_t i, int64_t j, int n_rows,
+                     bool first, bool last, const __m512i* wsum) {
+  const __mmask16 m0 = n_rows >= 16 ? 0xffff : static_cast<__mmask16>((1u << n_rows) - 1);
+  const __mmask16 m1 = n_rows >= 32 ? 0xffff : (n_rows <= 16 ? 0 : static_cast<__mmask16>((1u << (n_rows - 16)) - 1));
+  int32_t* yi = static_cast<int32_t*>(p.y);  // int32 view of the output slots
+  __m512i acc[M][NP];
+#pragma GCC unroll 12
+  for (int r = 0; r < M; ++r) {
+    if (first) {
+      acc[r][0] = _mm512_setzero_si512();
+      if constexpr (NP == 2) acc[r][1] = _mm512_setzero_si512();
+    } else {
+      acc[r][0] = _mm512_maskz_loadu_epi32(m0, yi + (i + r) * p.ldy + j);
+      if constexpr (NP == 2) acc[r][1] = _mm512_maskz_loadu_epi32(m1, yi + (i + r) * p.ldy + j + 16);
+    }
+  }
+  const uint32_t* p1 = panels + panel_stride;
+  for (int64_t q = 0; q < quads; ++q) {
+    const __m512i w0 = _mm512_load_si512(panels + q * 16);
+    __m512i w1 = w0;
+    if constexpr (NP == 2) w1 = _mm512_load_si512(p1 + q * 16);
+#pragma GCC unroll 12
+    for (int r = 0; r < M; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, x + r * ldx + 4 * q, 4);
+      const __m512i xb = _mm512_set1_epi32(quad);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], xb, w0);
+      if constexpr (NP == 2) acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], xb, w1);
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 12
+    for (int r = 0; r < M; ++r) {
+      _mm512_mask_storeu_epi32(yi + (i + r) * p.ldy + j, m0, acc[r][0]);
+      if constexpr (NP == 2) _mm512_mask_storeu_epi32(yi + (i + r) * p.ldy + j + 16, m1, acc[r][1]);
+    }
+    return;
+  }
+  const __m512i c0 = _mm512_slli_epi32(wsum[0], 7);
+  const __m512i c1 = _mm512_slli_epi32(wsum[1], 7);
+  __m512 ws0 = _mm512_setzero_ps(), ws1 = ws0;
+  if (!p.raw) {
+    ws0 = _mm512_maskz_loadu_ps(m0, p.w.scales + j);
+    if constexpr (NP == 2) ws1 = _mm512_maskz_loadu_ps(m1, p.w.scales + j + 16);
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < M; ++r) {
+    const __m512i v0 = _mm512_sub_epi32(acc[r][0], c0);  // wraps: exact
+    __m512i v1 = v0;
+    if constexpr (NP == 2) v1 = _mm512_sub_epi32(acc[r][1], c1);
+    if (p.raw) {
+      _mm512_mask_storeu_epi32(yi + (i + r) * p.ldy + j, m0, v0);
+      if constexpr (NP == 2) _mm512_mask_storeu_epi32(yi + (i + r) * p.ldy + j + 16, m1, v1);
+    } else {
+      float* yf = static_cast<float*>(p.y) + (i + r) * p.ldy + j;
+      const __m512 xs = _mm512_set1_ps(p.x_scales[i + r]);
+      _mm512_mask_storeu_ps(yf, m0, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v0), xs), ws0));
+      if constexpr (NP == 2) {
+        _mm512_mask_storeu_ps(yf + 16, m1, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v1), xs), ws1));
+      }
+    }
+  }
+}
+
+using Int8MicroFn = void (*)(const uint8_t*, int64_t, const uint32_t*, int64_t, int64_t,
+                             const Int8Problem&, int64_t, int64_t, int, bool, bool, const __m512i*);
+template <int NP, int... Ms>
+constexpr void FillInt8MicroRow(Int8MicroFn* row, std::integer_sequence<int, Ms...>) {
+  ((row[Ms] = &Int8MicroKernel<Ms + 1, NP>), ...);
+}
+struct Int8MicroTable {
+  Int8MicroFn fn[2][kMr];
+  constexpr Int8MicroTable() : fn{} {
+    FillInt8MicroRow<1>(fn[0], std::make_integer_sequence<int, kMr>{});
+    FillInt8MicroRow<2>(fn[1], std::make_integer_sequence<int, kMr>{});
+  }
+};
+constexpr Int8MicroTable kInt8Micro;
+
+void Int8Tiles(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  static thread_local Int8PanelBuffer buf;
+  const Int8WeightView& w = p.w;
+  const int64_t n_in = w.n_in, ldx = RoundUp(n_in, 64);
+  const uint8_t* x = static_cast<const uint8_t*>(p.xp);
+  for (int64_t j = j0; j < j1; j += 32) {
+    const int n_rows = static_cast<int>(Min(32, j1 - j));
+    const int np = n_rows > 16 ? 2 : 1;
+    __m512i wsum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int64_t k0 = 0; k0 < n_in; k0 += kInt8Kc) {
+      const int64_t kc = Min(kInt8Kc, n_in - k0);
+      const int64_t kn = k0 + kc < n_in ? k0 + kc : 0;
+      const int64_t jn = k0 + kc < n_in ? j : j + 32;
+      const int64_t bytes = Min(kInt8Kc, n_in - kn);
+      for (int t = 0; t < 32 && jn + t < w.n_out; ++t) {
+        const char* row = reinterpret_cast<const char*>(w.data + (jn + t) * w.ld + kn);
+        for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+      }
+      PackInt8Panel(w.data + j * w.ld, w.ld, n_in, n_rows < 16 ? n_rows : 16, k0, kc, &buf.d[0][0][0], &wsum[0]);
+      if (np == 2) PackInt8Panel(w.data + (j + 16) * w.ld, w.ld, n_in, n_rows - 16, k0, kc, &buf.d[1][0][0], &wsum[1]);
+      const bool last = k0 + kc >= n_in;
+      for (int64_t i = i0; i < i1; i += kMr) {
+        const int mr = static_cast<int>(Min(kMr, i1 - i));
+        kInt8Micro.fn[np - 1][mr - 1](x + i * ldx + k0, ldx, &buf.d[0][0][0], kInt8Kc / 4 * 16,
+                                      (kc + 3) / 4, p, i, j, n_rows, k0 == 0, last, wsum);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // Tasks of fewer than kTilesMinRows rows take avx2's weight-streaming kernel: the same bits, and
@@ -306,6 +451,10 @@ void Int8Prepare(const int8_t* x, int64_t ldx, int64_t m, int64_t i0, int64_t i1
 }
 
 void Int8Compute(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  if (i1 - i0 >= kInt8TilesMinRows) {
+    Int8Tiles(p, i0, i1, j0, j1);
+    return;
+  }
   const Int8WeightView& w = p.w;
   const uint8_t* xu = static_cast<const uint8_t*>(p.xp);
   const int64_t ldx = Int8Stride(w.n_in);
