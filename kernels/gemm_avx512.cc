@@ -209,6 +209,88 @@ void Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1
   }
 }
 
+// Decode rows (1-3): 64 weight rows (4 panels) x kKcDecode k per pack, so each x row keeps 4
+// independent chains (the FMA latency is 4 cycles); packing costs ~0.19 shuffle-port cycles
+// per weight against 0.375 for avx2's in-register 8x8 transposes.
+constexpr int64_t kKcDecode = 128;  // 4 panels x 128 k x 16 fp32 = 32 KiB
+
+template <int M>
+void DecodeKernel(const float* x, int64_t ldx, const float* panels, int64_t kc, float* y,
+                  int64_t ldy, int n_rows, bool first) {
+  __mmask16 mask[4];
+  for (int q = 0; q < 4; ++q) {
+    const int n = n_rows - 16 * q;
+    mask[q] = n >= 16 ? 0xffff : (n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1));
+  }
+  __m512 acc[M][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      acc[i][q] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[q], y + i * ldy + 16 * q);
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 w[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) w[q] = _mm512_load_ps(panels + (q * kKcDecode + k) * 16);
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) {
+      const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) acc[i][q] = _mm512_fmadd_ps(xb, w[q], acc[i][q]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) _mm512_mask_storeu_ps(y + i * ldy + 16 * q, mask[q], acc[i][q]);
+  }
+}
+
+struct alignas(64) DecodeBuffer {
+  float d[4][kKcDecode][16];
+};
+
+template <typename T>
+void DecodeTiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  static thread_local DecodeBuffer buf;
+  const T* w = static_cast<const T*>(p.w.data);
+  const int64_t ld = p.w.ld, n_in = p.w.n_in, ldx = F32Stride(n_in);
+  const float* x = static_cast<const float*>(p.xp);
+  const int m = static_cast<int>(i1 - i0);
+  for (int64_t j = j0; j < j1; j += 64) {
+    const int n_rows = static_cast<int>(Min(64, j1 - j));
+    for (int64_t k0 = 0; k0 < n_in; k0 += kKcDecode) {
+      const int64_t kc = Min(kKcDecode, n_in - k0);
+      // Prefetch the block after the next one into L2 (same rows further on, or the next
+      // rows' start): one line per row per 64 bytes of it.
+      const int64_t kn = k0 + kc < n_in ? k0 + kc : 0;
+      const int64_t jn = k0 + kc < n_in ? j : j + 64;
+      const int64_t bytes = Min(kKcDecode, n_in - kn) * static_cast<int64_t>(sizeof(T));
+      for (int t = 0; t < 64 && jn + t < p.w.n_out; ++t) {
+        const char* row = reinterpret_cast<const char*>(w + (jn + t) * ld + kn);
+        for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+      }
+      for (int q = 0; q < 4; ++q) {
+        const int nq = n_rows - 16 * q;
+        if (nq > 0) {
+          PackPanel(w + (j + 16 * q) * ld, ld, n_in, nq < 16 ? nq : 16, k0, kc, &buf.d[q][0][0]);
+        } else {
+          for (int64_t k = 0; k < kc; ++k) _mm512_store_ps(&buf.d[q][k][0], _mm512_setzero_ps());
+        }
+      }
+      const float* xk = x + i0 * ldx + k0;
+      float* yk = p.y + i0 * p.ldy + j;
+      switch (m) {
+        case 1: DecodeKernel<1>(xk, ldx, &buf.d[0][0][0], kc, yk, p.ldy, n_rows, k0 == 0); break;
+        case 2: DecodeKernel<2>(xk, ldx, &buf.d[0][0][0], kc, yk, p.ldy, n_rows, k0 == 0); break;
+        default: DecodeKernel<3>(xk, ldx, &buf.d[0][0][0], kc, yk, p.ldy, n_rows, k0 == 0); break;
+      }
+    }
+  }
+}
+
 // ---- INT8 -------------------------------------------------------------------------------------
 
 inline int64_t Int8Stride(int64_t n_in) { return RoundUp(n_in, 64); }
@@ -421,20 +503,26 @@ void Int8Tiles(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t
 
 }  // namespace
 
-// Tasks of fewer than kTilesMinRows rows take avx2's weight-streaming kernel: the same bits, and
-// from DRAM it kept closer to the read bandwidth than packing panels for 1-3 rows (bench_isa).
+// Tasks of fewer than kTilesMinRows rows: the 4-panel decode kernel for rows of >= 1024 k, else
+// avx2's in-register streaming kernel (short rows: per-block packing and prefetch overheads
+// dominated, bench_isa GEMV 3072x384 and 1024x256). All give the same bits.
 constexpr int64_t kTilesMinRows = 4;
+constexpr int64_t kDecodeTilesMinK = 1024;
 
 void F32Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  if (i1 - i0 < kTilesMinRows) {
+  if (i1 - i0 < kTilesMinRows && p.w.n_in < kDecodeTilesMinK) {
     avx2::F32Compute(p, i0, i1, j0, j1);
+  } else if (i1 - i0 < kTilesMinRows) {
+    DecodeTiles<float>(p, i0, i1, j0, j1);
   } else {
     Tiles<float>(p, i0, i1, j0, j1);
   }
 }
 void Bf16Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  if (i1 - i0 < kTilesMinRows) {
+  if (i1 - i0 < kTilesMinRows && p.w.n_in < kDecodeTilesMinK) {
     avx2::Bf16Compute(p, i0, i1, j0, j1);
+  } else if (i1 - i0 < kTilesMinRows) {
+    DecodeTiles<uint16_t>(p, i0, i1, j0, j1);
   } else {
     Tiles<uint16_t>(p, i0, i1, j0, j1);
   }

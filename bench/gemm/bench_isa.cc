@@ -3,7 +3,8 @@
 //   * compute peaks per level: register-only loops of the instruction each kernel is built on
 //     (fp32 FMA ymm, vpmaddwd+vpaddd; vdpbf16ps, vpdpbusd zmm; tdpbssd, and tdpbf16ps for
 //     reference) on all threads;
-//   * read bandwidth: streaming sums over 1 GiB on all threads.
+//   * read bandwidth: streaming sums over 1 GiB on all threads (best of 1, 4 and 8 streams per
+//     thread, with and without software prefetch).
 // Sections, each per level:
 //   gemv:    m = 1, weights rotated over 1 GiB (read from DRAM, as in a decode step), BF16 and
 //            W8A8 (activation quantization included): GB/s of weights and share of the read
@@ -81,6 +82,35 @@ double HotReadBandwidthGBps(int threads) {
     if (l[0] < 0) std::printf(" ");
     return 200.0 * buf.size() * 4 / sec / 1e9;
   });
+}
+
+// Read bandwidth over 1 GiB with each thread's slice read as `streams` interleaved sequential
+// streams, optionally with software prefetch 2 KiB ahead (what the GEMV kernels do): the
+// roofline is the best of these and of bench_util's single-stream probe, so a kernel that
+// prefetches is not measured against a probe that does not.
+double StreamsReadGBps(const std::vector<float>& buf, int threads, int streams, bool prefetch) {
+  const size_t n = buf.size();
+  const auto t0 = Clock::now();
+  const double sum = OnThreads(threads, [&](int t) {
+    const size_t begin = n / threads * t, len = n / threads / streams / 32 * 32;
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (size_t i = 0; i < len; i += 16) {
+      for (int s = 0; s < streams; ++s) {
+        const float* p = &buf[begin + s * len + i];
+        if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(p) + 2048, _MM_HINT_T0);
+        acc[s] = _mm256_add_ps(acc[s], _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)));
+      }
+    }
+    alignas(32) float l[8];
+    __m256 tot = _mm256_setzero_ps();
+    for (int s = 0; s < streams; ++s) tot = _mm256_add_ps(tot, acc[s]);
+    _mm256_store_ps(l, tot);
+    return static_cast<double>(l[0]);
+  });
+  const double sec = SecondsSince(t0);
+  if (sum < 0) std::printf(" ");
+  return static_cast<double>(n) * 4 / sec / 1e9;
 }
 
 struct Shape {
@@ -163,7 +193,15 @@ int Main(int argc, char** argv) {
     amx_bf16 = Peak(&AmxBf16Gmacs, threads, rounds, it / 64);
     ceil[2] = {fma_zmm, amx_i8};
   }
-  const double bw = ReadBandwidthGBps(threads, rounds + 2);
+  double bw = ReadBandwidthGBps(threads, rounds + 2);
+  {
+    std::vector<float> buf((size_t{1} << 30) / 4, 1.0f);
+    for (int r = 0; r < rounds + 1; ++r) {
+      for (int streams : {1, 4, 8}) {
+        for (bool pf : {false, true}) bw = std::max(bw, StreamsReadGBps(buf, threads, streams, pf));
+      }
+    }
+  }
   double hot_bw = 0;
   for (int r = 0; r < rounds + 2; ++r) hot_bw = std::max(hot_bw, HotReadBandwidthGBps(threads));
   std::snprintf(line, sizeof(line),
@@ -186,7 +224,7 @@ int Main(int argc, char** argv) {
     add(line);
   }
   std::snprintf(line, sizeof(line),
-                "\nRead bandwidth (1 GiB, %d threads): **%.1f GB/s**; from L2 (512 KiB per thread): %.1f GB/s\n",
+                "\nRead bandwidth (1 GiB, %d threads, best of 1/4/8 streams per thread with and without prefetch): **%.1f GB/s**; from L2 (512 KiB per thread): %.1f GB/s\n",
                 threads, bw, hot_bw);
   add(line);
   j["ceilings"] = {{"load_average", load0}, {"fma_ymm_gmacs", fma_ymm}, {"vpmaddwd_ymm_gmacs", madd_ymm},
