@@ -179,7 +179,7 @@ void Int8Compute(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64
   alignas(64) int32_t c[4][256];
   // Partial C tiles of every pair of x-row groups between k blocks (a task has at most 256
   // rows: 8 pairs x 4 tiles x 1 KiB).
-  static thread_local Partials partials;
+  Partials& partials = *static_cast<Partials*>(ThreadScratch(3, sizeof(Partials)));
   ConfigureTiles();
   for (int64_t j = j0; j < j1; j += 32) {
     const int nj = static_cast<int>(Min(32, j1 - j));

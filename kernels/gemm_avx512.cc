@@ -180,7 +180,7 @@ struct alignas(64) PanelBuffer {
 // microkernels over the rows in blocks of kMr.
 template <typename T>
 void Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  static thread_local PanelBuffer buf;
+  PanelBuffer& buf = *static_cast<PanelBuffer*>(ThreadScratch(0, sizeof(PanelBuffer)));
   const T* w = static_cast<const T*>(p.w.data);
   const int64_t ld = p.w.ld, n_in = p.w.n_in, ldx = F32Stride(n_in);
   const float* x = static_cast<const float*>(p.xp);
@@ -254,7 +254,7 @@ struct alignas(64) DecodeBuffer {
 
 template <typename T>
 void DecodeTiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  static thread_local DecodeBuffer buf;
+  DecodeBuffer& buf = *static_cast<DecodeBuffer*>(ThreadScratch(1, sizeof(DecodeBuffer)));
   const T* w = static_cast<const T*>(p.w.data);
   const int64_t ld = p.w.ld, n_in = p.w.n_in, ldx = F32Stride(n_in);
   const float* x = static_cast<const float*>(p.xp);
@@ -472,7 +472,7 @@ struct Int8MicroTable {
 constexpr Int8MicroTable kInt8Micro;
 
 void Int8Tiles(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  static thread_local Int8PanelBuffer buf;
+  Int8PanelBuffer& buf = *static_cast<Int8PanelBuffer*>(ThreadScratch(2, sizeof(Int8PanelBuffer)));
   const Int8WeightView& w = p.w;
   const int64_t n_in = w.n_in, ldx = RoundUp(n_in, 64);
   const uint8_t* x = static_cast<const uint8_t*>(p.xp);

@@ -76,6 +76,14 @@ struct KernelTable {
   Int8Kernels int8;
 };
 
+// Per-thread scratch for the kernels of the wider levels: 64-byte aligned, at least `bytes`,
+// grow-only, one buffer per slot (a kernel uses its own slot), heap-allocated and freed when the
+// thread ends. (Large `static thread_local` arrays would sit in every thread's static TLS,
+// which glibc carves out of the thread's stack: threads created with small stacks, such as the
+// metrics server's, then fail to start.) Defined in kernel_tables.cc (baseline code).
+inline constexpr int kScratchSlots = 4;
+void* ThreadScratch(int slot, int64_t bytes);
+
 // Tables of each level, defined in the level's own files (compiled with its flags).
 extern const KernelTable kAvx2Table;
 extern const KernelTable kAvx512Table;

@@ -1,5 +1,6 @@
 // The kernel table of each ISA level (kernel_table.h). Only function addresses here: the
 // functions live in files compiled with their level's flags.
+#include "kernels/gemm_plan.h"
 #include "kernels/isa_kernels.h"
 
 namespace pdserve::kernels::internal {
@@ -31,6 +32,11 @@ constexpr Int8Kernels kAmxInt8{16, 256, &amx::Int8PreparedBytes, &amx::Int8Prepa
                                &amx::Int8Compute};
 
 }  // namespace
+
+void* ThreadScratch(int slot, int64_t bytes) {
+  thread_local AlignedBuffer buffers[kScratchSlots];
+  return buffers[slot].Get(bytes);
+}
 
 const KernelTable kAvx2Table{Isa::kAvx2, kAvx2F32, kAvx2Bf16, kAvx2Int8};
 const KernelTable kAvx512Table{Isa::kAvx512, kAvx512F32, kAvx512Bf16, kAvx512Int8};
