@@ -1,4 +1,4 @@
-// The prefill path of GemmInt8: m is large, so the multiply units set the pace.
+// The avx2 level's prefill path of GemmInt8: m is large, so the multiply units set the pace.
 //
 // A task covers (up to kMcMax rows of x) x (up to kNcMax weight rows). It walks k in blocks of
 // kKc; per block it widens its weight rows to int16 into a thread-local panel buffer laid out
@@ -30,7 +30,6 @@ constexpr int kNr = 16;  // weight rows (outputs) per microkernel: two ymm of in
 // panel buffer of kKc x kNcMax int16 = 256 KiB stays in L2, the 6 x kKc int16 block of x in L1.
 constexpr int64_t kKc = 512;  // even
 constexpr int64_t kNcMax = 256;
-constexpr int64_t kMcMax = 512;
 
 class PanelScratch {
  public:
@@ -202,29 +201,14 @@ using MicroKernelFn = void (*)(int64_t, const int16_t* const*, const int16_t*, v
 constexpr MicroKernelFn kMicroKernels[kMr] = {&MicroKernel<1>, &MicroKernel<2>, &MicroKernel<3>,
                                               &MicroKernel<4>, &MicroKernel<5>, &MicroKernel<6>};
 
-}  // namespace
-
-void TiledTaskGrid(int64_t m, int64_t n, int n_threads, int64_t* mc_out, int64_t* nc_out) {
-  int64_t mb = (m + kMcMax - 1) / kMcMax;
-  int64_t nb = (n + kNcMax - 1) / kNcMax;
-  while (nb * mb < 2 * n_threads) {
-    if (m / (mb + 1) >= 4 * kMr) {
-      ++mb;
-    } else if (n / (nb + 1) >= 2 * kNr) {
-      ++nb;
-    } else {
-      break;
-    }
-  }
-  *mc_out = ((m + mb - 1) / mb + kMr - 1) / kMr * kMr;
-  *nc_out = ((n + nb - 1) / nb + kNr - 1) / kNr * kNr;
-}
-
-void GemmInt8Tiled(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+// Outputs [j0, j1) (at most kNcMax) of rows [i0, i1).
+void TiledBlock(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   thread_local PanelScratch scratch;
   const int64_t n_panels = (j1 - j0 + kNr - 1) / kNr;
   int16_t* panels = scratch.Get(kKc * n_panels * kNr);
   const int64_t n_in = p.w.n_in;
+  const int16_t* x16 = static_cast<const int16_t*>(p.xp);
+  const int64_t ldx16 = WidenedStride(n_in);
   const size_t elem = 4;  // fp32 and int32 outputs have the same size
   uint8_t* y = static_cast<uint8_t*>(p.y);
   for (int64_t k0 = 0; k0 < n_in; k0 += kKc) {
@@ -234,7 +218,7 @@ void GemmInt8Tiled(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int
     for (int64_t i = i0; i < i1; i += kMr) {
       const int mr = static_cast<int>(std::min<int64_t>(kMr, i1 - i));
       const int16_t* xr[kMr];
-      for (int r = 0; r < mr; ++r) xr[r] = p.x16 + (i + r) * p.ldx16 + k0;
+      for (int r = 0; r < mr; ++r) xr[r] = x16 + (i + r) * ldx16 + k0;
       const float* xs = p.raw ? nullptr : p.x_scales + i;
       for (int64_t pn = 0; pn < n_panels; ++pn) {
         const int64_t j = j0 + pn * kNr;
@@ -243,6 +227,15 @@ void GemmInt8Tiled(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j0, int
                               k0 > 0, last, p.raw, xs, p.raw ? nullptr : p.w.scales + j);
       }
     }
+  }
+}
+
+}  // namespace
+
+void GemmInt8Tiled(const Int8Problem& p, int64_t i0, int64_t i1, int64_t j_begin, int64_t j_end) {
+  // Output blocks of at most kNcMax, so the panels stay in L2.
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kNcMax) {
+    TiledBlock(p, i0, i1, j0, std::min(j_end, j0 + kNcMax));
   }
 }
 
