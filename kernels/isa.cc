@@ -118,7 +118,7 @@ Selection& Selected() {
     }
     if (sel->isa.ok()) {
       sel->table.store(&internal::TableFor(*sel->isa), std::memory_order_release);
-      GetLogger("kernels")->info("kernels ISA: {} ({}); detected {}{}", IsaName(*sel->isa),
+      GetLogger("kernels")->debug("kernels ISA: {} ({}); detected {}{}", IsaName(*sel->isa),
                                  IsaFeatures(*sel->isa), IsaName(detected),
                                  asked.empty() ? "" : ", set by PDSERVE_ISA");
     }
