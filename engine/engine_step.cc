@@ -213,9 +213,7 @@ bool Engine::StepOnce(bool stopping) {
     on_layer = [this](int64_t layer) {
       for (Request* r : exporting_)
         if (r->kv_export.layer_done) r->kv_export.layer_done(layer);
-      if (layer == options_.test_fail_export_at_layer)
-        return Status::Internal("injected test fault: forward failed after layer " + std::to_string(layer));
-      return Status::Ok();
+      return options_.layer_fault_hook ? options_.layer_fault_hook(layer) : Status::Ok();
     };
   }
   const auto t1 = Clock::now();
