@@ -15,6 +15,7 @@
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 #include "model/test_hooks.h"
 
 namespace pdserve::model {
@@ -54,6 +55,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
   const int64_t S = plan.n_rows, K = c.index_topk;
   const float scale = c.AttentionScale();
+  OpScope op_scope(kOpMlaProlog);
 
   // qr = bf16(RMSNorm(bf16(x Wq_a^T)));  q = bf16(qr Wq_b^T), rope on the last dr dims per head.
   std::vector<float> qr(static_cast<size_t>(S * Lq));
@@ -97,6 +99,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   // Sparse selection per query.
   std::vector<int32_t> topk(static_cast<size_t>(S * K), -1);
   PDSERVE_RETURN_IF_ERROR(Indexer(layer, x, qr.data(), plan, step, &topk));
+  op_scope.Switch(kOpAttention);
   for (int64_t s = 0; s < plan.n_seqs(); ++s) {
     const BatchSequence& sq = plan.seqs[s];
     if (!sq.options) continue;
@@ -242,6 +245,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
     kernels::RoundToBf16InPlace(oA.data(), nA * H * dv);
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);
   }
+  op_scope.Switch(kOpOProj);
   PlannedLinear(lw.o, o.data(), plan, out);
   if (comm::TensorParallel* tp = parallel_ ? parallel_->tp() : nullptr) {
     // o_proj is input-sharded by heads: each TP rank holds a partial sum of every output.
@@ -259,6 +263,7 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
   const int64_t dr = c.qk_rope_head_dim, S = plan.n_rows, K = c.index_topk;
   const float hadamard_scale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5));
+  OpScope op_scope(kOpIndexer);
 
   // Queries: bf16(qr Wiq^T), rope (half-split) on the first dr dims, Hadamard, fp8 per head.
   std::vector<float> iq(static_cast<size_t>(S * IH * ID));
@@ -335,6 +340,7 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
                              t.end, &scores[score_off[t.row]]);
     }
   });
+  op_scope.Switch(kOpIndexerTopk);
   pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
     std::vector<int32_t> scratch;
     for (int64_t i = b; i < e; ++i) {

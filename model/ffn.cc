@@ -9,6 +9,7 @@
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 #include "model/test_hooks.h"
 
 namespace pdserve::model {
@@ -71,6 +72,7 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
     return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
   };
   if (!lw.is_moe) {
+    OpScope op_scope(kOpDenseFfn);
     ForEachGemmPath(x, D, out, D, plan.row_tiled.data(), S, mlp_fn(lw.dense));
     return Status::Ok();
   }
@@ -86,7 +88,9 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
     for (int64_t i = 0; i < sq.n_tokens; ++i)
       forced[static_cast<size_t>(plan.seq_row[s] + i)] = sq.options->forced_experts->data() + (layer * sq.n_tokens + i) * top_k;
   }
+  OpScope op_scope(kOpGate);
   Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data(), forced.empty() ? nullptr : &forced);
+  op_scope.Switch(kOpRoutedExperts);
   for (int64_t s = 0; s < plan.n_seqs(); ++s) {
     const BatchSequence& sq = plan.seqs[s];
     if (sq.options && sq.options->trace)
@@ -131,6 +135,7 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
     }
   }
   if (c.n_shared_experts > 0) {
+    op_scope.Switch(kOpSharedExpert);
     std::vector<float> z(static_cast<size_t>(S * D));
     ForEachGemmPath(x, D, z.data(), D, plan.row_tiled.data(), S, mlp_fn(lw.shared));
     for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];

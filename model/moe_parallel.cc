@@ -21,6 +21,7 @@
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::model {
 
@@ -38,7 +39,9 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   // 1. Routing of every row held here (replicas route identically; the router is E outputs).
   std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
   std::vector<float> weights(static_cast<size_t>(S * top_k));
+  OpScope op_scope(kOpGate);
   if (S > 0) Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data());
+  op_scope.Switch(kOpRoutedExperts);
 
   // 2. The GEMM path of each (row, slot): tiled iff more than 8 rows of the row's group chose
   //    that expert (model/batch.h), counted over the whole group.
@@ -80,12 +83,14 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   // 4. The shared expert on this rank's rows while the exchange is in flight.
   std::vector<float> z(static_cast<size_t>(n * D), 0.0f);
   if (c.n_shared_experts > 0 && n > 0) {
+    op_scope.Switch(kOpSharedExpert);
     ForEachGemmPath(x + rb * D, D, z.data(), D, plan.row_tiled.data() + rb, n, mlp_fn(lw.shared));
     CommTimer timer(&ctx);
     PDSERVE_RETURN_IF_ERROR(ep.Progress().status());
   }
 
   // 5. Local experts over the received rows, ascending expert id, weighted sums per row.
+  op_scope.Switch(kOpRoutedExperts);
   const comm::EpReceived* in = nullptr;
   {
     CommTimer timer(&ctx);
@@ -132,6 +137,7 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   if (S == 0) return Status::Ok();  // a dummy step: nothing of ours to finish
 
   // 6. y = routed + shared, bf16; then every replica gets every row.
+  op_scope.Switch(kOpOther);
   if (c.n_shared_experts > 0)
     for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];
   kernels::RoundToBf16InPlace(y.data(), n * D);

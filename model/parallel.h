@@ -41,6 +41,7 @@
 #include "comm/mpi_comm.h"
 #include "comm/process_groups.h"
 #include "comm/tensor_parallel.h"
+#include "common/op_profile.h"
 #include "common/status.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -116,13 +117,14 @@ struct ParallelStep {
 // index * n_rows / n but never leaving a piece of <= kGemmSmallMMax rows of a tiled row group.
 std::pair<int64_t, int64_t> ReplicaRowRange(const BatchPlan& plan, int n, int index);
 
-// Times a communication call into ctx->comm_seconds().
+// Times a communication call into ctx->comm_seconds() (and the MPI op of a profiled step).
 class CommTimer {
  public:
   explicit CommTimer(const ParallelContext* ctx);
   ~CommTimer();
 
  private:
+  OpScope scope_;
   const ParallelContext* ctx_;
   int64_t start_ns_;
 };

@@ -26,6 +26,7 @@
 
 #include "engine/engine.h"
 #include "model/make_model.h"
+#include "model/profile_ops.h"
 
 namespace pdserve {
 namespace {
@@ -85,6 +86,7 @@ struct Row {
   int64_t context, batch, steps;
   double seconds, tokens_per_s, step_ms, bytes_per_step, roofline_tokens_per_s, ratio, overhead_share;
   double experts_per_layer;
+  nlohmann::json profile = nlohmann::json::object();  // op -> share of decode step time
 };
 
 int Run(int argc, char** argv) {
@@ -93,8 +95,19 @@ int Run(int argc, char** argv) {
   std::vector<int64_t> batches = {1, 4, 16, 64}, contexts = {1024, 8192};
   int64_t steps = 6, warmup = 2, threads = 0;
   std::string kv_format = "fp8";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  bool profile_on = false;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--profile") {
+      profile_on = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "option %s wants a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[i + 1];
     if (k == "--model") model_dir = v;
     else if (k == "--out") out_dir = v;
     else if (k == "--batches") batches = ParseList(v);
@@ -157,6 +170,8 @@ int Run(int argc, char** argv) {
   eo.scheduler.max_num_seqs = std::max<int64_t>(max_b, 1);
   eo.scheduler.max_step_tokens = std::max<int64_t>(512, max_b);
   eo.scheduler.prefill_chunk = 512;
+  OpProfile profile = model::MakeForwardProfile();
+  if (profile_on) eo.profile = &profile;
   auto eng = engine::Engine::Create(eo, &m);
   if (!eng.ok()) {
     std::fprintf(stderr, "%s\n", eng.status().ToString().c_str());
@@ -181,6 +196,8 @@ int Run(int argc, char** argv) {
   const std::vector<int32_t> held = e.HeldBlocks(pid).value();
   std::fprintf(stderr, "prefill of %lld tokens: %.2f s (%.0f tokens/s)\n", static_cast<long long>(base_len), prefill_s,
                base_len / prefill_s);
+  if (profile_on) std::fprintf(stderr, "op profile, prefill of %lld tokens:\n%s", static_cast<long long>(base_len),
+                               profile.Table().c_str());
 
   std::vector<Row> rows;
   for (int64_t ctx : contexts) {
@@ -207,6 +224,7 @@ int Run(int argc, char** argv) {
         ids.push_back(imp->id);
       }
       for (int64_t s = 0; s < warmup; ++s) e.Step();
+      profile.Reset();
       const engine::EngineStats s0 = e.Stats();
       const auto t0 = Clock::now();
       for (int64_t s = 0; s < steps; ++s) e.Step();
@@ -233,10 +251,16 @@ int Run(int argc, char** argv) {
       r.overhead_share = over / (fwd + over);
       r.experts_per_layer = static_cast<double>(s1.routed_expert_runs - s0.routed_expert_runs) / n_steps /
                             static_cast<double>(c.num_hidden_layers - c.first_k_dense_replace);
-      rows.push_back(r);
       std::fprintf(stderr, "ctx %5lld batch %3lld: %8.1f tok/s  step %8.1f ms  roofline %8.1f tok/s (%.0f%%)  overhead %.2f%%\n",
                    static_cast<long long>(ctx), static_cast<long long>(b), r.tokens_per_s, r.step_ms,
                    r.roofline_tokens_per_s, r.ratio * 100, r.overhead_share * 100);
+      if (profile_on) {
+        std::fprintf(stderr, "op profile, context %lld batch %lld:\n%s", static_cast<long long>(ctx),
+                     static_cast<long long>(b), profile.Table().c_str());
+        for (int op = 0; op < profile.n_ops(); ++op)
+          r.profile[profile.op_name(op)] = profile.seconds(model::kPhaseDecode, op) / profile.total_seconds(model::kPhaseDecode);
+      }
+      rows.push_back(r);
       for (engine::RequestId id : ids) (void)e.Abort(id);
       while (!e.Idle()) e.Step();
     }
@@ -256,7 +280,8 @@ int Run(int argc, char** argv) {
     j["results"].push_back({{"context", r.context}, {"batch", r.batch}, {"steps", r.steps}, {"seconds", r.seconds},
                             {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms}, {"bytes_per_step", r.bytes_per_step},
                             {"roofline_tokens_per_s", r.roofline_tokens_per_s}, {"roofline_ratio", r.ratio},
-                            {"overhead_share", r.overhead_share}, {"routed_experts_per_layer", r.experts_per_layer}});
+                            {"overhead_share", r.overhead_share}, {"routed_experts_per_layer", r.experts_per_layer},
+                            {"profile", r.profile}});
   std::ofstream(out_dir + "/engine.json") << j.dump(2) << "\n";
   std::ostringstream md;
   char line[512];

@@ -1,9 +1,10 @@
 // `pdserve batch-generate --model DIR --prompts "1,2,3;4,5,6" [--copies N] [--max-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--kv-gib G]
 //  [--block-tokens B] [--kv-format fp8|bf16|int8] [--max-seqs N] [--step-tokens N]
-//  [--chunk N] [--threads N]`
+//  [--chunk N] [--threads N] [--profile]`
 // Runs every prompt (each `copies` times) concurrently through one colocated Engine
-// (continuous batching, paged KV) and prints one JSON line per request, then the engine stats.
+// (continuous batching, paged KV) and prints one JSON line per request, then the engine stats
+// (with tokens/s) and, with --profile or PDSERVE_PROFILE=1, the op profile of its steps.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "model/profile_ops.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {
@@ -74,6 +76,11 @@ Status BatchGenerate(const Args& args) {
   PDSERVE_ASSIGN_OR_RETURN(eo.latent_format, model::ParseLatentFormat(args.GetOr("kv-format", "fp8")));
   if (copies < 1) return Status::InvalidArgument("--copies must be >= 1");
   eo.threads = static_cast<int>(threads);
+  const char* profile_env = std::getenv("PDSERVE_PROFILE");
+  OpProfile profile = model::MakeForwardProfile();
+  const bool want_profile =
+      args.Has("profile") || (profile_env != nullptr && *profile_env != '\0' && std::string(profile_env) != "0");
+  if (want_profile) eo.profile = &profile;
   PDSERVE_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(eo));
 
   std::mutex mu;
@@ -107,8 +114,10 @@ Status BatchGenerate(const Args& args) {
   nlohmann::json st = {{"seconds", secs},           {"steps", s.steps},
                        {"generated_tokens", s.generated_tokens}, {"prompt_rows", s.prompt_rows},
                        {"preemptions", s.preemptions}, {"overhead_share", s.OverheadShare()},
-                       {"blocks_total", s.blocks_total}};
+                       {"blocks_total", s.blocks_total},
+                       {"tokens_per_s", secs > 0 ? static_cast<double>(s.generated_tokens) / secs : 0.0}};
   std::fprintf(stderr, "%s\n", st.dump().c_str());
+  if (want_profile) std::fprintf(stderr, "op profile:\n%s", profile.Table().c_str());
   return Status::Ok();
 }
 
@@ -116,7 +125,7 @@ int RunBatchGenerate(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv,
                           {"model", "prompts", "copies", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
                            "kv-gib", "block-tokens", "kv-format", "max-seqs", "step-tokens", "chunk", "threads"},
-                          {});
+                          {"profile"});
   if (!args.ok()) return ReportStatus("batch-generate", args.status());
   return ReportStatus("batch-generate", BatchGenerate(*args));
 }

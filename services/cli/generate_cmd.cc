@@ -15,6 +15,8 @@
 // C8 latent cache / the A8C8 indexer, docs/quantization.md). --test-numerics-fault is for the
 // accuracy tests only: it switches on a deliberately broken forward (model/test_hooks.h;
 // "indexer-rope-interleaved"), on every rank or, with @RANK, on that world rank alone.
+// --profile (or PDSERVE_PROFILE=1 in the environment) prints to stderr the share of step time
+// per op for the prefill and the decode steps (model/profile_ops.h; rank 0's under a plan).
 #include <cstdio>
 #include <cstdlib>
 
@@ -26,6 +28,7 @@
 #include "model/greedy_run.h"
 #include "model/kv_layout.h"
 #include "model/parallel_launch.h"
+#include "model/profile_ops.h"
 #include "model/test_hooks.h"
 #include "services/cli/command.h"
 #include "tokenizer/tokenizer.h"
@@ -37,6 +40,11 @@ namespace {
 // Launched by mpirun (Open MPI, or a PMI-based launcher) even without --plan.
 bool UnderMpiLauncher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+bool WantProfile(const Args& args) {
+  const char* env = std::getenv("PDSERVE_PROFILE");
+  return args.Has("profile") || (env != nullptr && *env != '\0' && std::string(env) != "0");
 }
 
 Result<model::KvCacheFormats> ParseKvFormats(const Args& args) {
@@ -89,8 +97,10 @@ Status GenerateParallel(const Args& args, const std::string& dir, const std::vec
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 1));
   if (o.max_new < 0) return Status::InvalidArgument("--max-new-tokens must be >= 0");
   o.threads = static_cast<int>(std::max<int64_t>(1, threads));
+  o.profile = WantProfile(args);
   PDSERVE_ASSIGN_OR_RETURN(model::ParallelGenerateResult r, model::ParallelGenerate(o));
   if (r.world_rank != 0) return Status::Ok();
+  if (o.profile) std::fprintf(stderr, "op profile, rank 0 (%s):\n%s", r.describe.c_str(), r.profile_table.c_str());
   if (auto dump = args.Get("dump-dir")) {
     PDSERVE_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::ModelConfig::Load(dir + "/config.json"));
     for (size_t i = 0; i < prompts.size(); ++i)
@@ -163,7 +173,11 @@ Status Generate(const Args& args) {
     forced.assign(arr.i32(), arr.i32() + arr.numel());
     forced_topk = &forced;
   }
-  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk, kv));
+  OpProfile profile = model::MakeForwardProfile();
+  const bool want_profile = WantProfile(args);
+  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk, kv,
+                                                                  want_profile ? &profile : nullptr));
+  if (want_profile) std::fprintf(stderr, "op profile (%d threads):\n%s", own_pool.n_threads(), profile.Table().c_str());
   if (auto f = args.Get("dump-logits"))
     PDSERVE_RETURN_IF_ERROR(WriteNpyF32(*f, run.prefill_logits.data(), {cfg.vocab_size}));
   if (auto dir = args.Get("dump-dir")) PDSERVE_RETURN_IF_ERROR(model::WriteDump(*dir, cfg, run));
@@ -188,7 +202,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, {"model", "prompt", "prompt-ids", "tokenizer", "max-new-tokens", "dump-logits", "dump-dir",
                                  "force-topk", "threads", "plan", "plan-file", "kv-format", "index-format",
                                  "test-numerics-fault"},
-                          {"timing"});
+                          {"timing", "profile"});
   if (!args.ok()) return ReportStatus("generate", args.status());
   if (!args->Has("plan") && !args->Has("plan-file") && !UnderMpiLauncher())
     return ReportStatus("generate", Generate(*args));
