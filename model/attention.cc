@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/gemm.h"
+#include "kernels/indexer.h"
 #include "kernels/mla_attention.h"
 #include "kernels/rope.h"
 #include "model/batch_plan.h"
@@ -34,6 +35,8 @@ void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs) {
 namespace {
 constexpr float kNormEps = 1e-6f;
 constexpr int64_t kIndexerKeysPerTask = 1024;  // keys scored per parallel work item
+// Keys scored per wave of rows (8 bytes each: score and bound): 128 MiB at most.
+constexpr int64_t kIndexerWaveKeys = int64_t{1} << 24;
 
 const uint8_t* RowPtr(const kernels::WeightView& w, int64_t row) {
   return static_cast<const uint8_t*>(w.data) + row * w.ld * static_cast<int64_t>(DTypeSize(w.dtype));
@@ -311,54 +314,96 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   // A CP rank now has its own positions' records of this layer; the scores need all of them.
   if (step.cp) PDSERVE_RETURN_IF_ERROR(GatherCpRecords(layer, plan, step));
 
-  // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k. Work
-  // items are (row, run of keys) so one long row still uses every thread.
-  struct Task { int64_t row, begin, end; };
-  std::vector<Task> tasks;
-  std::vector<int64_t> score_off(static_cast<size_t>(S + 1), 0);
+  // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k. A row
+  // with at most K causal keys selects them all. A traced row scores every key exactly (the
+  // trace records the scores); the others take the fp32 scores with certified bounds and
+  // rescore exactly only the keys near the cut (kernels/indexer.h): the same selection.
+  // Work items are (row, run of keys) so one long row still uses every thread; rows go in
+  // waves of at most kIndexerWaveKeys keys, which bounds the score buffers of a long prefill.
+  enum class Mode : uint8_t { kSkip, kAll, kExact, kApprox };
+  std::vector<Mode> mode(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) {
     const BatchSequence& sq = plan.seqs[plan.row_seq[i]];
-    const bool skip = sq.options && sq.options->forced_topk && !sq.options->trace;  // replaced later
-    const int64_t n_keys = skip ? 0 : plan.row_pos[i] + 1;
-    score_off[i + 1] = score_off[i] + n_keys;
-    for (int64_t b = 0; b < n_keys; b += kIndexerKeysPerTask)
-      tasks.push_back({i, b, std::min(n_keys, b + kIndexerKeysPerTask)});
+    const bool traced = sq.options && sq.options->trace;
+    const bool forced = sq.options && sq.options->forced_topk;
+    const int64_t n_keys = plan.row_pos[i] + 1;
+    mode[i] = traced ? Mode::kExact : forced ? Mode::kSkip : n_keys <= K ? Mode::kAll : Mode::kApprox;
   }
-  std::vector<float> scores(static_cast<size_t>(score_off[S]));
-  if (plan.stats) plan.stats->kv_bytes_read += score_off[S] * (ID + 4);
-  const float* table = Fp8E4M3DecodeTable();
-  pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
-    std::vector<double> qd(static_cast<size_t>(IH * ID));
-    int64_t decoded_row = -1;
-    for (int64_t j = b; j < e; ++j) {
-      const Task& t = tasks[j];
-      if (t.row != decoded_row) {
-        for (int64_t k = 0; k < IH * ID; ++k) qd[k] = table[q8[t.row * IH * ID + k]];
-        decoded_row = t.row;
+  struct Task { int64_t row, begin, end; };
+  std::vector<Task> tasks;
+  std::vector<int64_t> score_off;
+  std::vector<float> scores, bounds;
+  int64_t row0 = 0;
+  while (row0 < S) {
+    // One wave: rows [row0, row1).
+    int64_t row1 = row0, total = 0;
+    tasks.clear();
+    score_off.assign(1, 0);
+    while (row1 < S && (row1 == row0 || total < kIndexerWaveKeys)) {
+      const Mode m = mode[row1];
+      const int64_t n_keys = m == Mode::kExact || m == Mode::kApprox ? plan.row_pos[row1] + 1 : 0;
+      for (int64_t b = 0; b < n_keys; b += kIndexerKeysPerTask)
+        tasks.push_back({row1, b, std::min(n_keys, b + kIndexerKeysPerTask)});
+      total += n_keys;
+      score_off.push_back(total);
+      ++row1;
+    }
+    scores.resize(static_cast<size_t>(total));
+    bounds.resize(static_cast<size_t>(total));
+    if (plan.stats) plan.stats->kv_bytes_read += total * (ID + 4);
+    op_scope.Switch(kOpIndexer);
+    pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
+      thread_local kernels::IndexerQuery iq;
+      int64_t prepared = -1;
+      for (int64_t j = b; j < e; ++j) {
+        const Task& t = tasks[j];
+        if (t.row != prepared) {
+          kernels::PrepareIndexerQuery(&q8[t.row * IH * ID], &wts[t.row * IH], IH, ID, &iq);
+          prepared = t.row;
+        }
+        const kernels::KvTokenView view = plan.seqs[plan.row_seq[t.row]].kv.View(layer);
+        const int64_t off = score_off[t.row - row0];
+        if (mode[t.row] == Mode::kExact) {
+          kernels::IndexerScores(view, iq.qd.data(), iq.w.data(), IH, t.begin, t.end, &scores[off]);
+        } else {
+          kernels::IndexerScoresApprox(view, iq, t.begin, t.end, &scores[off + t.begin], &bounds[off + t.begin]);
+        }
       }
-      kernels::IndexerScores(plan.seqs[plan.row_seq[t.row]].kv.View(layer), qd.data(), &wts[t.row * IH], IH, t.begin,
-                             t.end, &scores[score_off[t.row]]);
-    }
-  });
-  op_scope.Switch(kOpIndexerTopk);
-  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
-    std::vector<int32_t> scratch;
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t n_keys = score_off[i + 1] - score_off[i];
-      if (n_keys == 0) continue;
-      scratch.resize(static_cast<size_t>(n_keys));
-      kernels::TopKIndices(&scores[score_off[i]], n_keys, K, &(*topk)[i * K], scratch.data());
-    }
-  });
-  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
-    const BatchSequence& sq = plan.seqs[s];
-    if (!sq.options || !sq.options->trace) continue;
-    const int64_t Sq = sq.n_tokens, T = sq.start + Sq;
-    for (int64_t r = plan.seq_row[s]; r < plan.seq_row[s + 1]; ++r) {
-      const int64_t i = plan.row_pos[r] - sq.start;
-      std::copy(scores.begin() + score_off[r], scores.begin() + score_off[r + 1],
+    });
+    op_scope.Switch(kOpIndexerTopk);
+    pool_->ParallelFor(row1 - row0, [&](int64_t b, int64_t e) {
+      thread_local kernels::IndexerQuery iq;
+      std::vector<int32_t> scratch;
+      for (int64_t i = row0 + b; i < row0 + e; ++i) {
+        int32_t* out = &(*topk)[i * K];
+        const int64_t n_keys = plan.row_pos[i] + 1, off = score_off[i - row0];
+        switch (mode[i]) {
+          case Mode::kSkip:
+            break;
+          case Mode::kAll:
+            for (int64_t t = 0; t < n_keys; ++t) out[t] = static_cast<int32_t>(t);
+            break;
+          case Mode::kExact:
+            scratch.resize(static_cast<size_t>(n_keys));
+            kernels::TopKIndices(&scores[off], n_keys, K, out, scratch.data());
+            break;
+          case Mode::kApprox:
+            kernels::PrepareIndexerQuery(&q8[i * IH * ID], &wts[i * IH], IH, ID, &iq);
+            kernels::IndexerTopK(plan.seqs[plan.row_seq[i]].kv.View(layer), iq, &scores[off], &bounds[off], n_keys, K,
+                                 out);
+            break;
+        }
+      }
+    });
+    // Traced rows: the trace records their exact scores.
+    for (int64_t r = row0; r < row1; ++r) {
+      if (mode[r] != Mode::kExact) continue;
+      const BatchSequence& sq = plan.seqs[plan.row_seq[r]];
+      const int64_t Sq = sq.n_tokens, T = sq.start + Sq, i = plan.row_pos[r] - sq.start;
+      std::copy(scores.begin() + score_off[r - row0], scores.begin() + score_off[r - row0 + 1],
                 sq.options->trace->index_scores.begin() + (layer * Sq + i) * T);
     }
+    row0 = row1;
   }
   return Status::Ok();
 }
