@@ -200,41 +200,39 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
         for (int64_t a = 0; a < nA; ++a) kernels::RoundToBf16InPlace(&qlat[(a * H + h) * Lkv], Lkv);
       }
     });
-    auto attend_row = [&](int64_t a, std::vector<float>* csel, std::vector<float>* kpesel, bool parallel) {
+    // Each row's selected keys are staged once in a compact per-thread stage (bf16 for the fp8
+    // and bf16 caches: exact), which every head then reads (kernels/mla_attention.h).
+    auto attend_row = [&](int64_t a, kernels::LatentStage* stage, bool parallel) {
       const int64_t r = absorbed[a];
       const int32_t* sel = &topk[r * K];
       int64_t n = 0;
       while (n < K && sel[n] >= 0) ++n;
-      csel->resize(static_cast<size_t>(n * Lkv));
-      kpesel->resize(static_cast<size_t>(n * dr));
       const kernels::KvTokenView kv_view = plan.seqs[plan.row_seq[r]].kv.View(layer);
+      kernels::PrepareLatentStage(kv_view, n, stage);
       auto heads = [&](int64_t hb, int64_t he) {
-        std::vector<float> p(static_cast<size_t>((he - hb) * n));
-        kernels::AbsorbedAttentionHeads(&qlat[(a * H + hb) * Lkv], Lkv, &q[(r * H + hb) * dqk + dn], dqk, he - hb,
-                                        csel->data(), kpesel->data(), n, Lkv, dr, scale, &olat[(a * H + hb) * Lkv], Lkv,
-                                        p.data());
+        thread_local std::vector<float> p;
+        if (p.size() < static_cast<size_t>(2 * (he - hb) * n)) p.resize(static_cast<size_t>(2 * (he - hb) * n));
+        kernels::StagedAttentionHeads(*stage, &qlat[(a * H + hb) * Lkv], Lkv, &q[(r * H + hb) * dqk + dn], dqk, he - hb,
+                                      scale, &olat[(a * H + hb) * Lkv], Lkv, p.data());
       };
       if (parallel) {
-        pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
-          kernels::GatherLatent(kv_view, sel + b, e - b, &(*csel)[b * Lkv], &(*kpesel)[b * dr]);
-        }, 16);
+        pool_->ParallelFor(n, [&](int64_t b, int64_t e) { kernels::StageLatent(kv_view, sel, b, e, stage); }, 16);
         pool_->ParallelFor(H, heads, 4);
       } else {
-        kernels::GatherLatent(kv_view, sel, n, csel->data(), kpesel->data());
+        kernels::StageLatent(kv_view, sel, 0, n, stage);
         heads(0, H);
       }
     };
-    // The gathered keys (up to index_topk x kv_lora_rank floats, 1 MiB on V3.2) live in
-    // per-thread buffers that outlive the call: a fresh vector per layer costs its zero-fill,
-    // a few percent of a decode step.
+    // The stages (up to index_topk x kv_lora_rank values, 512 KiB in bf16 on V3.2) live in
+    // per-thread buffers that outlive the call: a fresh one per layer costs its zero-fill.
     if (nA >= 2 * pool_->n_threads()) {
       pool_->ParallelFor(nA, [&](int64_t b, int64_t e) {
-        thread_local std::vector<float> csel, kpesel;
-        for (int64_t a = b; a < e; ++a) attend_row(a, &csel, &kpesel, false);
+        thread_local kernels::LatentStage stage;
+        for (int64_t a = b; a < e; ++a) attend_row(a, &stage, false);
       });
     } else {
-      thread_local std::vector<float> csel, kpesel;
-      for (int64_t a = 0; a < nA; ++a) attend_row(a, &csel, &kpesel, true);
+      thread_local kernels::LatentStage stage;
+      for (int64_t a = 0; a < nA; ++a) attend_row(a, &stage, true);
     }
     // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, up to 8 rows per call
     // (the streaming path, as a single row alone takes).
