@@ -4,12 +4,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <functional>
 
 #include "common/check.h"
 #include "common/dtype.h"
 #include "kernels/fp8_quant.h"
+
+// GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as (maybe-)uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace pdserve::kernels {
 
@@ -168,6 +175,106 @@ inline void ApproxDotsAllHeads(const float* q, int64_t dim, const float* keys, i
 }
 #endif
 
+// One block of nk <= 3 keys: decoded (value * kmul) into kd, their sums of squares, and
+// dots[k * n_heads + h] (times kmul).
+void ApproxBlockAvx2(const float* q, int64_t dim, int64_t n_heads, const uint8_t* const* codes, int nk, KvIndexFormat f,
+                     float* kd, float* ss, float* dots) {
+  for (int k = 0; k < nk; ++k) ss[k] = DecodeKey(codes[k], f, dim, kd + k * dim);
+  if (nk == 3) ApproxDotsAllHeads<3>(q, dim, kd, n_heads, dots);
+  else if (nk == 2) ApproxDotsAllHeads<2>(q, dim, kd, n_heads, dots);
+  else ApproxDotsAllHeads<1>(q, dim, kd, n_heads, dots);
+}
+
+bool UseAvx512() {
+  // TODO(isa): kernels::ActiveIsa() once the ISA dispatch lands; until then the CPU's own flags
+  // and PDSERVE_ISA=avx2.
+  static const bool ok = [] {
+    const char* isa = std::getenv("PDSERVE_ISA");
+    if (isa != nullptr && std::string(isa) == "avx2") return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return ok;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+// 32 codes -> 32 values (/256 for fp8, as DecodeKey) in two zmm.
+inline void Decode32(const uint8_t* code, KvIndexFormat f, __m512* lo, __m512* hi) {
+  if (f == KvIndexFormat::kFp8) {
+    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(code)));
+    const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8),
+                                      _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x7f)), 7));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  } else {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(code));
+    *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+  }
+}
+
+template <int KB, int HB>
+inline void ApproxDots512(const float* q, int64_t dim, const float* keys, int64_t h0, int64_t n_heads, float* dots) {
+  __m512 acc[KB][HB];
+  for (int k = 0; k < KB; ++k)
+    for (int h = 0; h < HB; ++h) acc[k][h] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    __m512 kv[KB];
+    for (int k = 0; k < KB; ++k) kv[k] = _mm512_loadu_ps(keys + k * dim + i);
+    for (int h = 0; h < HB; ++h) {
+      const __m512 qv = _mm512_loadu_ps(q + h * dim + i);
+      for (int k = 0; k < KB; ++k) acc[k][h] = _mm512_fmadd_ps(qv, kv[k], acc[k][h]);
+    }
+  }
+  for (int k = 0; k < KB; ++k) {
+    // Fold each accumulator to 8 lanes, then (4 heads) the hadd tree of the AVX2 kernel.
+    __m256 f[HB];
+    for (int h = 0; h < HB; ++h)
+      f[h] = _mm256_add_ps(_mm512_castps512_ps256(acc[k][h]), _mm512_extractf32x8_ps(acc[k][h], 1));
+    if constexpr (HB == 4) {
+      const __m256 t0 = _mm256_hadd_ps(f[0], f[1]), t1 = _mm256_hadd_ps(f[2], f[3]);
+      const __m256 t2 = _mm256_hadd_ps(t0, t1);
+      _mm_storeu_ps(dots + k * n_heads + h0, _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1)));
+    } else {
+      for (int h = 0; h < HB; ++h) dots[k * n_heads + h0 + h] = HSum(f[h]);
+    }
+  }
+}
+
+template <int KB>
+inline void ApproxDotsAllHeads512(const float* q, int64_t dim, const float* keys, int64_t n_heads, float* dots) {
+  int64_t h = 0;
+  for (; h + 4 <= n_heads; h += 4) ApproxDots512<KB, 4>(q + h * dim, dim, keys, h, n_heads, dots);
+  for (; h < n_heads; ++h) ApproxDots512<KB, 1>(q + h * dim, dim, keys, h, n_heads, dots);
+}
+
+// ApproxBlockAvx2 for nk <= 4 keys with zmm registers (REQUIRES dim % 32 == 0).
+void ApproxBlock512(const float* q, int64_t dim, int64_t n_heads, const uint8_t* const* codes, int nk, KvIndexFormat f,
+                    float* kd, float* ss, float* dots) {
+  for (int k = 0; k < nk; ++k) {
+    __m512 s2 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 32) {
+      __m512 lo, hi;
+      Decode32(codes[k] + i, f, &lo, &hi);
+      _mm512_storeu_ps(kd + k * dim + i, lo);
+      _mm512_storeu_ps(kd + k * dim + i + 16, hi);
+      s2 = _mm512_fmadd_ps(lo, lo, s2);
+      s2 = _mm512_fmadd_ps(hi, hi, s2);
+    }
+    ss[k] = _mm512_reduce_add_ps(s2);
+  }
+  switch (nk) {
+    case 4: ApproxDotsAllHeads512<4>(q, dim, kd, n_heads, dots); break;
+    case 3: ApproxDotsAllHeads512<3>(q, dim, kd, n_heads, dots); break;
+    case 2: ApproxDotsAllHeads512<2>(q, dim, kd, n_heads, dots); break;
+    default: ApproxDotsAllHeads512<1>(q, dim, kd, n_heads, dots); break;
+  }
+}
+
+#pragma GCC pop_options
+
 }  // namespace
 
 void PrepareIndexerQuery(const uint8_t* q8, const float* w, int64_t n_heads, int64_t dim, IndexerQuery* q) {
@@ -200,45 +307,29 @@ void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t k
   const QueryConsts qc = Consts(q);
   // Key values are decoded to code value * kmul (exact); dots and norms scale back by 1 / kmul.
   const float kmul = kv.index_format == KvIndexFormat::kFp8 ? 1.0f / 256 : 1.0f;
-  constexpr int kKeys = 3;  // 3 keys x 4 heads = 12 accumulators
-  alignas(32) float kd[kKeys * 1024];
-  float dots[kKeys * 64];
-  float ss[kKeys];
-  const float* table = Fp8E4M3DecodeTable();
-  for (int64_t t0 = key_begin; t0 < key_end; t0 += kKeys) {
-    const int nk = static_cast<int>(std::min<int64_t>(kKeys, key_end - t0));
+  constexpr int kMaxKeys = 4;
+  alignas(64) float kd[kMaxKeys * 1024];
+  float dots[kMaxKeys * 64];
+  float ss[kMaxKeys];
+  const bool wide = UseAvx512() && dim % 32 == 0;
+  const int block = wide ? 4 : 3;  // keys per block: 4 x 4 zmm or 3 x 4 ymm accumulators
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += block) {
+    const int nk = static_cast<int>(std::min<int64_t>(block, key_end - t0));
+    const uint8_t* codes[kMaxKeys];
+    float ks[kMaxKeys];
     for (int k = 0; k < nk; ++k) {
-      const uint8_t* code = kv.Field(t0 + k, kv.idx_k_offset, kv.idx_k_stride);
-#if defined(__AVX2__)
-      ss[k] = DecodeKey(code, kv.index_format, dim, kd + k * dim);
-#else
-      float s2 = 0.0f;
-      for (int64_t i = 0; i < dim; ++i) {
-        const float v = kv.index_format == KvIndexFormat::kFp8 ? table[code[i]] * kmul : static_cast<int8_t>(code[i]);
-        kd[k * dim + i] = v;
-        s2 += v * v;
-      }
-      ss[k] = s2;
-#endif
+      codes[k] = kv.Field(t0 + k, kv.idx_k_offset, kv.idx_k_stride);
+      ks[k] = LoadF32(kv.Field(t0 + k, kv.idx_scale_offset, kv.idx_scale_stride));
     }
-    (void)table;
-#if defined(__AVX2__)
-    if (nk == kKeys) ApproxDotsAllHeads<kKeys>(q.q.data(), dim, kd, H, dots);
-    else if (nk == 2) ApproxDotsAllHeads<2>(q.q.data(), dim, kd, H, dots);
-    else ApproxDotsAllHeads<1>(q.q.data(), dim, kd, H, dots);
-#else
-    for (int k = 0; k < nk; ++k)
-      for (int64_t h = 0; h < H; ++h) {
-        float s = 0.0f;
-        for (int64_t i = 0; i < dim; ++i) s += q.q[h * dim + i] * kd[k * dim + i];
-        dots[k * H + h] = s;
-      }
-#endif
+    if (wide) {
+      ApproxBlock512(q.q.data(), dim, H, codes, nk, kv.index_format, kd, ss, dots);
+    } else {
+      ApproxBlockAvx2(q.q.data(), dim, H, codes, nk, kv.index_format, kd, ss, dots);
+    }
     for (int k = 0; k < nk; ++k) {
       const int64_t t = t0 + k;
       const float kn = std::sqrt(ss[k]) * kNormSlack / kmul;
-      const float ks = LoadF32(kv.Field(t, kv.idx_scale_offset, kv.idx_scale_stride));
-      Finish(HeadTerms(dots + k * H, kmul, q.w.data(), qc.g, kn, H), qc.h_u, ks, approx + (t - key_begin),
+      Finish(HeadTerms(dots + k * H, kmul, q.w.data(), qc.g, kn, H), qc.h_u, ks[k], approx + (t - key_begin),
              bound + (t - key_begin));
     }
   }
