@@ -178,15 +178,24 @@ void Model::RunExperts(std::span<const ExpertJob> jobs) const {
 }
 
 void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {
-  const int64_t D = m.gate.n_in(), I = m.gate.n_out();
-  std::vector<float> g(static_cast<size_t>(S * I)), u(static_cast<size_t>(S * I));
-  ApplyLinear(m.gate, x, S, g.data(), pool_);
+  std::vector<float> h(static_cast<size_t>(S * m.gate.n_out()));
+  MlpUp(m, x, S, h.data());
+  MlpDown(m, h.data(), S, out);
+}
+
+void Model::MlpUp(const MlpWeights& m, const float* x, int64_t S, float* h) const {
+  const int64_t I = m.gate.n_out();
+  std::vector<float> u(static_cast<size_t>(S * I));
+  ApplyLinear(m.gate, x, S, h, pool_);
   ApplyLinear(m.up, x, S, u.data(), pool_);
-  kernels::RoundToBf16InPlace(g.data(), S * I);
+  kernels::RoundToBf16InPlace(h, S * I);
   kernels::RoundToBf16InPlace(u.data(), S * I);
-  kernels::SiluMulBf16(g.data(), u.data(), S * I, g.data());
-  ApplyLinear(m.down, g.data(), S, out, pool_);
-  kernels::RoundToBf16InPlace(out, S * D);
+  kernels::SiluMulBf16(h, u.data(), S * I, h);
+}
+
+void Model::MlpDown(const MlpWeights& m, const float* h, int64_t S, float* out) const {
+  ApplyLinear(m.down, h, S, out, pool_);
+  kernels::RoundToBf16InPlace(out, S * m.down.n_out());
 }
 
 }  // namespace pdserve::model

@@ -149,6 +149,10 @@ class Model {
   // The MoE over the EP group (model/moe_parallel.cc).
   Status FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
+  // Mlp's two halves: h[S, I] = bf16(silu(bf16(x Wg^T)) * bf16(x Wu^T)), then
+  // out = bf16(h Wd^T). Mlp(x) == MlpDown(MlpUp(x)) bitwise.
+  void MlpUp(const MlpWeights& m, const float* x, int64_t S, float* h) const;
+  void MlpDown(const MlpWeights& m, const float* h, int64_t S, float* out) const;
   // One routed expert's share of a layer: its gathered rows x[m, D] -> y[m, D]; tiled[m] is
   // each row's GEMM path (model/batch.h).
   struct ExpertJob {

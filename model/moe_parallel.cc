@@ -4,9 +4,10 @@
 //   route every row this rank holds -> per (row group, expert) counts (summed over the CP group
 //   in a CP prefill: the prompt's group spans it) -> the GEMM path of every (row, slot)
 //   -> dispatch this rank's share of the rows (bf16 hidden + slot words) to the expert owners
-//   -> shared expert on those rows while the all-to-all is in flight
+//   -> shared expert gate/up on those rows while the dispatch is in flight
 //   -> local experts on the received rows, grouped by expert, each row on the path its group
 //      would take in one process -> combine (fp32 partial sums, summed in EP-rank order)
+//   -> shared expert down projection while the combine is in flight
 //   -> + shared expert, bf16 -> all-gather the shares over the replicas.
 //
 // Rounding: identical to Model::Ffn except that a token whose experts live on several EP ranks
@@ -32,9 +33,6 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   const ParallelContext& ctx = *parallel_;
   comm::EpDispatcher& ep = *ctx.ep();
   const int64_t D = c.hidden_size, S = plan.n_rows, E = c.n_routed_experts, top_k = c.num_experts_per_tok;
-  auto mlp_fn = [&](const MlpWeights& m) {
-    return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
-  };
 
   // 1. Routing of every row held here (replicas route identically; the router is E outputs).
   std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
@@ -73,6 +71,39 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
       words[j] = id < 0 ? -1 : (id << 1) | (tiled ? 1 : 0);
     }
   }
+  // The shared expert on this rank's rows, in two halves (MlpUp, MlpDown) computed while the
+  // dispatch and then the combine are in flight (ParallelContext::ep_overlap), calling
+  // Progress() after every chunk: Open MPI advances a non-blocking collective only inside MPI
+  // calls. Without the overlap the whole expert runs here, before the dispatch.
+  const bool shared = c.n_shared_experts > 0 && n > 0, overlap = ctx.ep_overlap();
+  const int64_t I_sh = shared ? lw.shared.gate.n_out() : 0;
+  std::vector<float> z(static_cast<size_t>(n * D), 0.0f), h_sh(static_cast<size_t>(n * I_sh));
+  Status progress_status;
+  auto progress = [&]() {
+    if (!overlap || !progress_status.ok()) return;
+    CommTimer timer(&ctx);
+    progress_status = ep.Progress().status();
+  };
+  auto shared_up = [&]() {
+    op_scope.Switch(kOpSharedExpert);
+    ForEachGemmPath(x + rb * D, D, h_sh.data(), I_sh, plan.row_tiled.data() + rb, n,
+                    [&](const float* xs, int64_t m, float* hs) {
+                      MlpUp(lw.shared, xs, m, hs);
+                      progress();
+                    });
+  };
+  auto shared_down = [&]() {
+    op_scope.Switch(kOpSharedExpert);
+    ForEachGemmPath(h_sh.data(), I_sh, z.data(), D, plan.row_tiled.data() + rb, n,
+                    [&](const float* hs, int64_t m, float* zs) {
+                      MlpDown(lw.shared, hs, m, zs);
+                      progress();
+                    });
+  };
+  if (shared && !overlap) {
+    shared_up();
+    shared_down();
+  }
   {
     CommTimer timer(&ctx);
     PDSERVE_RETURN_IF_ERROR(ep.StartDispatch(send.data(), n,
@@ -80,14 +111,9 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
                                              {weights.data() + rb * top_k, static_cast<size_t>(n * top_k)}));
   }
 
-  // 4. The shared expert on this rank's rows while the exchange is in flight.
-  std::vector<float> z(static_cast<size_t>(n * D), 0.0f);
-  if (c.n_shared_experts > 0 && n > 0) {
-    op_scope.Switch(kOpSharedExpert);
-    ForEachGemmPath(x + rb * D, D, z.data(), D, plan.row_tiled.data() + rb, n, mlp_fn(lw.shared));
-    CommTimer timer(&ctx);
-    PDSERVE_RETURN_IF_ERROR(ep.Progress().status());
-  }
+  // 4. The shared expert's first half while the dispatch is in flight.
+  if (shared && overlap) shared_up();
+  PDSERVE_RETURN_IF_ERROR(progress_status);
 
   // 5. Local experts over the received rows, ascending expert id, weighted sums per row.
   op_scope.Switch(kOpRoutedExperts);
@@ -132,13 +158,19 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   {
     CommTimer timer(&ctx);
     PDSERVE_RETURN_IF_ERROR(ep.StartCombine(expert_out.data()));
+  }
+  // The shared expert's second half while the combine is in flight.
+  if (shared && overlap) shared_down();
+  PDSERVE_RETURN_IF_ERROR(progress_status);
+  {
+    CommTimer timer(&ctx);
     PDSERVE_RETURN_IF_ERROR(ep.WaitCombine(y, /*accumulate=*/false));
   }
   if (S == 0) return Status::Ok();  // a dummy step: nothing of ours to finish
 
   // 6. y = routed + shared, bf16; then every replica gets every row.
   op_scope.Switch(kOpOther);
-  if (c.n_shared_experts > 0)
+  if (shared)
     for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];
   kernels::RoundToBf16InPlace(y.data(), n * D);
   if (!replicas) {

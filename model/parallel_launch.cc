@@ -138,6 +138,7 @@ Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& o
                            RunGreedyDp(*model, coordinator.get(), mine, max_new, &result.stats, run_options));
   result.comm_seconds = ctx->comm_seconds();
   if (opt.profile) result.profile_table = profile.Table();
+  if (ctx->ep() != nullptr) result.ep_overlap = ctx->ep()->overlap();
   PDSERVE_ASSIGN_OR_RETURN(auto all, comm::TensorParallel::Create(groups->world()));
 
   // Every rank contributes a fixed-size block: its unit's outputs (ids as exact floats) when it

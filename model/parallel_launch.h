@@ -51,6 +51,7 @@ struct ParallelGenerateResult {
   double comm_seconds = 0;                    // this rank's time inside model collectives
   double load_seconds = 0;
   std::string profile_table;                  // this rank's op profile (options.profile)
+  comm::EpOverlap ep_overlap;                 // this rank's EP exchanges (comm/ep_dispatcher.h)
 };
 
 Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& options);

@@ -100,7 +100,17 @@ Status GenerateParallel(const CommandLine& args, const std::string& dir, const s
   o.profile = WantProfile(args);
   PDSERVE_ASSIGN_OR_RETURN(model::ParallelGenerateResult r, model::ParallelGenerate(o));
   if (r.world_rank != 0) return Status::Ok();
-  if (o.profile) std::fprintf(stderr, "op profile, rank 0 (%s):\n%s", r.describe.c_str(), r.profile_table.c_str());
+  if (o.profile) {
+    std::fprintf(stderr, "op profile, rank 0 (%s):\n%s", r.describe.c_str(), r.profile_table.c_str());
+    const comm::EpOverlap& e = r.ep_overlap;
+    if (e.exchanges > 0)
+      std::fprintf(stderr,
+                   "EP exchanges on rank 0: %lld (%lld seen complete during the shared expert), in flight %.3f ms, "
+                   "waited for %.3f ms (%.0f%% of their time in flight overlapped compute)\n",
+                   static_cast<long long>(e.exchanges), static_cast<long long>(e.completed_in_progress),
+                   e.in_flight_seconds * 1e3, e.exposed_seconds * 1e3,
+                   e.in_flight_seconds > 0 ? 100.0 * (1.0 - e.exposed_seconds / e.in_flight_seconds) : 0.0);
+  }
   if (auto dump = args.Get("dump-dir")) {
     PDSERVE_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::ModelConfig::Load(dir + "/config.json"));
     for (size_t i = 0; i < prompts.size(); ++i)
