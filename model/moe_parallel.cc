@@ -129,6 +129,7 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   for (int e = 0; e < in->n_local_experts; ++e) first[e + 1] = first[e] + static_cast<int64_t>(in->ExpertRows(e).size());
   std::vector<float> xin(static_cast<size_t>(first.back() * D)), yout(xin.size());
   std::vector<uint8_t> tiled(static_cast<size_t>(first.back()), 0);
+  std::vector<int64_t> slot(static_cast<size_t>(first.back()));  // an expert's i-th row -> its gathered row
   std::vector<ExpertJob> jobs;
   for (int e = 0; e < in->n_local_experts; ++e) {
     const auto rows = in->ExpertRows(e);
@@ -136,14 +137,21 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
     if (plan.stats) ++plan.stats->routed_expert_runs;
     const int32_t global = in->first_expert + e;
     const int64_t m = static_cast<int64_t>(rows.size()), r0 = first[e];
-    for (int64_t i = 0; i < m; ++i) {
-      const uint8_t* row = in->hidden + rows[i] * in->row_bytes;
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t d = 0; d < D; ++d) xin[(r0 + i) * D + d] = Bf16ToF32(h[d]);
-      const int32_t* words = reinterpret_cast<const int32_t*>(row + 2 * D);
+    auto path = [&](int64_t i) {  // the GEMM path the row's sender computed for this expert
+      const int32_t* words = reinterpret_cast<const int32_t*>(in->hidden + rows[i] * in->row_bytes + 2 * D);
       for (int64_t j = 0; j < top_k; ++j)
-        if (words[j] >= 0 && (words[j] >> 1) == global) tiled[r0 + i] = words[j] & 1;
-    }
+        if (words[j] >= 0 && (words[j] >> 1) == global) return static_cast<uint8_t>(words[j] & 1);
+      return uint8_t{0};
+    };
+    int64_t k = r0;
+    for (int pass = 1; pass >= 0; --pass)  // the tiled rows first (RunExperts' order)
+      for (int64_t i = 0; i < m; ++i) {
+        if (path(i) != pass) continue;
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(in->hidden + rows[i] * in->row_bytes);
+        for (int64_t d = 0; d < D; ++d) xin[k * D + d] = Bf16ToF32(h[d]);
+        tiled[k] = static_cast<uint8_t>(pass);
+        slot[r0 + i] = k++;
+      }
     jobs.push_back({&lw.experts[static_cast<size_t>(global)], xin.data() + r0 * D, m, tiled.data() + r0, yout.data() + r0 * D});
   }
   RunExperts(jobs);
@@ -152,7 +160,8 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
     const auto w = in->ExpertWeights(e);
     for (size_t i = 0; i < rows.size(); ++i)
       for (int64_t d = 0; d < D; ++d)
-        expert_out[static_cast<size_t>(rows[i] * D + d)] += yout[static_cast<size_t>((first[e] + static_cast<int64_t>(i)) * D + d)] * w[i];
+        expert_out[static_cast<size_t>(rows[i] * D + d)] +=
+            yout[static_cast<size_t>(slot[first[e] + static_cast<int64_t>(i)] * D + d)] * w[i];
   }
   std::vector<float> y(static_cast<size_t>(n * D));
   {

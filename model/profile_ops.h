@@ -20,8 +20,9 @@ enum ProfileOp : int {
   kOpAttention,      // sparse attention: q absorption, gather, scores, softmax, W_uv (or the prefill form)
   kOpOProj,          // attention output projection
   kOpGate,           // router GEMM + group-limited top-k
-  kOpRoutedExperts,  // routed experts, incl. gathering rows and the weighted sums
-  kOpSharedExpert,
+  kOpRoutedExperts,  // routed experts, incl. gathering rows and the weighted sums; single-process
+                     // MoE layers run the shared expert in the same pass (counted here)
+  kOpSharedExpert,   // the shared expert where it runs on its own (EP: during the exchanges)
   kOpDenseFfn,
   kOpLmHead,         // final norm + lm_head
   kOpSampling,       // sampling / argmax of the step's logits
@@ -33,7 +34,7 @@ enum ProfilePhase : int { kPhasePrefill = 0, kPhaseDecode = 1 };
 
 inline OpProfile MakeForwardProfile() {
   return OpProfile({"other (norms, residual, glue)", "thread-pool wait", "MPI", "MLA prolog", "indexer", "indexer top-k",
-                    "sparse attention", "o_proj", "gate", "routed experts", "shared expert", "dense FFN", "lm_head",
+                    "sparse attention", "o_proj", "gate", "routed (+ shared) experts", "shared expert (EP)", "dense FFN", "lm_head",
                     "sampling", "engine (schedule, events)"},
                    {"prefill", "decode"});
 }
