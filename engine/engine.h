@@ -50,6 +50,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/op_profile.h"
 #include "common/thread_pool.h"
 #include "engine/block_pool.h"
 #include "engine/rank_group.h"
@@ -84,6 +85,10 @@ struct EngineOptions {
   // (SchedulerOptions::whole_prompts is forced on).
   RankGroup* group = nullptr;
   std::chrono::milliseconds group_idle_poll{1};
+  // When set (borrowed; outlives the engine, read it between steps): every step with work is
+  // profiled op by op into it (model/profile_ops.h; phase prefill when the step computes
+  // prompt rows, decode otherwise).
+  OpProfile* profile = nullptr;
 };
 
 struct RequestOptions {

@@ -15,6 +15,8 @@
 // C8 latent cache / the A8C8 indexer, docs/quantization.md). The accuracy tests' deliberately
 // broken forward is not reachable from here: the test-only pdserve-numerics-fault binary
 // (services/testing/numerics_fault/) switches it on.
+// --profile (or PDSERVE_PROFILE=1 in the environment) prints to stderr the share of step time
+// per op for the prefill and the decode steps (model/profile_ops.h; rank 0's under a plan).
 #include <cstdio>
 #include <cstdlib>
 
@@ -26,6 +28,7 @@
 #include "model/greedy_run.h"
 #include "model/kv_layout.h"
 #include "model/parallel_launch.h"
+#include "model/profile_ops.h"
 #include "services/cli/command.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_paths.h"
@@ -36,6 +39,11 @@ namespace {
 // Launched by mpirun (Open MPI, or a PMI-based launcher) even without --plan.
 bool UnderMpiLauncher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+bool WantProfile(const CommandLine& args) {
+  const char* env = std::getenv("PDSERVE_PROFILE");
+  return args.Has("profile") || (env != nullptr && *env != '\0' && std::string(env) != "0");
 }
 
 Result<model::KvCacheFormats> ParseKvFormats(const CommandLine& args) {
@@ -66,8 +74,20 @@ Status GenerateParallel(const CommandLine& args, const std::string& dir, const s
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 1));
   if (o.max_new < 0) return Status::InvalidArgument("--max-new-tokens must be >= 0");
   o.threads = static_cast<int>(std::max<int64_t>(1, threads));
+  o.profile = WantProfile(args);
   PDSERVE_ASSIGN_OR_RETURN(model::ParallelGenerateResult r, model::ParallelGenerate(o));
   if (r.world_rank != 0) return Status::Ok();
+  if (o.profile) {
+    std::fprintf(stderr, "op profile, rank 0 (%s):\n%s", r.describe.c_str(), r.profile_table.c_str());
+    const comm::EpOverlap& e = r.ep_overlap;
+    if (e.exchanges > 0)
+      std::fprintf(stderr,
+                   "EP exchanges on rank 0: %lld (%lld seen complete during the shared expert), in flight %.3f ms, "
+                   "waited for %.3f ms (%.0f%% of their time in flight overlapped compute)\n",
+                   static_cast<long long>(e.exchanges), static_cast<long long>(e.completed_in_progress),
+                   e.in_flight_seconds * 1e3, e.exposed_seconds * 1e3,
+                   e.in_flight_seconds > 0 ? 100.0 * (1.0 - e.exposed_seconds / e.in_flight_seconds) : 0.0);
+  }
   if (auto dump = args.Get("dump-dir")) {
     PDSERVE_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::ModelConfig::Load(dir + "/config.json"));
     for (size_t i = 0; i < prompts.size(); ++i)
@@ -139,7 +159,11 @@ Status Generate(const CommandLine& args) {
     forced.assign(arr.i32(), arr.i32() + arr.numel());
     forced_topk = &forced;
   }
-  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk, kv));
+  OpProfile profile = model::MakeForwardProfile();
+  const bool want_profile = WantProfile(args);
+  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk, kv,
+                                                                  want_profile ? &profile : nullptr));
+  if (want_profile) std::fprintf(stderr, "op profile (%d threads):\n%s", own_pool.n_threads(), profile.Table().c_str());
   if (auto f = args.Get("dump-logits"))
     PDSERVE_RETURN_IF_ERROR(WriteNpyF32(*f, run.prefill_logits.data(), {cfg.vocab_size}));
   if (auto dir = args.Get("dump-dir")) PDSERVE_RETURN_IF_ERROR(model::WriteDump(*dir, cfg, run));
@@ -195,6 +219,7 @@ PDSERVE_REGISTER_COMMAND(generate, "generate", "greedy generation on one process
                            {"plan-file", "F", "parallel plan from a YAML file"},
                            {"kv-format", "F", "KV latent storage: fp8 (default) | bf16 | int8"},
                            {"index-format", "F", "indexer key storage: fp8 (default) | int8"},
-                           {"timing", "", "print prefill/decode timings on stderr"}}),
+                           {"timing", "", "print prefill/decode timings on stderr"},
+                           {"profile", "", "print the share of step time per op on stderr (also PDSERVE_PROFILE=1)"}}),
                          0, RunGenerate);
 }  // namespace pdserve::cli
