@@ -1,0 +1,147 @@
+// `pdserve plan --model CONFIG_OR_DIR [--hardware PROFILE] [--kv-format fp8|bf16|int8] [...]
+//  [--json] [--plot F.png]`: the capacity planner (docs/planner.md). Prints the markdown report,
+// or the JSON one with --json; --plot writes goodput against the prefill:decode split as a PNG
+// (tools/planner/plot_goodput.py, compiled in; needs python3-matplotlib).
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "comm/parallel_plan.h"
+#include "planner/plan.h"
+#include "planner/plot_script.h"
+#include "services/cli/command.h"
+
+namespace pdserve::cli {
+namespace {
+
+Result<double> GetDouble(const Args& a, const std::string& key, double fallback) {
+  auto v = a.Get(key);
+  if (!v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v->c_str(), &end);
+  if (v->empty() || *end != '\0' || errno != 0 || !std::isfinite(x))
+    return Status::InvalidArgument("option --" + key + " wants a number, got '" + *v + "'");
+  return x;
+}
+
+Status SetInt(const Args& a, const std::string& key, int64_t* out) {
+  if (!a.Has(key)) return Status::Ok();
+  PDSERVE_ASSIGN_OR_RETURN(*out, a.GetInt(key, *out));
+  return Status::Ok();
+}
+
+Status SetPlan(const Args& a, const std::string& key, bool* set, comm::ParallelPlan* plan) {
+  if (!a.Has(key)) return Status::Ok();
+  PDSERVE_ASSIGN_OR_RETURN(*plan, comm::ParallelPlan::FromString(*a.Get(key), "--" + key));
+  *set = true;
+  return Status::Ok();
+}
+
+Status FillSpec(const Args& a, planner::PlanSpec* s) {
+  if (auto f = a.Get("spec")) PDSERVE_RETURN_IF_ERROR(s->MergeYamlFile(*f));
+  if (auto v = a.Get("model")) s->model = *v;
+  if (auto v = a.Get("hardware")) s->hardware = *v;
+  if (auto v = a.Get("weights")) s->weights = *v;
+  if (auto v = a.Get("kv-format")) s->kv_format = *v;
+  if (auto v = a.Get("index-format")) s->index_format = *v;
+  if (auto v = a.Get("mode")) {
+    if (*v != "disaggregated" && *v != "colocated")
+      return Status::InvalidArgument("--mode wants disaggregated or colocated, got '" + *v + "'");
+    s->colocated = *v == "colocated";
+  }
+  for (const auto& [key, out] : std::vector<std::pair<std::string, int64_t*>>{
+           {"prefill-nodes", &s->prefill_nodes}, {"decode-nodes", &s->decode_nodes},
+           {"colocated-nodes", &s->colocated_nodes}, {"prefill-instances", &s->prefill_instances},
+           {"decode-instances", &s->decode_instances}, {"colocated-instances", &s->colocated_instances},
+           {"input-len", &s->workload.input_len}, {"output-len", &s->workload.output_len},
+           {"num-requests", &s->workload.num_requests}, {"warmup", &s->workload.warmup},
+           {"max-num-seqs", &s->limits.max_num_seqs}, {"max-step-tokens", &s->limits.max_step_tokens},
+           {"prefill-chunk", &s->limits.prefill_chunk}, {"search-instances", &s->search_instances}})
+    PDSERVE_RETURN_IF_ERROR(SetInt(a, key, out));
+  if (a.Has("seed")) {
+    PDSERVE_ASSIGN_OR_RETURN(int64_t seed, a.GetInt("seed", 1));
+    s->workload.seed = static_cast<uint64_t>(seed);
+  }
+  PDSERVE_RETURN_IF_ERROR(SetPlan(a, "prefill-plan", &s->prefill_plan_set, &s->prefill_plan));
+  PDSERVE_RETURN_IF_ERROR(SetPlan(a, "decode-plan", &s->decode_plan_set, &s->decode_plan));
+  PDSERVE_RETURN_IF_ERROR(SetPlan(a, "colocated-plan", &s->colocated_plan_set, &s->colocated_plan));
+  PDSERVE_ASSIGN_OR_RETURN(s->workload.range_ratio, GetDouble(a, "range-ratio", s->workload.range_ratio));
+  PDSERVE_ASSIGN_OR_RETURN(s->workload.rate_rps, GetDouble(a, "rate", s->workload.rate_rps));
+  PDSERVE_ASSIGN_OR_RETURN(double ttft_ms, GetDouble(a, "slo-ttft-ms", s->slo.ttft_s * 1e3));
+  PDSERVE_ASSIGN_OR_RETURN(double tpot_ms, GetDouble(a, "slo-tpot-ms", s->slo.tpot_s * 1e3));
+  s->slo.ttft_s = ttft_ms * 1e-3;
+  s->slo.tpot_s = tpot_ms * 1e-3;
+  PDSERVE_ASSIGN_OR_RETURN(s->slo.attainment, GetDouble(a, "slo-attainment", s->slo.attainment));
+  if (a.Has("no-search")) s->search = false;
+  return Status::Ok();
+}
+
+// Writes the report and the plot script to a temporary directory and runs python3 on them.
+Status Plot(const planner::PlanReport& report, const std::string& png) {
+  if (report.sweep.empty())
+    return Status::InvalidArgument("--plot draws goodput against the prefill:decode split: it needs a disaggregated "
+                                   "plan with the search on (not --mode colocated or --no-search)");
+  char tmpl[] = "/tmp/pdserve-plan.XXXXXX";
+  if (!mkdtemp(tmpl)) return Status::Internal("cannot create a temporary directory for the plot");
+  const std::string dir = tmpl;
+  std::ofstream(dir + "/report.json") << report.ToJson().dump(2);
+  std::ofstream(dir + "/plot_goodput.py") << planner::GoodputPlotScript();
+  const std::string cmd = "python3 '" + dir + "/plot_goodput.py' '" + dir + "/report.json' '" + png + "' 2>'" + dir +
+                          "/plot.log'";
+  const int rc = std::system(cmd.c_str());
+  std::string log;
+  if (rc != 0) {
+    std::ifstream in(dir + "/plot.log");
+    std::getline(in, log, '\0');
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (rc != 0)
+    return Status::Unavailable("the plot script failed (python3 with matplotlib is needed: scripts/setup.sh): " + log);
+  return Status::Ok();
+}
+
+int RunPlan(const std::vector<std::string>& argv) {
+  auto args = Args::Parse(argv,
+                          {"model", "hardware", "weights", "kv-format", "index-format", "mode", "spec",
+                           "prefill-nodes", "decode-nodes", "colocated-nodes", "prefill-instances",
+                           "decode-instances", "colocated-instances", "prefill-plan", "decode-plan",
+                           "colocated-plan", "input-len", "output-len", "range-ratio", "rate", "num-requests",
+                           "warmup", "seed", "slo-ttft-ms", "slo-tpot-ms", "slo-attainment", "max-num-seqs",
+                           "max-step-tokens", "prefill-chunk", "search-instances", "plot"},
+                          {"json", "no-search", "list-hardware"});
+  if (!args.ok()) return ReportStatus("plan", args.status());
+  if (args->Has("list-hardware")) {
+    for (const auto& n : planner::BuiltinProfileNames()) {
+      auto p = planner::HardwareProfile::Load(n);
+      std::printf("%-14s %s\n", n.c_str(), p.ok() ? p->description.c_str() : p.status().ToString().c_str());
+    }
+    return 0;
+  }
+  planner::PlanSpec spec;
+  Status s = FillSpec(*args, &spec);
+  if (!s.ok()) return ReportStatus("plan", s);
+  auto report = planner::MakePlan(spec);
+  if (!report.ok()) return ReportStatus("plan", report.status());
+  if (args->Has("json")) {
+    std::printf("%s\n", report->ToJson().dump(2).c_str());
+  } else {
+    std::printf("%s", report->ToMarkdown().c_str());
+  }
+  if (auto png = args->Get("plot")) {
+    Status p = Plot(*report, *png);
+    if (!p.ok()) return ReportStatus("plan", p);
+    std::fprintf(stderr, "wrote %s\n", png->c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+PDSERVE_REGISTER_COMMAND(plan, "plan", "capacity planner: size prefill / decode pools for a workload and SLO", RunPlan);
+}  // namespace pdserve::cli
