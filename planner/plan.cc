@@ -121,6 +121,17 @@ class Planner {
     report_.sim = Simulate(w, PoolInstances());
     if (report_.sim.completed == 0) return Status::Internal("the simulation completed no request");
     report_.attainment = report_.sim.Attainment(spec_.slo.ttft_s, spec_.slo.tpot_s);
+    {
+      // Queues that grow through the run: the rate exceeds what the pools carry.
+      const auto& t = report_.sim.ttft_s;
+      const size_t n = t.size();
+      double early = 0, late = 0;
+      for (size_t i = 0; i < n / 2; ++i) early += t[i];
+      for (size_t i = n - n / 4; i < n; ++i) late += t[i];
+      if (n >= 8 && late / static_cast<double>(n / 4) > 2.0 * early / static_cast<double>(n / 2) + 0.05)
+        report_.notes.push_back("TTFT grows through the simulated run (the last quarter's mean is more than twice "
+                                "the first half's): the offered rate is beyond what these pools carry");
+    }
     report_.goodput_rps = report_.sim.Goodput(spec_.slo.ttft_s, spec_.slo.tpot_s);
     FillPoolSteps();
     report_.max_goodput_rps = MaxGoodput(PoolInstances());

@@ -92,7 +92,10 @@ Status Plot(const planner::PlanReport& report, const std::string& png) {
   const std::string dir = tmpl;
   std::ofstream(dir + "/report.json") << report.ToJson().dump(2);
   std::ofstream(dir + "/plot_goodput.py") << planner::GoodputPlotScript();
-  const std::string cmd = "python3 '" + dir + "/plot_goodput.py' '" + dir + "/report.json' '" + png + "' 2>'" + dir +
+  // Debian's interpreter has python3-matplotlib (scripts/setup.sh); a python3 earlier on PATH
+  // (pyenv, venv) may not.
+  const std::string python = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  const std::string cmd = python + " '" + dir + "/plot_goodput.py' '" + dir + "/report.json' '" + png + "' 2>'" + dir +
                           "/plot.log'";
   const int rc = std::system(cmd.c_str());
   std::string log;
