@@ -4,6 +4,8 @@
 
 #include <prometheus/text_serializer.h>
 
+#include "services/common/net_util.h"
+
 namespace pdserve::services {
 
 Result<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(const std::string& bind_address,
@@ -19,7 +21,15 @@ Result<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(const std::string&
     if (ports.empty()) return Status::Unavailable("metrics exposer on " + bind_address + " is not listening");
     m->port_ = ports.front();
   } catch (const std::exception& e) {
-    return Status::Unavailable("cannot serve metrics on " + bind_address + ": " + e.what());
+    // civetweb only says it could not bind; find out why.
+    int port = 0;
+    try {
+      port = std::stoi(bind_address.substr(colon + 1));
+    } catch (const std::exception&) {
+      return Status::InvalidArgument("metrics address '" + bind_address + "' has no numeric port");
+    }
+    return Status::Unavailable("cannot serve metrics on " + bind_address + ": " +
+                               DescribeListenFailure(bind_address.substr(0, colon), port) + " (" + e.what() + ")");
   }
   m->address_ = bind_address.substr(0, colon) + ":" + std::to_string(m->port_);
   return m;

@@ -114,6 +114,8 @@ std::vector<ProcessExit> ProcessSupervisor::Reap() {
     FlushAndClose(*c);
     exits.push_back({c->name, c->pid, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)});
   }
+  // A restarted child reuses its name: forget the dead ones.
+  std::erase_if(children_, [](const std::unique_ptr<Child>& c) { return !c->running && c->out_fd < 0; });
   return exits;
 }
 
@@ -199,8 +201,16 @@ std::vector<std::string> ProcessSupervisor::RunningNames() const {
 
 std::optional<pid_t> ProcessSupervisor::Pid(const std::string& name) const {
   for (const auto& c : children_)
-    if (c->name == name) return c->pid;
+    if (c->name == name && c->running) return c->pid;
   return std::nullopt;
+}
+
+bool ProcessSupervisor::Signal(const std::string& name, int signo, bool whole_group) {
+  for (const auto& c : children_) {
+    if (c->name != name || !c->running) continue;
+    return kill(whole_group ? -c->pid : c->pid, signo) == 0;
+  }
+  return false;
 }
 
 }  // namespace pdserve::launch

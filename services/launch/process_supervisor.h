@@ -50,8 +50,13 @@ class ProcessSupervisor {
   // their last words), then SIGKILLs what is left. Returns their exits.
   std::vector<ProcessExit> Stop(const std::vector<std::string>& names, std::chrono::milliseconds grace);
 
+  // Sends `signo` to the running child `name` (its whole process group, or the child alone).
+  // False when no such child runs.
+  bool Signal(const std::string& name, int signo, bool whole_group = true);
+
   bool Running(const std::string& name) const;
   std::vector<std::string> RunningNames() const;
+  // The pid of the running child `name`.
   std::optional<pid_t> Pid(const std::string& name) const;
 
  private:
