@@ -5,7 +5,7 @@ pdserve=$1
 data=$2
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-work=$(mktemp -d /tmp/pdserve-plan-cli.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/pdserve-plan-cli.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail() { echo "planner_cli: $*" >&2; exit 1; }
 
@@ -43,13 +43,15 @@ assert step["indexer_s"] > 0 and step["cp_comm_s"] > 0 and step["ep_comm_s"] > 0
 assert len(j["ratio_sweep"]) == 2
 PY
 
-# 3. Bad inputs: exit 1 and a message naming the problem.
+# 3. Bad inputs: a message naming the problem; exit 2 for what the command line parser refuses
+#    (unknown options, missing values), 1 for everything else.
 expect_error() {
-  local want=$1
+  local want=$1 code=1
   shift
+  if [ "$1" = "--exit" ]; then code=$2; shift 2; fi
   "$pdserve" plan "$@" >/dev/null 2>"$work/err"
   local rc=$?
-  [ $rc -eq 1 ] || fail "exit $rc for: $* (wanted 1)"
+  [ $rc -eq "$code" ] || fail "exit $rc for: $* (wanted $code)"
   grep -q "$want" "$work/err" || fail "no '$want' in: $(cat "$work/err")"
 }
 expect_error "missing --model" --hardware local
@@ -57,7 +59,7 @@ expect_error "no model config" --model /no/such/dir
 expect_error "unknown KV latent format" --model "$data/deepseek-v3.2-exp" --kv-format fp4
 expect_error "no hardware profile" --model "$data/deepseek-v3.2-exp" --hardware tpu9
 expect_error "wants a number" --model "$data/deepseek-v3.2-exp" --rate fast
-expect_error "unknown option --colour" --model "$data/deepseek-v3.2-exp" --colour red
+expect_error "colour" --exit 2 --model "$data/deepseek-v3.2-exp" --colour red
 expect_error "ep=5" --model "$data/deepseek-v3.2-exp" --hardware h800 --prefill-plan cp=16,ep=16 --prefill-nodes 2 \
   --decode-plan dp=5,ep=5 --decode-instances 1
 expect_error "no plan spec file" --spec "$work/absent.yaml"

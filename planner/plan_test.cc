@@ -2,6 +2,8 @@
 // config (spec-sheet profiles); every bad input gets a clear error, never a crash.
 #include "planner/plan.h"
 
+#include <stdlib.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -14,12 +16,24 @@ namespace {
 
 const std::string kV32 = std::string(PDSERVE_PLANNER_TESTDATA) + "/deepseek-v3.2-exp";
 
-std::string SmallConfigDir() {
-  const std::string dir = std::filesystem::temp_directory_path() / "pdserve-plan-test-small";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << model::PresetConfig("small", 0).value().ToJson().dump(2);
-  return dir;
-}
+// The `small` preset's config.json in a directory under $TMPDIR, removed when the test ends.
+class SmallConfig {
+ public:
+  SmallConfig() {
+    std::string tmpl = std::filesystem::temp_directory_path() / "pdserve-plan-test.XXXXXX";
+    PDSERVE_CHECK(mkdtemp(tmpl.data()) != nullptr, "mkdtemp failed");
+    dir_ = tmpl;
+    std::ofstream(dir_ + "/config.json") << model::PresetConfig("small", 0).value().ToJson().dump(2);
+  }
+  ~SmallConfig() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
 
 PlanSpec Quick(const std::string& model) {
   PlanSpec s;
@@ -30,7 +44,8 @@ PlanSpec Quick(const std::string& model) {
 }
 
 TEST(PlanTest, DefaultsOnTheSmallPreset) {
-  PlanSpec s = Quick(SmallConfigDir());
+  SmallConfig small;
+  PlanSpec s = Quick(small.dir());
   auto r = MakePlan(s);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const nlohmann::json j = r->ToJson();
@@ -51,7 +66,8 @@ TEST(PlanTest, DefaultsOnTheSmallPreset) {
 }
 
 TEST(PlanTest, SearchFindsASplitAndSweepsTheRatio) {
-  PlanSpec s = Quick(SmallConfigDir());
+  SmallConfig small;
+  PlanSpec s = Quick(small.dir());
   s.prefill_instances = 1;
   s.decode_instances = 1;
   s.prefill_plan_set = s.decode_plan_set = true;
@@ -113,7 +129,8 @@ TEST(PlanTest, DeepSeekV32OnTheSeedsCluster) {
 }
 
 TEST(PlanTest, BadInputsAreClearErrors) {
-  const std::string small = SmallConfigDir();
+  SmallConfig small_config;
+  const std::string small = small_config.dir();
   struct Case {
     std::function<void(PlanSpec*)> edit;
     StatusCode code;
@@ -165,7 +182,8 @@ TEST(PlanTest, BadInputsAreClearErrors) {
 }
 
 TEST(PlanTest, SpecFile) {
-  const std::string dir = SmallConfigDir();
+  SmallConfig small;
+  const std::string dir = small.dir();
   const std::string path = dir + "/spec.yaml";
   std::ofstream(path) << "model: " << dir << "\nhardware: local\nmode: colocated\n"
                       << "colocated: {instances: 2, plan: \"dp=1\"}\n"

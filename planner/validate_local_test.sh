@@ -14,7 +14,10 @@
 # the router, which are what the predictions are compared with, never feed the model.
 #
 # Usage: validate_local_test.sh BIN_DIR MODEL_DIR [RESULTS_MD]
-#   MODEL_DIR: the `small` preset, made there (pdserve make-model) when absent and kept.
+#   MODEL_DIR: the `small` preset, made there (pdserve make-model) when absent and kept (CTest
+#   passes <build>/test-models/small-v129280-s1, the cache of services/common/testing
+#   CachedTestModel). The router refuses models with a vocabulary smaller than its tokenizer,
+#   so the preset gets DeepSeek-V3's 129280-token vocabulary.
 # Knobs (environment): RATES_PD ("1.25 2.5"), RATES_COLOCATED ("1.25 2.5"), NUM_REQUESTS (12),
 #   INPUT_LEN (32), OUTPUT_LEN (8), TOLERANCE (0.25), ATTEMPTS (2).
 #
@@ -35,7 +38,7 @@ tol=${TOLERANCE:-0.25}
 py=/usr/bin/python3  # Debian's, with python3-yaml (scripts/setup.sh)
 [ -x "$py" ] || py=python3
 attempts=${ATTEMPTS:-2}
-base=$(mktemp -d /tmp/pdserve-plan-validate.XXXXXX)
+base=$(mktemp -d "${TMPDIR:-/tmp}/pdserve-plan-validate.XXXXXX")
 work=$base
 launch_pid=""
 
@@ -44,10 +47,11 @@ cleanup() {
     kill -TERM "$launch_pid" 2>/dev/null
     wait "$launch_pid" 2>/dev/null
   fi
+  rm -rf "$base"  # also after a failure: fail() printed the logs first
 }
 trap cleanup EXIT
 fail() {
-  echo "planner_validate_local: $* (logs in $work)" >&2
+  echo "planner_validate_local: $*" >&2
   for f in "$work"/*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -20 "$f" >&2; }; done
   exit 1
 }
@@ -55,7 +59,7 @@ fail() {
 if [ ! -f "$model/config.json" ]; then
   mkdir -p "$(dirname "$model")"
   tmp_model="$model.tmp.$$"
-  "$bin/pdserve" make-model --preset small --seed 1 --out "$tmp_model" >"$work/make-model.log" 2>&1 ||
+  "$bin/pdserve" make-model --preset small --vocab 129280 --seed 1 --out "$tmp_model" >"$work/make-model.log" 2>&1 ||
     fail "make-model failed"
   mv "$tmp_model" "$model" 2>/dev/null || rm -rf "$tmp_model"  # a concurrent run may have won
 fi
@@ -100,7 +104,7 @@ measure() {
     sleep 0.25
   done
   [ -s "$ready" ] || fail "the $name cluster was not ready within 60 s"
-  (cd "$work" && "$bin/pdserve-loadgen" --ready-file "$ready" --model pdserve --dataset random \
+  (cd "$work" && "$bin/pdserve-loadgen" --ready-file "$ready" --out-dir "$work/results" --model pdserve --dataset random \
     --input-len "$in_len" --output-len "$out_len" --range-ratio 0 --num-requests "$num" \
     --request-rates "${rates// /,}" --warmup 4 --seed 1 --slo-ttft-ms 60000 --slo-tpot-ms 60000 \
     --name "measured-$name" --label "$name" >"$work/loadgen-$name.log" 2>&1) || fail "pdserve-loadgen failed ($name)"
@@ -124,7 +128,7 @@ col_args=(--mode colocated --colocated-plan dp=1 --colocated-instances 2)
 # step of 5 requests after a warm-up) -> OUT.json.
 probe() {
   rm -rf "$work/results/cluster.json"
-  (cd "$work" && "$bin/bench_cluster" --model "$model" --prompts "$in_len" --max-tokens "$((out_len + 1))" --reps 5 \
+  (cd "$work" && PDSERVE_RESULTS_DIR="$work/results" "$bin/bench_cluster" --model "$model" --prompts "$in_len" --max-tokens "$((out_len + 1))" --reps 5 \
     --threads 1 --modes single >"$work/single-$1.log" 2>&1) || fail "bench_cluster (the engine alone) failed"
   mv "$work/results/cluster.json" "$work/$1.json"
 }
@@ -224,5 +228,5 @@ for n in $(seq 1 "$attempts"); do
   echo "== attempt $n"
   if attempt "$n"; then exit 0; fi
 done
-echo "planner_validate_local: no attempt had every point within the tolerance (logs in $base)" >&2
+echo "planner_validate_local: no attempt had every point within the tolerance" >&2
 exit 1
