@@ -231,10 +231,11 @@ class Planner {
           " GiB (plan " + PlanText(plan) + "): split the experts over more ranks (ep) or quantize (--weights w8a8)");
     const int64_t seq_tokens = in_max + (role == "prefill" ? 0 : out_max);
     if (role == "prefill") {
-      // The prompt being computed (every CP rank holds its whole KV) plus one still moving.
+      // The prompt being computed: every CP rank holds its whole KV; a chunked prefill holds the
+      // prompts of a step. (With layer streaming a prompt's blocks are released a transfer tail
+      // after its forward, so the next prompt's KV does not pile on top.)
       const int64_t rows = plan.cp > 1 ? (in_max + plan.cp - 1) / plan.cp : std::min(in_max, spec_.limits.max_step_tokens);
-      const double tokens = static_cast<double>(plan.cp > 1 ? in_max : std::max(in_max, spec_.limits.max_step_tokens)) +
-                            static_cast<double>(in_max);
+      const double tokens = static_cast<double>(plan.cp > 1 ? in_max : std::max(in_max, spec_.limits.max_step_tokens));
       m.mla_cache = tokens * static_cast<double>(shape_.MlaBytesPerToken());
       m.indexer_cache = tokens * static_cast<double>(shape_.IndexerBytesPerToken());
       m.activations = static_cast<double>(rows) * (act_row + std::min<double>(static_cast<double>(in_max), kScoreTileKeys) * 4.0);
@@ -298,9 +299,14 @@ class Planner {
     const Workload& w = spec_.workload;
     const int64_t ctx = w.input_len + w.output_len / 2;
     auto decode_side = [&](Pool& pool) {
-      const int64_t units = std::max<int64_t>(1, pool.report.instances * pool.report.plan.dp);
-      const int64_t batch = std::max<int64_t>(1, std::llround(report_.sim.mean_decode_batch / static_cast<double>(units)));
-      pool.report.step = pool.cost->Decode(batch, ctx);
+      // sim.mean_decode_batch is rows per instance step; its DP units share them.
+      const int64_t dp = std::max<int64_t>(1, pool.report.plan.dp);
+      const double rows = std::max(1.0, report_.sim.mean_decode_batch / static_cast<double>(pool.report.instances));
+      const int64_t batch = std::max<int64_t>(1, std::llround(rows / static_cast<double>(dp)));
+      pool.report.step = pool.cost->Unit(std::vector<StepItem>(static_cast<size_t>(batch), StepItem{1, ctx - 1, true}),
+                                         std::max<int64_t>(batch, std::llround(rows)));
+      pool.report.step_at_max_batch = pool.cost->Decode(
+          std::max<int64_t>(1, std::min(pool.report.max_decode_batch_per_rank, spec_.limits.max_num_seqs)), ctx);
       pool.report.memory.mla_cache = static_cast<double>(batch) * static_cast<double>(ctx) * static_cast<double>(shape_.MlaBytesPerToken());
       pool.report.memory.indexer_cache = static_cast<double>(batch) * static_cast<double>(ctx) * static_cast<double>(shape_.IndexerBytesPerToken());
     };

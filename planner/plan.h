@@ -65,10 +65,11 @@ struct PoolReport {
   int64_t instances = 0, ranks_per_instance = 0, devices = 0, nodes = 0;
   comm::ParallelPlan plan;
   double weight_bytes_per_rank = 0;
-  RankMemory memory;                 // at the predicted load (prefill: one prompt in flight)
+  RankMemory memory;                 // at the predicted load (prefill: the prompt being computed)
   int64_t max_decode_batch_per_rank = 0;  // decode / colocated: by memory, before the engine cap
   int64_t kv_capacity_tokens_per_rank = 0;
   StepCost step;                     // prefill: one prompt alone; decode: one step at the mean batch
+  StepCost step_at_max_batch;        // decode / colocated: a step with every DP unit at its max batch
   nlohmann::json ToJson() const;
 };
 

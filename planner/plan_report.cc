@@ -128,7 +128,7 @@ std::string PlanReport::ToMarkdown() const {
        << " | " << Gib(p.memory.activations) << " | " << Gib(p.memory.reserved) << " | " << Gib(p.memory.Headroom())
        << " | " << (p.role == "prefill" ? std::string("-") : std::to_string(p.max_decode_batch_per_rank)) << " |\n";
   }
-  md << "\nMemory at the predicted load (prefill: the prompt being computed + one moving; decode: the mean "
+  md << "\nMemory at the predicted load (prefill: the prompt being computed; decode: the mean "
         "batch at mid-output context). Capacity "
      << Gib(hardware.memory_bytes) << " GiB per device.\n\n";
 
@@ -154,9 +154,11 @@ std::string PlanReport::ToMarkdown() const {
          << " ms and " << Ms(hardware.request_overhead_s + hardware.pd_overhead_s + hardware.token_delivery_s)
          << " ms of router / control path.\n";
     } else {
-      md << "- One " << p.role << " step at the mean batch (" << Fmt("%.1f", sim.mean_decode_batch) << " rows per "
-         << (p.role == "decode" ? "instance" : "instance") << " step): **" << Ms(p.step.total_s) << " ms** = "
-         << parts(p.step) << ".\n";
+      md << "- One " << p.role << " step at the mean batch (" << Fmt("%.1f", sim.mean_decode_batch)
+         << " rows per instance step): **" << Ms(p.step.total_s) << " ms** = " << parts(p.step) << ".\n";
+      md << "- At the largest batch memory allows (" << std::min(p.max_decode_batch_per_rank, spec.limits.max_num_seqs)
+         << " rows per DP unit, mid-output context): **" << Ms(p.step_at_max_batch.total_s) << " ms** per token = "
+         << parts(p.step_at_max_batch) << ".\n";
     }
   }
   md << "\n## Throughput and goodput\n\n"

@@ -95,6 +95,8 @@ TEST(PlanTest, DeepSeekV32OnTheSeedsCluster) {
   s.prefill_plan_set = s.decode_plan_set = true;
   s.prefill_plan.cp = 128;
   s.prefill_plan.ep = 128;
+  s.kv_format = "fp8";
+  s.index_format = "";
   s.decode_plan.dp = 32;
   s.decode_plan.tp = 2;
   s.decode_plan.ep = 64;
@@ -111,9 +113,11 @@ TEST(PlanTest, DeepSeekV32OnTheSeedsCluster) {
   EXPECT_GT(r->pools[1].step.ep_comm_s, 0);
   EXPECT_GT(r->pools[1].step.tp_comm_s, 0);
   // On 4 prefill nodes BF16 weights (~55 GiB per die at EP 64) leave no room for a 128K
-  // prompt's KV: the planner says so.
+  // prompt's BF16 KV (86 KB per token): the planner says so.
   s.prefill_plan.cp = 64;
   s.prefill_plan.ep = 64;
+  s.kv_format = "bf16";
+  s.index_format = "bf16";
   auto four = MakePlan(s);
   ASSERT_FALSE(four.ok());
   EXPECT_EQ(four.status().code(), StatusCode::kResourceExhausted);
