@@ -109,7 +109,8 @@ class AutomatonBuilder {
   int32_t NewState();
   void AddByte(int32_t from, int32_t to, uint8_t lo, uint8_t hi) { nfa_.push_back({from, to, -1, lo, hi, kByte}); }
   void AddEps(int32_t from, int32_t to) { nfa_.push_back({from, to, -1, 0, 0, kEps}); }
-  int32_t BuildExpr(ExprId id, int32_t start, int depth);
+  int32_t BuildExpr(ExprId id, int32_t next, int depth);
+  std::unordered_map<uint64_t, int32_t> memo_;  // (expression, continuation) -> entry
 
   // ---- step 2b: subset construction ----
   struct DNode {
@@ -205,90 +206,99 @@ int32_t AutomatonBuilder::NewState() {
   return nfa_states_++;
 }
 
-int32_t AutomatonBuilder::BuildExpr(ExprId id, int32_t start, int depth) {
-  if (!error_.ok()) return start;
+// Continuation-passing Thompson construction: returns a state from which the paths matching
+// `id` lead to `next`. Invariant: a construct adds edges out of the states it creates only, never
+// out of `next` or out of a child's entry; so the fragment for (expression, continuation) can be
+// shared by every use with the same continuation (memo_), which keeps shared tails linear (the
+// optional-property chains of JSON objects, enum alternatives, rules inlined in tail position).
+int32_t AutomatonBuilder::BuildExpr(ExprId id, int32_t next, int depth) {
+  if (!error_.ok()) return next;
   if (depth > 2000) {
     error_ = Status::InvalidArgument("grammar nests too deeply (inlined definitions more than 2000 levels deep)");
-    return start;
+    return next;
   }
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(id)) << 32) | static_cast<uint32_t>(next);
+  if (auto it = memo_.find(key); it != memo_.end()) return it->second;
   const Expr& e = g_.expr(id);
+  int32_t entry = next;
   switch (e.kind) {
     case ExprKind::kEmpty:
-      return start;
+      break;
     case ExprKind::kBytes: {
-      int32_t s = start;
-      for (char c : e.bytes) {
+      int32_t s = next;
+      for (size_t i = e.bytes.size(); i-- > 0;) {
         const int32_t t = NewState();
-        AddByte(s, t, static_cast<uint8_t>(c), static_cast<uint8_t>(c));
+        AddByte(t, s, static_cast<uint8_t>(e.bytes[i]), static_cast<uint8_t>(e.bytes[i]));
         s = t;
       }
-      return s;
+      entry = s;
+      break;
     }
     case ExprKind::kByteSet: {
-      const int32_t t = NewState();
-      for (ByteRange r : e.byte_ranges) AddByte(start, t, r.lo, r.hi);
-      return t;
+      entry = NewState();
+      for (ByteRange r : e.byte_ranges) AddByte(entry, next, r.lo, r.hi);
+      break;
     }
     case ExprKind::kCharSet: {
-      const int32_t t = NewState();
+      entry = NewState();
       for (CharRange r : e.char_ranges) {
         for (const Utf8Sequence& seq : Utf8Sequences(r)) {
-          int32_t s = start;
+          int32_t s = entry;
           for (size_t i = 0; i + 1 < seq.size(); ++i) {
             const int32_t u = NewState();
             AddByte(s, u, seq[i].lo, seq[i].hi);
             s = u;
           }
-          AddByte(s, t, seq.back().lo, seq.back().hi);
+          AddByte(s, next, seq.back().lo, seq.back().hi);
         }
       }
-      return t;
+      break;
     }
     case ExprKind::kSeq: {
-      int32_t s = start;
-      for (ExprId c : e.children) s = BuildExpr(c, s, depth + 1);
-      return s;
+      int32_t s = next;
+      for (size_t i = e.children.size(); i-- > 0;) s = BuildExpr(e.children[i], s, depth + 1);
+      entry = s;
+      break;
     }
     case ExprKind::kAlt: {
-      const int32_t t = NewState();
-      for (ExprId c : e.children) {
-        const int32_t u = NewState();
-        AddEps(start, u);
-        AddEps(BuildExpr(c, u, depth + 1), t);
-      }
-      return t;
+      entry = NewState();
+      for (ExprId c : e.children) AddEps(entry, BuildExpr(c, next, depth + 1));
+      break;
     }
     case ExprKind::kRepeat: {
-      // Invariant kept by every case: no edge ever enters `start`, so a loop built here
-      // cannot capture what the caller adds around it.
-      int32_t s = start;
-      for (int32_t i = 0; i < e.min; ++i) s = BuildExpr(e.children[0], s, depth + 1);
+      const ExprId child = e.children[0];
+      int32_t s = next;
       if (e.max == kUnbounded) {
         const int32_t loop = NewState();
-        AddEps(s, loop);
-        const int32_t body = NewState();
-        AddEps(loop, body);
-        AddEps(BuildExpr(e.children[0], body, depth + 1), loop);
-        return loop;
+        AddEps(loop, next);
+        AddEps(loop, BuildExpr(child, loop, depth + 1));
+        s = loop;
+      } else {
+        // Up to max - min optional copies, each may stop at `next`.
+        for (int32_t i = e.min; i < e.max && error_.ok(); ++i) {
+          const int32_t opt = NewState();
+          AddEps(opt, next);
+          AddEps(opt, BuildExpr(child, s, depth + 1));
+          s = opt;
+        }
       }
-      if (e.max == e.min) return s;
-      const int32_t end = NewState();
-      for (int32_t i = e.min; i < e.max && error_.ok(); ++i) {
-        AddEps(s, end);
-        s = BuildExpr(e.children[0], s, depth + 1);
-      }
-      AddEps(s, end);
-      return end;
+      for (int32_t i = 0; i < e.min && error_.ok(); ++i) s = BuildExpr(child, s, depth + 1);
+      entry = s;
+      break;
     }
     case ExprKind::kRuleRef: {
       const int32_t a = automaton_of_rule_[static_cast<size_t>(e.rule)];
-      if (a < 0) return BuildExpr(g_.rule(e.rule).body, start, depth + 1);
-      const int32_t t = NewState();
-      nfa_.push_back({start, t, a, 0, 0, kCall});
-      return t;
+      if (a < 0) {
+        entry = BuildExpr(g_.rule(e.rule).body, next, depth + 1);
+      } else {
+        entry = NewState();
+        nfa_.push_back({entry, next, a, 0, 0, kCall});
+      }
+      break;
     }
   }
-  return start;
+  memo_.emplace(key, entry);
+  return entry;
 }
 
 std::vector<int32_t> AutomatonBuilder::Closure(std::vector<int32_t> set) const {
@@ -604,9 +614,10 @@ Status AutomatonBuilder::Build(CompiledGrammar* out) {
   automaton_start_.assign(rule_of_automaton_.size(), -1);
   for (size_t a = 0; a < rule_of_automaton_.size(); ++a) {
     nfa_.clear();
+    memo_.clear();
     nfa_states_ = 0;
-    const int32_t start = NewState();
-    const int32_t end = BuildExpr(g_.rule(rule_of_automaton_[a]).body, start, 0);
+    const int32_t end = NewState();
+    const int32_t start = BuildExpr(g_.rule(rule_of_automaton_[a]).body, end, 0);
     PDSERVE_RETURN_IF_ERROR(error_);
     PDSERVE_RETURN_IF_ERROR(Determinize(static_cast<int32_t>(a), start, end));
   }
