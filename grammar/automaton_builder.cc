@@ -23,6 +23,9 @@ struct VecHash {
   }
 };
 
+// Minimization's budget in signature entries (rounds * nodes * byte classes): ~0.1 s.
+constexpr size_t kMinimizeWorkBudget = 30'000'000;
+
 uint64_t Fnv(uint64_t h, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < n; ++i) {
@@ -468,7 +471,9 @@ void AutomatonBuilder::Minimize() {
     for (const auto& [r, t] : dfa_[i].edges)
       for (int c = byte_class_[r.lo]; c <= byte_class_[r.hi]; ++c) next[i * k + static_cast<size_t>(c)] = t;
 
-  // Moore refinement: a node's class is refined by its successors' classes until stable.
+  // Moore refinement: a node's class is refined by its successors' classes until stable. A
+  // signature is (class, successor class per byte class, (callee, return class) per call);
+  // nodes are bucketed by a 64-bit hash of it and compared exactly within a bucket.
   std::vector<int32_t> cls(n);
   {
     std::map<std::pair<int32_t, bool>, int32_t> initial;
@@ -476,28 +481,61 @@ void AutomatonBuilder::Minimize() {
       cls[i] = initial.emplace(std::make_pair(dfa_[i].automaton, dfa_[i].final), static_cast<int32_t>(initial.size()))
                    .first->second;
   }
-  size_t n_cls = 0;
-  std::vector<int32_t> sig;
-  while (true) {
-    std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
-    std::vector<int32_t> next_cls(n);
-    for (size_t i = 0; i < n; ++i) {
-      sig.clear();
-      sig.push_back(cls[i]);
-      for (size_t c = 0; c < k; ++c) {
-        const int32_t t = next[i * k + c];
-        sig.push_back(t < 0 ? -1 : cls[static_cast<size_t>(t)]);
-      }
-      for (const auto& [a, t] : dfa_[i].calls) {
-        sig.push_back(a);
-        sig.push_back(cls[static_cast<size_t>(t)]);
-      }
-      next_cls[i] = ids.emplace(sig, static_cast<int32_t>(ids.size())).first->second;
+  auto target_cls = [&](const std::vector<int32_t>& c, size_t i, size_t b) {
+    const int32_t t = next[i * k + b];
+    return t < 0 ? -1 : c[static_cast<size_t>(t)];
+  };
+  auto same = [&](const std::vector<int32_t>& c, size_t i, size_t j) {
+    if (c[i] != c[j] || dfa_[i].calls.size() != dfa_[j].calls.size()) return false;
+    for (size_t b = 0; b < k; ++b)
+      if (target_cls(c, i, b) != target_cls(c, j, b)) return false;
+    for (size_t q = 0; q < dfa_[i].calls.size(); ++q) {
+      const auto& [ai, ti] = dfa_[i].calls[q];
+      const auto& [aj, tj] = dfa_[j].calls[q];
+      if (ai != aj || c[static_cast<size_t>(ti)] != c[static_cast<size_t>(tj)]) return false;
     }
-    const size_t count = ids.size();
-    cls = std::move(next_cls);
+    return true;
+  };
+  // Each round costs n * k; a chain of L nodes (a bounded repetition) needs L rounds to settle.
+  // Refinement that has not settled within the budget is dropped: the automaton stays as
+  // built (correct, just not smallest).
+  const size_t max_rounds = std::clamp<size_t>(kMinimizeWorkBudget / std::max<size_t>(1, n * k), 8, 4096);
+  size_t n_cls = 0, rounds = 0;
+  std::vector<int32_t> next_cls(n), rep, chain;
+  std::unordered_map<uint64_t, int32_t> first_of_hash;
+  first_of_hash.reserve(n * 2);
+  while (true) {
+    first_of_hash.clear();
+    rep.clear();
+    chain.clear();
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t h = 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(cls[i]);
+      auto mix = [&h](int64_t v) {
+        h ^= static_cast<uint64_t>(v) + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
+      };
+      for (size_t b = 0; b < k; ++b) mix(target_cls(cls, i, b));
+      for (const auto& [a, t] : dfa_[i].calls) mix(a), mix(cls[static_cast<size_t>(t)]);
+      auto [it, inserted] = first_of_hash.emplace(h, -1);
+      int32_t id = -1;
+      for (int32_t c = it->second; c >= 0; c = chain[static_cast<size_t>(c)]) {
+        if (same(cls, i, static_cast<size_t>(rep[static_cast<size_t>(c)]))) {
+          id = c;
+          break;
+        }
+      }
+      if (id < 0) {
+        id = static_cast<int32_t>(rep.size());
+        rep.push_back(static_cast<int32_t>(i));
+        chain.push_back(it->second);
+        it->second = id;
+      }
+      next_cls[i] = id;
+    }
+    const size_t count = rep.size();
+    cls.swap(next_cls);
     if (count == n_cls) break;
     n_cls = count;
+    if (++rounds > max_rounds) return;
   }
   // Renumber classes in order of first appearance (node 0, the root's start, stays 0).
   std::vector<int32_t> id_of_cls(n_cls, -1);

@@ -61,17 +61,19 @@ std::string PointerToken(const std::string& s) {
   return out;
 }
 
-// Regexes (over the string's characters) of the supported formats.
+// Regexes (over the string's characters) of the supported formats. Approximations that only
+// admit valid values (emails are shortened to 32@24 characters, dates do not check the month's
+// length); bounded repetitions are kept short since each bound is a chain of automaton nodes.
 const std::map<std::string, std::string>& Formats() {
   static const std::map<std::string, std::string> k = {
       {"date", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"},
       {"time", R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
       {"date-time", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
       {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
-      {"email", R"([A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,6}\.[A-Za-z]{2,24})"},
+      {"email", R"([A-Za-z0-9._%+-]{1,32}@[A-Za-z0-9-]{1,24}(\.[A-Za-z0-9-]{1,24}){0,3}\.[A-Za-z]{2,12})"},
       {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
-      {"hostname", R"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?){0,8})"},
-      {"uri", R"([A-Za-z][A-Za-z0-9+.-]{0,31}:[!#-\[\]-~]{1,2000})"},
+      {"hostname", R"([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*)"},
+      {"uri", R"([A-Za-z][A-Za-z0-9+.-]*:[!#-\[\]-~]+)"},
   };
   return k;
 }
