@@ -289,6 +289,39 @@ int32_t AutomatonBuilder::BuildExpr(ExprId id, int32_t next, int depth) {
       entry = s;
       break;
     }
+    case ExprKind::kUntil: {
+      // The KMP automaton of the marker: state i = the longest marker prefix the text ends with.
+      const std::string& m = e.bytes;
+      const size_t len = m.size();
+      std::vector<size_t> border(len + 1, 0);  // border[i]: longest proper border of m[0, i)
+      for (size_t i = 2, b = 0; i <= len; ++i) {
+        while (b > 0 && m[i - 1] != m[b]) b = border[b];
+        if (m[i - 1] == m[b]) ++b;
+        border[i] = b;
+      }
+      std::vector<int32_t> state(len);
+      for (size_t i = 0; i < len; ++i) state[i] = NewState();
+      for (size_t i = 0; i < len; ++i) {
+        auto target = [&](uint8_t c) {
+          size_t j = i;
+          while (j > 0 && static_cast<uint8_t>(m[j]) != c) j = border[j];
+          if (static_cast<uint8_t>(m[j]) == c) ++j;
+          return j;
+        };
+        int run_start = 0;
+        size_t run_target = target(0);
+        for (int c = 1; c <= 256; ++c) {
+          const size_t t = c < 256 ? target(static_cast<uint8_t>(c)) : len + 1;
+          if (t == run_target) continue;
+          AddByte(state[i], run_target == len ? next : state[run_target], static_cast<uint8_t>(run_start),
+                  static_cast<uint8_t>(c - 1));
+          run_start = c;
+          run_target = t;
+        }
+      }
+      entry = state[0];
+      break;
+    }
     case ExprKind::kRuleRef: {
       const int32_t a = automaton_of_rule_[static_cast<size_t>(e.rule)];
       if (a < 0) {

@@ -257,6 +257,15 @@ class EbnfParser {
       return g_.ByteSet({{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)}});
     }
     if (Eat("%json")) return JsonDirective();
+    if (Eat("%until")) {
+      SkipSpace();
+      if (Peek() != '"' && Peek() != '\'') return Fail("%until needs a string literal"), 0;
+      const ExprId lit = Primary();
+      if (!error_.ok()) return 0;
+      const Expr& e = g_.expr(lit);
+      if (e.kind != ExprKind::kBytes) return Fail("%until needs a non-empty marker"), 0;
+      return g_.Until(std::string(e.bytes));
+    }
     if (Eat("%regex")) {
       SkipSpace();
       if (Peek() != '"' && Peek() != '\'') return Fail("%regex needs a string literal"), 0;

@@ -10,7 +10,8 @@
 // denoting characters, written as UTF-8); [a-z0-9] and [^...] Unicode character classes;
 // `.` any character; %xHH and %xHH-HH single raw bytes; rule names ([A-Za-z_][A-Za-z0-9_-]*);
 // ( ... ) grouping; | alternation; postfix * + ? {n} {n,} {n,m}; %json <schema> (a JSON Schema
-// value, json_schema.h); %regex "pattern" (regex_parser.h, whole-match). A rule ends where the
+// value, json_schema.h); %regex "pattern" (regex_parser.h, whole-match); %until "marker" (any
+// bytes up to and including the first occurrence of the marker). A rule ends where the
 // next `name ::=` begins. Rules may be recursive but not left-recursive (compile error).
 //
 // Thread-safety: pure functions.

@@ -155,6 +155,13 @@ ExprId Grammar::Ref(RuleId rule) {
   return Add(std::move(e));
 }
 
+ExprId Grammar::Until(std::string_view marker) {
+  Expr e;
+  e.kind = ExprKind::kUntil;
+  e.bytes = std::string(marker);
+  return Add(std::move(e));
+}
+
 RuleId Grammar::DeclareRule(std::string_view name) {
   if (RuleId r = FindRule(name); r >= 0) return r;
   rules_.push_back(Rule{std::string(name), -1});
@@ -186,6 +193,8 @@ Status Grammar::Validate() const {
       if (c < 0 || c >= n_exprs()) return Status::InvalidArgument("grammar expression refers to a missing expression");
     if (e.kind == ExprKind::kRuleRef && (e.rule < 0 || e.rule >= n_rules()))
       return Status::InvalidArgument("grammar expression refers to a missing rule");
+    if (e.kind == ExprKind::kUntil && e.bytes.empty())
+      return Status::InvalidArgument("grammar %until needs a non-empty marker");
     if (e.kind == ExprKind::kRepeat &&
         (e.children.size() != 1 || e.min < 0 || (e.max != kUnbounded && e.max < e.min)))
       return Status::InvalidArgument("grammar repetition has bounds {" + std::to_string(e.min) + "," +
@@ -271,6 +280,10 @@ std::string Grammar::ExprToEbnf(ExprId id, int parent_precedence) const {
     }
     case ExprKind::kRuleRef:
       return rule(e.rule).name;
+    case ExprKind::kUntil: {
+      Grammar tmp;
+      return "%until " + tmp.ExprToEbnf(tmp.Bytes(e.bytes), kPrecPostfix + 1);
+    }
   }
   return out;
 }

@@ -50,6 +50,8 @@ enum class ExprKind : uint8_t {
   kAlt,      // any one child
   kRepeat,   // child repeated min..max times (max == kUnbounded: no bound)
   kRuleRef,  // the body of rule `rule`
+  kUntil,    // any bytes that end with `bytes` and hold it nowhere earlier (free text up to a
+             // marker, e.g. reasoning up to "</think>")
 };
 
 struct Expr {
@@ -87,6 +89,7 @@ class Grammar {
   ExprId Plus(ExprId child) { return Repeat(child, 1, kUnbounded); }
   ExprId Optional(ExprId child) { return Repeat(child, 0, 1); }
   ExprId Ref(RuleId rule);
+  ExprId Until(std::string_view marker);  // REQUIRES: marker non-empty
 
   // ---- rules ----
   // Declares a rule (or returns the existing one of that name) without a body yet.
