@@ -648,6 +648,11 @@ Result<ExprId> AddJsonSchema(Grammar* g, std::string_view schema_json, const Jso
   }
 }
 
+Status ValidateJsonSchema(std::string_view schema_json, std::string_view where, const JsonSchemaOptions& options) {
+  Grammar g;
+  return AddJsonSchema(&g, schema_json, options, where).status();
+}
+
 Result<Grammar> GrammarFromJsonSchema(std::string_view schema_json, const JsonSchemaOptions& options) {
   Grammar g;
   const RuleId root = g.DeclareRule("root");

@@ -56,6 +56,11 @@ struct JsonSchemaOptions {
 Result<ExprId> AddJsonSchema(Grammar* g, std::string_view schema_json, const JsonSchemaOptions& options,
                              std::string_view where = "", std::string_view rule_prefix = "");
 
+// Checks a schema on its own (the router's 400 before anything compiles). Same errors as
+// AddJsonSchema, prefixed with `where` (e.g. "tools[1].function.parameters").
+Status ValidateJsonSchema(std::string_view schema_json, std::string_view where = "",
+                          const JsonSchemaOptions& options = {});
+
 // A grammar for a whole response: optional whitespace, the value, optional whitespace.
 Result<Grammar> GrammarFromJsonSchema(std::string_view schema_json, const JsonSchemaOptions& options = {});
 
