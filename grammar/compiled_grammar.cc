@@ -133,6 +133,16 @@ const NodeTokens& CompiledGrammar::TokensAt(uint32_t node) const {
   return *raw;
 }
 
+int64_t CompiledGrammar::MemoryBytes() const {
+  int64_t bytes = static_cast<int64_t>(next_.size() * sizeof(uint32_t) + flags_.size() + call_begin_.size() * sizeof(uint32_t) +
+                                       calls_.size() * sizeof(Call));
+  std::lock_guard<std::mutex> lock(classify_mu_);
+  for (const auto& t : owned_tokens_)
+    bytes += static_cast<int64_t>(sizeof(NodeTokens) + (t->accepted_ids.size() + t->uncertain.size()) * sizeof(int32_t) +
+                                  t->accepted_mask.size() * sizeof(uint32_t));
+  return bytes;
+}
+
 std::shared_ptr<const std::vector<uint32_t>> CompiledGrammar::FindStateMask(const std::string& key) const {
   std::lock_guard<std::mutex> lock(cache_mu_);
   auto it = state_masks_.find(key);

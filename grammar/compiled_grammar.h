@@ -109,6 +109,10 @@ class CompiledGrammar {
   std::shared_ptr<const std::vector<uint32_t>> FindStateMask(const std::string& key) const;
   void StoreStateMask(const std::string& key, std::shared_ptr<const std::vector<uint32_t>> mask) const;
 
+  // Bytes held: the automaton's tables plus the token sets computed so far (not the
+  // state-mask cache, bounded by CompileOptions::state_mask_cache_entries).
+  int64_t MemoryBytes() const;
+
   // Work counters, for tests and benchmarks.
   int64_t nodes_classified() const { return nodes_classified_.load(std::memory_order_relaxed); }
   int64_t state_mask_misses() const { return state_mask_misses_.load(std::memory_order_relaxed); }

@@ -55,8 +55,6 @@ Status GrammarMatcher::Advance(std::string_view bytes) {
     can_end = ops_->Close(raw_, &next_).base_return;
     cur.swap(next_);
   }
-  // Only stacks beyond max_stack_depth can leave nothing to continue with.
-  if (!bytes.empty() && cur.empty() && !can_end) return Status::InvalidArgument("the text nests too deeply");
   state_.swap(cur);
   can_end_ = can_end;
   return Status::Ok();

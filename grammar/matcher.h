@@ -55,8 +55,10 @@ class GrammarMatcher {
   Status AcceptBytes(std::string_view bytes);
 
   // Writes the allowed-token bitmask: grammar().vocabulary().mask_words() words, bit i of
-  // word i / 32 set when id i may come next. Returns false when nothing is allowed (only after
-  // termination: a compiled grammar has no dead ends).
+  // word i / 32 set when id i may come next; AcceptToken(i) succeeds exactly for those ids.
+  // Returns false when nothing is allowed: after termination, or when the text would have to
+  // nest deeper than CompileOptions::max_stack_depth to go on (the caller ends the request
+  // with an error; a compiled grammar has no other dead ends).
   bool FillNextTokenBitmask(uint32_t* mask);
   // Whether one token may come next (no mask needed).
   bool IsTokenAllowed(int32_t id);

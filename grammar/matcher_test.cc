@@ -262,6 +262,20 @@ TEST(Matcher, DepthLimit) {
   GrammarMatcher m(c);
   EXPECT_TRUE(m.AcceptBytes("((").ok());
   EXPECT_FALSE(m.AcceptBytes("((((").ok());
+  // A grammar that must call deeper right after a byte: the byte is allowed (the mask does not
+  // know the depth) and the matcher then reports a dead end instead of a mask.
+  Grammar g;
+  const RuleId root = g.DeclareRule("root");
+  g.Define(root, g.Alt({g.Seq({g.Bytes("("), g.Ref(root), g.Bytes(")")}), g.Bytes("x")}));
+  g.SetRoot(root);
+  GrammarMatcher n(MustCompile(g, v, CompileOptions{.max_stack_depth = 2}));
+  std::vector<uint32_t> mask(static_cast<size_t>(v->mask_words()));
+  ASSERT_TRUE(n.AcceptBytes("(").ok());
+  ASSERT_TRUE(n.FillNextTokenBitmask(mask.data()));
+  EXPECT_TRUE(MaskAllows(mask.data(), '('));
+  ASSERT_TRUE(n.AcceptToken('(').ok());
+  EXPECT_FALSE(n.FillNextTokenBitmask(mask.data()));
+  EXPECT_FALSE(n.CanEnd());
 }
 
 TEST(Matcher, CopiesAreIndependent) {

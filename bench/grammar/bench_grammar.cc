@@ -69,7 +69,7 @@ struct GrammarFigures {
   std::string name;
   double compile_ms = 0, cold_us_per_token = 0, cold_max_token_ms = 0;
   double fill_ms = 0, fill_pool_ms = 0, apply_ms = 0, advance_ms = 0;
-  int64_t nodes = 0, classified = 0, state_cache_misses = 0;
+  int64_t nodes = 0, classified = 0, state_cache_misses = 0, memory_bytes = 0;
   double total_ms() const { return std::min(fill_ms, fill_pool_ms) + apply_ms + advance_ms; }
 };
 
@@ -157,6 +157,7 @@ GrammarFigures MeasureGrammar(const std::string& name, const grammar::Constraint
   f.apply_ms = Median(apply) * 1e3;
   f.advance_ms = Median(advance) * 1e3;
   f.state_cache_misses = g->state_mask_misses() - misses0;
+  f.memory_bytes = g->MemoryBytes();
   return f;
 }
 
@@ -248,8 +249,8 @@ int Main(int argc, char** argv) {
                       {"commit", GitRevision()}, {"uptime_before", load_before}, {"uptime_mid", load_mid},
                       {"uptime_after", load_after}};
   std::string md = "# Structured-output mask cost per decode step (batch 64, vocab 129,280)\n\n";
-  md += "| grammar | nodes (classified) | compile | cold pass (max) | fill 1 thr | fill 2 thr | apply to logits | advance | total | of decode step |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "| grammar | nodes (classified) | memory | compile | cold pass (max) | fill 1 thr | fill 2 thr | apply to logits | advance | total | of decode step |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const GrammarFigures& f : figs) {
     const double share = decode_ms > 0 ? f.total_ms() / decode_ms : 0;
     j["grammars"].push_back({{"name", f.name}, {"nodes", f.nodes}, {"classified", f.classified},
@@ -257,11 +258,12 @@ int Main(int argc, char** argv) {
                              {"cold_max_token_ms", f.cold_max_token_ms},
                              {"fill_ms", f.fill_ms}, {"fill_pool2_ms", f.fill_pool_ms}, {"apply_ms", f.apply_ms},
                              {"advance_ms", f.advance_ms}, {"total_ms", f.total_ms()}, {"share_of_decode_step", share},
-                             {"state_cache_misses", f.state_cache_misses}});
+                             {"state_cache_misses", f.state_cache_misses}, {"memory_bytes", f.memory_bytes}});
     char line[512];
     std::snprintf(line, sizeof(line),
-                  "| %s | %lld (%lld) | %.1f ms | %.0f us/token (%.1f ms) | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.2f%% |\n",
-                  f.name.c_str(), static_cast<long long>(f.nodes), static_cast<long long>(f.classified), f.compile_ms,
+                  "| %s | %lld (%lld) | %.1f MB | %.1f ms | %.0f us/token (%.1f ms) | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.2f%% |\n",
+                  f.name.c_str(), static_cast<long long>(f.nodes), static_cast<long long>(f.classified),
+                  static_cast<double>(f.memory_bytes) / 1e6, f.compile_ms,
                   f.cold_us_per_token, f.cold_max_token_ms, f.fill_ms, f.fill_pool_ms, f.apply_ms, f.advance_ms, f.total_ms(), 100 * share);
     md += line;
   }
