@@ -19,7 +19,7 @@ test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 demo: build
-	@scripts/demo.sh $(BUILD_DIR)
+	@PDSERVE_DEMO_KEEP=$(if $(KEEP),1,0) scripts/demo.sh $(BUILD_DIR)
 
 bench: build
 	@scripts/bench.sh $(BUILD_DIR)

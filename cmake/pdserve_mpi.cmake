@@ -54,4 +54,5 @@ function(pdserve_add_mpi_test)
     TIMEOUT ${ctest_timeout}
     PROCESSORS ${T_NP}
     LABELS "mpi;${T_LABELS}")
+  pdserve_test_hygiene(${T_NAME})
 endfunction()

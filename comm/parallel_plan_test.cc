@@ -64,11 +64,15 @@ TEST(ParallelPlanTest, JsonAndYamlForms) {
 
 TEST(ParallelPlanTest, LoadFileByExtension) {
   const std::string dir = ::testing::TempDir();
-  std::ofstream(dir + "/plan.yaml") << "parallel: {dp: 2, ep: 2}\n";
-  std::ofstream(dir + "/plan.json") << R"({"cp": 2})";
-  EXPECT_EQ(ParallelPlan::LoadFile(dir + "/plan.yaml").value().dp, 2);
-  EXPECT_EQ(ParallelPlan::LoadFile(dir + "/plan.json").value().cp, 2);
+  const std::string yaml = dir + "/plan-" + std::to_string(::getpid()) + ".yaml";
+  const std::string json = dir + "/plan-" + std::to_string(::getpid()) + ".json";
+  std::ofstream(yaml) << "parallel: {dp: 2, ep: 2}\n";
+  std::ofstream(json) << R"({"cp": 2})";
+  EXPECT_EQ(ParallelPlan::LoadFile(yaml).value().dp, 2);
+  EXPECT_EQ(ParallelPlan::LoadFile(json).value().cp, 2);
   EXPECT_EQ(ParallelPlan::LoadFile(dir + "/missing.json").status().code(), StatusCode::kNotFound);
+  std::remove(yaml.c_str());
+  std::remove(json.c_str());
 }
 
 TEST(ProcessGroupsGridTest, CoordsRoundTripAndTpIsAdjacent) {

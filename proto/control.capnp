@@ -82,6 +82,9 @@ struct Register {
   instanceId @10 :Text;       # the multi-rank instance this worker is a DP rank of (empty: a
                               # one-process worker); shared by the instance's DP ranks
   dpRank @11 :UInt32;         # this worker's DP rank in its instance (< capacity.dpRanks)
+  vocabSize @12 :UInt32;      # rows of the model's embedding / lm_head (0: not a model, e.g.
+                              # the echo test worker); the router refuses a worker whose
+                              # vocabulary does not cover its tokenizer's ids
 }
 
 struct RegisterAck {

@@ -69,6 +69,11 @@ Result<std::vector<ChatMessage>> ParseMessages(const Json& messages) {
       return Status::InvalidArgument(where + ".role must be a string");
     ChatMessage msg;
     msg.role = m["role"].template get<std::string>();
+    // OpenAI's newer spelling of the system role.
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+      return Status::InvalidArgument(where + ".role '" + msg.role +
+                                     "' is not a chat role (system, developer, user, assistant or tool)");
     PDSERVE_ASSIGN_OR_RETURN(msg.content, ParseContent(m, where));
     PDSERVE_ASSIGN_OR_RETURN(msg.tool_calls, ParseToolCalls(m, where));
     out.push_back(std::move(msg));

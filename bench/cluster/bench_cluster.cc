@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!std::filesystem::exists(model_dir + "/config.json")) {
-    std::fprintf(stderr, "no model at %s: make one with `pdserve make-model --preset small --out %s`\n",
+    std::fprintf(stderr, "no model at %s: make one with `pdserve make-model --preset small --vocab 129280 --out %s` (the router refuses a vocabulary smaller than its tokenizer)\n",
                  model_dir.c_str(), model_dir.c_str());
     return 2;
   }

@@ -222,10 +222,21 @@ inline double PeakGmacs(double (*loop)(int64_t, double (*)()), int threads, int 
   return best;
 }
 
-// Writes bench/results/<name>.json and <name>.md (relative to the repository root when run
-// from it, else to the current directory).
+// Where results go: $PDSERVE_RESULTS_DIR when set, else <repository>/bench/results of the
+// checkout whose build the binary belongs to (found by walking up from the binary), else
+// ./bench-results. Never a bare ./results wherever the command happens to run.
+inline std::string ResultsDir() {
+  if (const char* env = std::getenv("PDSERVE_RESULTS_DIR"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  for (std::filesystem::path p = BinDir(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    if (std::filesystem::exists(p / "bench" / "common" / "bench_util.h", ec)) return (p / "bench" / "results").string();
+  }
+  return "bench-results";
+}
+
+// Writes <ResultsDir()>/<name>.json and <name>.md.
 inline void WriteResults(const std::string& name, const nlohmann::json& j, const std::string& markdown) {
-  const std::string dir = std::filesystem::exists("bench") ? "bench/results" : "results";
+  const std::string dir = ResultsDir();
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/" + name + ".json") << j.dump(2) << "\n";
   std::ofstream(dir + "/" + name + ".md") << markdown;

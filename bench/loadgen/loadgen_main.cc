@@ -1,18 +1,6 @@
 // pdserve-loadgen: an OpenAI-API load generator for pdserve clusters (docs/benchmarks.md).
 //
-//   pdserve-loadgen [--url http://127.0.0.1:8000 | --ready-file F] [--endpoint completions|chat]
-//                   [--model NAME] [--dataset random|long|mixed] [--num-requests N]
-//                   [--input-len N] [--output-len N] [--range-ratio R]
-//                   [--long-input-len N] [--long-output-len N] [--long-fraction F]
-//                   [--request-rates 1,2,inf] [--concurrency 0,16] [--warmup N]
-//                   [--slo-ttft-ms T] [--slo-tpot-ms T] [--seed S] [--label L] [--name NAME]
-//                   (exit 1 when a sweep point completed no request)
-//   pdserve-loadgen --mode soak --streams 1000 --seconds 300 [--watch name=pid,...]
-//                   [--rss-growth-limit-mib M] ...            (exit 1 unless every stream
-//                   completed and no watched RSS grew past the limit)
-//
-// --ready-file reads pdserve-launch's ready file: the router's port and every process's pid
-// (the soak watches them all). Results go to bench/results/<name>.{json,md}.
+// Options: pdserve-loadgen --help.
 #include <algorithm>
 #include <csignal>
 #include <cmath>
@@ -27,28 +15,87 @@
 #include "bench/loadgen/dataset.h"
 #include "bench/loadgen/driver.h"
 #include "bench/loadgen/report.h"
+#include "services/common/command_line.h"
 
 namespace {
 
 using namespace pdserve::loadgen;
 using nlohmann::json;
 
-const char* kOptions[] = {"url", "ready-file", "endpoint", "model", "dataset", "num-requests", "input-len",
-                          "output-len", "range-ratio", "long-input-len", "long-output-len", "long-fraction",
-                          "request-rates", "concurrency", "warmup", "slo-ttft-ms", "slo-tpot-ms", "seed",
-                          "label", "name", "mode", "streams", "seconds", "watch", "rss-growth-limit-mib",
-                          "token-lo", "token-hi", "timeout-s"};
-
-int Fail(const std::string& msg) {
-  std::fprintf(stderr, "pdserve-loadgen: %s\n", msg.c_str());
-  return 2;
-}
+const pdserve::services::CommandSpec kSpec{
+    "pdserve-loadgen",
+    "(--url http://HOST:PORT | --ready-file F) [options]",
+    "An OpenAI-API load generator for pdserve clusters (docs/benchmarks.md): Poisson request-rate\n"
+    "and concurrency sweeps over streaming /v1/completions or /v1/chat/completions, TTFT / TPOT /\n"
+    "ITL / e2e percentiles, goodput under an SLO; --mode soak runs concurrent streams and samples\n"
+    "the processes' RSS. Results: <out-dir>/<name>.{json,md} (default: the checkout's bench/results).\n"
+    "Exit 0; 1 when a sweep point completed no request (or a soak failed); 2 for bad options.",
+    {{"url", "URL", "the router, http://HOST:PORT (or --ready-file)"},
+     {"ready-file", "F", "pdserve-launch's ready file: the router's port and every pid (soak watches them)"},
+     {"endpoint", "E", "completions (default) | chat"},
+     {"model", "NAME", "model name sent (default pdserve)"},
+     {"dataset", "D", "random (default) | long | mixed"},
+     {"num-requests", "N", "requests per sweep point (default 100)"},
+     {"input-len", "N", "prompt tokens (default 128)"},
+     {"output-len", "N", "output tokens (default 64)"},
+     {"range-ratio", "R", "lengths vary uniformly by +-R (default 0.5)"},
+     {"long-input-len", "N", "long prompts' tokens (default 2048)"},
+     {"long-output-len", "N", "long prompts' output tokens (default 16)"},
+     {"long-fraction", "F", "share of long prompts in mixed (default 0.1)"},
+     {"request-rates", "LIST", "request rates per second, e.g. 1,2,inf (default inf)"},
+     {"concurrency", "LIST", "max concurrent requests per point, 0 = unlimited (default 0)"},
+     {"warmup", "N", "unmeasured warm-up requests (default 4)"},
+     {"slo-ttft-ms", "T", "SLO on TTFT (default 1000)"},
+     {"slo-tpot-ms", "T", "SLO on TPOT (default 100)"},
+     {"seed", "S", "dataset and arrival seed (default 0)"},
+     {"label", "L", "free text in the report"},
+     {"name", "NAME", "results file name (default loadgen / loadgen_soak)"},
+     {"out-dir", "DIR", "results directory (default: $PDSERVE_RESULTS_DIR or the checkout's bench/results)"},
+     {"mode", "M", "sweep (default) | soak"},
+     {"streams", "N", "soak: concurrent streams (default 200)"},
+     {"seconds", "S", "soak: duration (default 20)"},
+     {"watch", "LIST", "soak: name=pid,... processes whose RSS to sample"},
+     {"rss-growth-limit-mib", "M", "soak: allowed RSS growth (default 64)"},
+     {"token-lo", "N", "lowest random token id (default 100)"},
+     {"token-hi", "N", "highest random token id (default 1000)"},
+     {"timeout-s", "S", "per-request timeout (default 600)"}}};
 
 std::vector<std::string> Split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
+// "1,2.5,inf" -> rates > 0 (inf: all at once). Errors name the bad item.
+pdserve::Result<std::vector<double>> ParseRates(const std::string& text) {
+  std::vector<double> out;
+  for (const std::string& item : Split(text)) {
+    if (item == "inf") {
+      out.push_back(INFINITY);
+      continue;
+    }
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !std::isfinite(v) || v <= 0)
+      return pdserve::Status::InvalidArgument("--request-rates: '" + item + "' is not a rate > 0 or 'inf'");
+    out.push_back(v);
+  }
+  if (out.empty()) return pdserve::Status::InvalidArgument("--request-rates is empty");
+  return out;
+}
+
+// "0,16" -> concurrency limits >= 0 (0: unlimited).
+pdserve::Result<std::vector<int>> ParseConcurrency(const std::string& text) {
+  std::vector<int> out;
+  for (const std::string& item : Split(text)) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > 1000000)
+      return pdserve::Status::InvalidArgument("--concurrency: '" + item + "' is not a count >= 0 (0: unlimited)");
+    out.push_back(static_cast<int>(v));
+  }
+  if (out.empty()) return pdserve::Status::InvalidArgument("--concurrency is empty");
   return out;
 }
 
@@ -56,79 +103,89 @@ std::vector<std::string> Split(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
-  std::map<std::string, std::string> a;
-  for (int i = 1; i < argc; ++i) {
-    std::string key = argv[i];
-    if (key.rfind("--", 0) != 0) return Fail("unexpected argument '" + key + "'");
-    key = key.substr(2);
-    if (std::find(std::begin(kOptions), std::end(kOptions), key) == std::end(kOptions))
-      return Fail("unknown option --" + key);
-    if (i + 1 >= argc) return Fail("--" + key + " needs a value");
-    if (!a.emplace(key, argv[++i]).second) return Fail("--" + key + " given twice");
-  }
-  auto str = [&](const char* k, const char* def) { return a.count(k) ? a[k] : std::string(def); };
-  std::string bad;
-  auto num = [&](const char* k, double def) {
-    if (!a.count(k)) return def;
-    char* end = nullptr;
-    const double v = std::strtod(a[k].c_str(), &end);
-    if (end == a[k].c_str() || *end) bad = k;
-    return v;
+  pdserve::services::CommandLine a;
+  if (auto exit_code = pdserve::services::ParseCommandLineOrExit(argc, argv, kSpec, &a)) return *exit_code;
+  auto fail = [](const pdserve::Status& s) { return pdserve::services::ReportCommandError(kSpec, s); };
+  auto str = [&](const char* k, const char* def) { return a.GetOr(k, def); };
+  pdserve::Status bad;
+  auto num = [&](const char* k, double def, double lo = 0, double hi = 1e12) {
+    auto v = a.GetDouble(k, def, lo, hi);
+    if (!v.ok() && bad.ok()) bad = v.status();
+    return v.ok() ? v.value() : def;
   };
+  if (!a.Has("url") && !a.Has("ready-file"))
+    return fail(pdserve::Status::InvalidArgument("give the target: --url http://HOST:PORT or --ready-file F"));
+  if (a.Has("url") && a.Has("ready-file")) return fail(pdserve::Status::InvalidArgument("give --url or --ready-file, not both"));
 
   Target target;
   target.model = str("model", "pdserve");
   const std::string endpoint = str("endpoint", "completions");
-  if (endpoint != "completions" && endpoint != "chat") return Fail("--endpoint must be completions or chat");
+  if (endpoint != "completions" && endpoint != "chat")
+    return fail(pdserve::Status::InvalidArgument("--endpoint must be completions or chat"));
   target.chat = endpoint == "chat";
-  target.timeout = std::chrono::seconds(static_cast<int64_t>(num("timeout-s", 600)));
+  target.timeout = std::chrono::seconds(static_cast<int64_t>(num("timeout-s", 600, 1)));
   std::vector<WatchedProcess> watch;
-  if (a.count("ready-file")) {
-    std::ifstream in(a["ready-file"]);
+  if (a.Has("ready-file")) {
+    std::ifstream in(*a.Get("ready-file"));
     const json r = json::parse(in, nullptr, false);
-    if (r.is_discarded() || !r.contains("http_port")) return Fail("cannot read a ready file at " + a["ready-file"]);
+    if (r.is_discarded() || !r.contains("http_port"))
+      return fail(pdserve::Status::InvalidArgument("cannot read a ready file at " + *a.Get("ready-file")));
     target.port = r["http_port"].get<int>();
     if (r.contains("pids"))
       for (const auto& [name, pid] : r["pids"].items()) watch.push_back({name, pid.get<pid_t>()});
   } else {
-    const std::string url = str("url", "http://127.0.0.1:8000");
+    const std::string url = *a.Get("url");
     const size_t hs = url.find("://"), colon = url.rfind(':');
-    if (hs == std::string::npos || colon <= hs) return Fail("--url must look like http://HOST:PORT, got '" + url + "'");
+    char* end = nullptr;
+    const long port = colon == std::string::npos ? 0 : std::strtol(url.c_str() + colon + 1, &end, 10);
+    if (hs == std::string::npos || colon <= hs || end == nullptr || (*end != '\0' && *end != '/') || port <= 0 ||
+        port > 65535)
+      return fail(pdserve::Status::InvalidArgument("--url must look like http://HOST:PORT, got '" + url + "'"));
     target.host = url.substr(hs + 3, colon - hs - 3);
-    target.port = std::atoi(url.c_str() + colon + 1);
+    target.port = static_cast<int>(port);
   }
   for (const auto& w : Split(str("watch", ""))) {
+    if (w.empty()) continue;
     const size_t eq = w.find('=');
-    if (eq == std::string::npos) return Fail("--watch takes name=pid,... got '" + w + "'");
-    watch.push_back({w.substr(0, eq), static_cast<pid_t>(std::atoi(w.c_str() + eq + 1))});
+    char* end = nullptr;
+    const long pid = eq == std::string::npos ? 0 : std::strtol(w.c_str() + eq + 1, &end, 10);
+    if (eq == std::string::npos || *end != '\0' || pid <= 0)
+      return fail(pdserve::Status::InvalidArgument("--watch takes name=pid,... got '" + w + "'"));
+    watch.push_back({w.substr(0, eq), static_cast<pid_t>(pid)});
   }
+  auto rates = ParseRates(str("request-rates", "inf"));
+  if (!rates.ok()) return fail(rates.status());
+  auto concurrency = ParseConcurrency(str("concurrency", "0"));
+  if (!concurrency.ok()) return fail(concurrency.status());
 
   DatasetOptions d;
   d.name = str("dataset", "random");
-  d.num_requests = static_cast<int64_t>(num("num-requests", 100));
-  d.input_len = static_cast<int64_t>(num("input-len", 128));
-  d.output_len = static_cast<int64_t>(num("output-len", 64));
-  d.range_ratio = num("range-ratio", 0.5);
-  d.long_input_len = static_cast<int64_t>(num("long-input-len", 2048));
-  d.long_output_len = static_cast<int64_t>(num("long-output-len", 16));
-  d.long_fraction = num("long-fraction", 0.1);
-  d.token_lo = static_cast<int32_t>(num("token-lo", 100));
-  d.token_hi = static_cast<int32_t>(num("token-hi", 1000));
+  d.num_requests = static_cast<int64_t>(num("num-requests", 100, 1));
+  d.input_len = static_cast<int64_t>(num("input-len", 128, 1));
+  d.output_len = static_cast<int64_t>(num("output-len", 64, 1));
+  d.range_ratio = num("range-ratio", 0.5, 0, 1);
+  d.long_input_len = static_cast<int64_t>(num("long-input-len", 2048, 1));
+  d.long_output_len = static_cast<int64_t>(num("long-output-len", 16, 1));
+  d.long_fraction = num("long-fraction", 0.1, 0, 1);
+  d.token_lo = static_cast<int32_t>(num("token-lo", 100, 0, INT32_MAX));
+  d.token_hi = static_cast<int32_t>(num("token-hi", 1000, 0, INT32_MAX));
   d.chat = target.chat;
-  d.seed = static_cast<uint64_t>(num("seed", 0));
-  Slo slo{num("slo-ttft-ms", 1000) / 1e3, num("slo-tpot-ms", 100) / 1e3};
+  d.seed = static_cast<uint64_t>(num("seed", 0, 0, 9e15));
+  Slo slo{num("slo-ttft-ms", 1000, 0) / 1e3, num("slo-tpot-ms", 100, 0) / 1e3};
   const std::string mode = str("mode", "sweep");
   const std::string label = str("label", "");
-  const int warmup = static_cast<int>(num("warmup", 4));
-  const int streams = static_cast<int>(num("streams", 200));
-  const double seconds = num("seconds", 20);
-  const double rss_limit_mib = num("rss-growth-limit-mib", 64);
-  if (!bad.empty()) return Fail("--" + bad + " is not a number");
-  if (mode != "sweep" && mode != "soak") return Fail("--mode must be sweep or soak");
+  const int warmup = static_cast<int>(num("warmup", 4, 0, 1e6));
+  const int streams = static_cast<int>(num("streams", 200, 1, 100000));
+  const double seconds = num("seconds", 20, 0.1);
+  const double rss_limit_mib = num("rss-growth-limit-mib", 64, 0);
+  if (!bad.ok()) return fail(bad);
+  if (d.token_hi < d.token_lo) return fail(pdserve::Status::InvalidArgument("--token-hi must be >= --token-lo"));
+  if (mode != "sweep" && mode != "soak") return fail(pdserve::Status::InvalidArgument("--mode must be sweep or soak"));
+  if (auto dir = a.Get("out-dir")) setenv("PDSERVE_RESULTS_DIR", dir->c_str(), 1);
   const std::string name = str("name", mode == "soak" ? "loadgen_soak" : "loadgen");
 
   auto specs = MakeDataset(d);
-  if (!specs.ok()) return Fail(specs.status().ToString());
+  if (!specs.ok()) return fail(specs.status());
   json out = {{"machine", pdserve::bench::MachineName()},
               {"commit", pdserve::bench::GitRevision()},
               {"label", label},
@@ -198,15 +255,15 @@ int main(int argc, char** argv) {
     RunLoad(target, w, 2);
   }
   std::vector<SweepPoint> points;
-  for (const auto& rate_text : Split(str("request-rates", "inf")))
-    for (const auto& conc_text : Split(str("concurrency", "0"))) {
+  for (const double rate : rates.value())
+    for (const int conc : concurrency.value()) {
       SweepPoint p;
-      p.request_rate = rate_text == "inf" ? INFINITY : std::atof(rate_text.c_str());
-      p.max_concurrency = std::atoi(conc_text.c_str());
+      p.request_rate = rate;
+      p.max_concurrency = conc;
       std::vector<RequestSpec> run = specs.value();
       AssignPoissonArrivals(&run, p.request_rate, d.seed);
-      std::fprintf(stderr, "pdserve-loadgen: rate %s, concurrency %d, %zu requests...\n", rate_text.c_str(),
-                   p.max_concurrency, run.size());
+      std::fprintf(stderr, "pdserve-loadgen: rate %g, concurrency %d, %zu requests...\n", rate, p.max_concurrency,
+                   run.size());
       const auto records = RunLoad(target, run, p.max_concurrency);
       p.all = Summarize(records, slo);
       if (d.name == "mixed")

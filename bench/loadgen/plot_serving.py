@@ -34,6 +34,7 @@ def main():
         sys.exit(__doc__)
     dis, col = load(sys.argv[1]), load(sys.argv[2])
     out_dir = sys.argv[3]
+    os.makedirs(out_dir, exist_ok=True)
     pd, pc = points(dis), points(col)
     slo = dis.get("slo", {})
     ds = dis.get("dataset", {})

@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
   const std::string bin = bench::BinDir();
   const std::string dir = testing::MakeTempDir("pdserve-dp-balance");
   const std::string model = dir + "/tiny";
-  const std::string make = bin + "/pdserve make-model --preset tiny --seed 3 --out " + model + " > " + model + ".log 2>&1";
+  const std::string make = bin + "/pdserve make-model --preset tiny --vocab 129280 --seed 3 --out " + model + " > " + model + ".log 2>&1";
   if (std::system(make.c_str()) != 0) {
     std::fprintf(stderr, "bench_dp_balance: %s failed\n", make.c_str());
     return 1;

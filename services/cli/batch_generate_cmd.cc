@@ -44,16 +44,7 @@ Result<std::vector<std::vector<int32_t>>> ParsePrompts(const std::string& s) {
   return out;
 }
 
-Result<double> GetDouble(const Args& a, const std::string& key, double fallback) {
-  const auto v = a.Get(key);
-  if (!v) return fallback;
-  char* end = nullptr;
-  const double d = std::strtod(v->c_str(), &end);
-  if (v->empty() || *end != '\0') return Status::InvalidArgument("--" + key + ": '" + *v + "' is not a number");
-  return d;
-}
-
-Status BatchGenerate(const Args& args) {
+Status BatchGenerate(const CommandLine& args) {
   engine::EngineOptions eo;
   PDSERVE_ASSIGN_OR_RETURN(eo.model_dir, args.Require("model"));
   PDSERVE_ASSIGN_OR_RETURN(std::string prompts_text, args.Require("prompts"));
@@ -62,10 +53,10 @@ Status BatchGenerate(const Args& args) {
   PDSERVE_ASSIGN_OR_RETURN(int64_t max_tokens, args.GetInt("max-tokens", 16));
   PDSERVE_ASSIGN_OR_RETURN(int64_t top_k, args.GetInt("top-k", 0));
   PDSERVE_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", -1));
-  PDSERVE_ASSIGN_OR_RETURN(double temperature, GetDouble(args, "temperature", 0.0));
-  PDSERVE_ASSIGN_OR_RETURN(double top_p, GetDouble(args, "top-p", 1.0));
-  PDSERVE_ASSIGN_OR_RETURN(double min_p, GetDouble(args, "min-p", 0.0));
-  PDSERVE_ASSIGN_OR_RETURN(eo.kv_cache_gib, GetDouble(args, "kv-gib", 1.0));
+  PDSERVE_ASSIGN_OR_RETURN(double temperature, args.GetDouble("temperature", 0.0));
+  PDSERVE_ASSIGN_OR_RETURN(double top_p, args.GetDouble("top-p", 1.0));
+  PDSERVE_ASSIGN_OR_RETURN(double min_p, args.GetDouble("min-p", 0.0));
+  PDSERVE_ASSIGN_OR_RETURN(eo.kv_cache_gib, args.GetDouble("kv-gib", 1.0));
   PDSERVE_ASSIGN_OR_RETURN(eo.block_tokens, args.GetInt("block-tokens", 64));
   PDSERVE_ASSIGN_OR_RETURN(eo.scheduler.max_num_seqs, args.GetInt("max-seqs", 64));
   PDSERVE_ASSIGN_OR_RETURN(eo.scheduler.max_step_tokens, args.GetInt("step-tokens", 512));
@@ -112,16 +103,28 @@ Status BatchGenerate(const Args& args) {
   return Status::Ok();
 }
 
-int RunBatchGenerate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv,
-                          {"model", "prompts", "copies", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
-                           "kv-gib", "block-tokens", "kv-format", "max-seqs", "step-tokens", "chunk", "threads"},
-                          {});
-  if (!args.ok()) return ReportStatus("batch-generate", args.status());
-  return ReportStatus("batch-generate", BatchGenerate(*args));
-}
+int RunBatchGenerate(const CommandLine& args) { return ReportStatus("batch-generate", BatchGenerate(args)); }
 
 }  // namespace
 PDSERVE_REGISTER_COMMAND(batch_generate, "batch-generate", "run prompts concurrently through the batching engine",
-                         RunBatchGenerate);
+                         "--model DIR --prompts \"1,2,3;4,5,6\" [--copies N] [options]",
+                         "Runs every prompt (each --copies times) concurrently through one colocated engine\n"
+                         "(continuous batching, paged KV) and prints one JSON line per request, then the engine stats.",
+                         ({{"model", "DIR", "checkpoint directory", false, true},
+                           {"prompts", "IDS", "prompts as token ids, ';' between prompts", false, true},
+                           {"copies", "N", "run each prompt N times (default 1)"},
+                           {"max-tokens", "N", "tokens to generate per request (default 16)"},
+                           {"temperature", "T", "sampling temperature (default 0: greedy)"},
+                           {"top-k", "K", "top-k sampling (0: off)"},
+                           {"top-p", "P", "nucleus sampling (default 1)"},
+                           {"min-p", "P", "min-p sampling (default 0)"},
+                           {"seed", "S", "sampling seed (-1: random)"},
+                           {"kv-gib", "G", "KV pool size in GiB (default 1)"},
+                           {"block-tokens", "B", "tokens per KV block (default 64)"},
+                           {"kv-format", "F", "fp8 (default) | bf16 | int8"},
+                           {"max-seqs", "N", "batch limit (default 64)"},
+                           {"step-tokens", "N", "token budget of one step (default 512)"},
+                           {"chunk", "N", "prefill chunk (default 256)"},
+                           {"threads", "N", "compute threads (0: all cores)"}}),
+                         0, RunBatchGenerate);
 }  // namespace pdserve::cli

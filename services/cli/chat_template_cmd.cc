@@ -32,14 +32,12 @@ Result<TokenizerConfig> LoadConfig(const std::string& dir) {
   return TokenizerConfig::FromJsonText(*text);
 }
 
-int RunChatTemplate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"tokenizer"}, {"tokenize"});
-  if (!args.ok()) return ReportStatus("chat-template", args.status());
-  const std::string dir = args->GetOr("tokenizer", tokenizer::DefaultTokenizerDir());
+int RunChatTemplate(const CommandLine& args) {
+  const std::string dir = args.GetOr("tokenizer", tokenizer::DefaultTokenizerDir());
   // Rendering needs only tokenizer_config.json; the 8 MB tokenizer.json only for --tokenize.
   std::unique_ptr<Tokenizer> tok;
   TokenizerConfig config;
-  if (args->Has("tokenize")) {
+  if (args.Has("tokenize")) {
     auto loaded = Tokenizer::Load(dir);
     if (!loaded.ok()) return ReportStatus("chat-template", loaded.status());
     tok = std::move(loaded).value();
@@ -81,8 +79,16 @@ int RunChatTemplate(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-PDSERVE_REGISTER_COMMAND(chat_template, "chat-template",
-                         "chat request JSON lines -> rendered prompt strings [--tokenizer DIR] [--tokenize]",
-                         RunChatTemplate);
+PDSERVE_REGISTER_COMMAND(chat_template, "chat-template", "chat request JSON lines -> rendered prompt strings",
+                         "[--tokenizer DIR] [--tokenize] < requests.jsonl",
+                         "Reads one chat request per line from stdin, e.g.\n"
+                         "  {\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"add_generation_prompt\": true,\n"
+                         "   \"thinking\": false}\n"
+                         "and prints the rendered prompt as a JSON string (with --tokenize: a JSON array of ids).\n"
+                         "add_generation_prompt (default true) ends the prompt with the assistant turn's opening;\n"
+                         "thinking (default false) opens that turn in thinking mode (<think>).",
+                         ({{"tokenizer", "DIR", "tokenizer_config.json (+ tokenizer.json for --tokenize)"},
+                           {"tokenize", "", "print token ids instead of text"}}),
+                         0, RunChatTemplate);
 
 }  // namespace pdserve::cli

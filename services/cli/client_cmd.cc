@@ -21,24 +21,10 @@ namespace {
 
 namespace api = services::api;
 
-Result<double> ParseDouble(const Args& args, const std::string& key) {
-  const std::string v = args.Get(key).value();
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') return Status::InvalidArgument("--" + key + " wants a number, got '" + v + "'");
-  return x;
-}
-
-Status Run(const std::vector<std::string>& argv) {
-  PDSERVE_ASSIGN_OR_RETURN(
-      Args args, Args::Parse(argv,
-                             {"endpoint", "prompt", "prompt-ids", "chat", "model", "max-tokens", "temperature",
-                              "top-p", "top-k", "seed", "stop", "timeout-ms", "api-key", "api-key-file",
-                              "curve-server-key-file", "curve-secret-key-file"},
-                             {"ignore-eos", "json"}));
+Status Run(const CommandLine& args) {
   PDSERVE_ASSIGN_OR_RETURN(std::string endpoint, args.Require("endpoint"));
   api::Submit req;
-  req.model = args.GetOr("model", "pdserve");
+  req.model = args.GetOr("model", "");  // empty: the model the router serves
   const int given = args.Has("prompt") + args.Has("prompt-ids") + args.Has("chat");
   if (given != 1) return Status::InvalidArgument("give exactly one of --prompt, --prompt-ids, --chat");
   if (auto p = args.Get("prompt")) {
@@ -56,10 +42,10 @@ Status Run(const std::vector<std::string>& argv) {
     req.sampling.max_tokens = n;
   }
   if (args.Has("temperature")) {
-    PDSERVE_ASSIGN_OR_RETURN(req.sampling.temperature, ParseDouble(args, "temperature"));
+    PDSERVE_ASSIGN_OR_RETURN(req.sampling.temperature, args.GetDouble("temperature", 1.0, 0.0, 100.0));
   }
   if (args.Has("top-p")) {
-    PDSERVE_ASSIGN_OR_RETURN(req.sampling.top_p, ParseDouble(args, "top-p"));
+    PDSERVE_ASSIGN_OR_RETURN(req.sampling.top_p, args.GetDouble("top-p", 1.0, 0.0, 1.0));
   }
   if (args.Has("top-k")) {
     PDSERVE_ASSIGN_OR_RETURN(req.sampling.top_k, args.GetInt("top-k", 0));
@@ -71,9 +57,10 @@ Status Run(const std::vector<std::string>& argv) {
   req.ignore_eos = args.Has("ignore-eos");
   const bool as_json = args.Has("json");
   client::ClientOptions options;
-  PDSERVE_ASSIGN_OR_RETURN(int64_t timeout_ms, args.GetInt("timeout-ms", options.timeout.count()));
-  if (timeout_ms <= 0) return Status::InvalidArgument("--timeout-ms must be > 0");
+  PDSERVE_ASSIGN_OR_RETURN(int64_t timeout_ms, args.GetInt("timeout-ms", options.timeout.count(), 1));
   options.timeout = std::chrono::milliseconds(timeout_ms);
+  PDSERVE_ASSIGN_OR_RETURN(int64_t connect_ms, args.GetInt("connect-timeout-ms", options.connect_timeout.count(), 1));
+  options.connect_timeout = std::chrono::milliseconds(connect_ms);
   if (args.Has("api-key") && args.Has("api-key-file"))
     return Status::InvalidArgument("give --api-key or --api-key-file, not both");
   if (auto key = args.Get("api-key")) {
@@ -90,6 +77,12 @@ Status Run(const std::vector<std::string>& argv) {
   }
 
   PDSERVE_ASSIGN_OR_RETURN(auto client, client::RequestClient::Connect(endpoint, options));
+  // ZeroMQ queues a request for an endpoint nobody listens on; a ping shows at once whether a
+  // router answers there, instead of a request waiting out --timeout-ms.
+  if (Status ping = client->Ping(options.connect_timeout); !ping.ok()) {
+    return Status::Unavailable("no answer from a router at " + endpoint + " within " + std::to_string(connect_ms) +
+                               " ms (is it running, and is this its request_endpoint?)");
+  }
   auto done = client->Generate(req, [&](const api::Output& o) {
     if (as_json) {
       nlohmann::json j = {{"tokens", o.tokens}, {"text", o.text}, {"finish_reason", api::FinishName(o.finish)}};
@@ -113,6 +106,28 @@ Status Run(const std::vector<std::string>& argv) {
 }  // namespace
 
 PDSERVE_REGISTER_COMMAND(client, "client", "stream one request through the router's ZeroMQ request API",
-                         [](const std::vector<std::string>& args) { return ReportStatus("client", Run(args)); });
+                         "--endpoint tcp://HOST:PORT (--chat TEXT | --prompt TEXT | --prompt-ids 1,2,3) [options]",
+                         "Sends one request to the router's ZeroMQ request API (docs/request-api.md) and streams the\n"
+                         "text to stdout; usage and the finish reason go to stderr. Exit 1 with the router's error.",
+                         ({{"endpoint", "ENDPOINT", "the router's request_endpoint, e.g. tcp://127.0.0.1:8001", false, true},
+                           {"chat", "TEXT", "one user message, rendered with the chat template"},
+                           {"prompt", "TEXT", "plain text prompt"},
+                           {"prompt-ids", "IDS", "prompt token ids, e.g. 1,2,3"},
+                           {"model", "NAME", "model name (default: the one the router serves)"},
+                           {"max-tokens", "N", "tokens to generate (default: the router's default)"},
+                           {"temperature", "T", "sampling temperature (0: greedy)"},
+                           {"top-p", "P", "nucleus sampling"},
+                           {"top-k", "K", "top-k sampling"},
+                           {"seed", "S", "sampling seed"},
+                           {"stop", "STR", "a stop string"},
+                           {"ignore-eos", "", "keep generating past EOS"},
+                           {"json", "", "one JSON line per event instead of text"},
+                           {"timeout-ms", "N", "longest silence from the router during a request (default 60000)"},
+                           {"connect-timeout-ms", "N", "longest wait for a connection (default 5000)"},
+                           {"api-key", "KEY", "API key (router.api_keys_file)"},
+                           {"api-key-file", "F", "file holding the API key"},
+                           {"curve-server-key-file", "F", "the router's CURVE public key"},
+                           {"curve-secret-key-file", "F", "this client's CURVE secret key"}}),
+                         0, [](const CommandLine& args) { return ReportStatus("client", Run(args)); });
 
 }  // namespace pdserve::cli

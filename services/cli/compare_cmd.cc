@@ -13,42 +13,38 @@
 namespace pdserve::cli {
 namespace {
 
-Result<double> GetDouble(const Args& args, const std::string& key, double fallback) {
-  auto v = args.Get(key);
-  if (!v) return fallback;
-  char* end = nullptr;
-  const double x = std::strtod(v->c_str(), &end);
-  if (v->empty() || *end != '\0') return Status::InvalidArgument("--" + key + " wants a number, got '" + *v + "'");
-  return x;
-}
-
-int RunCompare(const std::vector<std::string>& argv) {
-  if (argv.size() < 2 || argv[0].rfind("--", 0) == 0 || argv[1].rfind("--", 0) == 0)
-    return ReportStatus("compare", Status::InvalidArgument("usage: pdserve compare DIR_A DIR_B [--hidden-cos X] "
-                                                           "[--logits-cos X] [--topk-overlap X] [--index-cos X] "
-                                                           "[--decode-topk-overlap X] [--min-agreeing-steps N]"));
-  auto args = Args::Parse({argv.begin() + 2, argv.end()},
-                          {"hidden-cos", "logits-cos", "topk-overlap", "index-cos", "decode-topk-overlap",
-                           "min-agreeing-steps"},
-                          {});
-  if (!args.ok()) return ReportStatus("compare", args.status());
+int RunCompare(const CommandLine& args) {
+  if (args.positionals().size() != 2)
+    return ReportStatus("compare", Status::InvalidArgument("missing argument: wants two dump directories, DIR_A and DIR_B"));
+  const std::string& dir_a = args.positionals()[0];
+  const std::string& dir_b = args.positionals()[1];
   model::CompareThresholds th;
   for (auto [key, field] : {std::pair<const char*, double*>{"hidden-cos", &th.hidden_cos},
                             {"logits-cos", &th.logits_cos}, {"topk-overlap", &th.topk_overlap},
                             {"index-cos", &th.index_cos}, {"decode-topk-overlap", &th.decode_topk_overlap}}) {
-    auto v = GetDouble(*args, key, *field);
+    auto v = args.GetDouble(key, *field);
     if (!v.ok()) return ReportStatus("compare", v.status());
     *field = *v;
   }
-  auto min_steps = args->GetInt("min-agreeing-steps", -1);
+  auto min_steps = args.GetInt("min-agreeing-steps", -1);
   if (!min_steps.ok()) return ReportStatus("compare", min_steps.status());
   th.min_agreeing_steps = *min_steps;
-  auto report = model::CompareDumps(argv[0], argv[1], th);
+  auto report = model::CompareDumps(dir_a, dir_b, th);
   if (!report.ok()) return ReportStatus("compare", report.status());
   std::printf("%s", report->ToString().c_str());
   return report->passed ? 0 : 1;
 }
 
 }  // namespace
-PDSERVE_REGISTER_COMMAND(compare, "compare", "compare two accuracy dumps layer by layer", RunCompare);
+PDSERVE_REGISTER_COMMAND(compare, "compare", "compare two accuracy dumps layer by layer", "DIR_A DIR_B [options]",
+                         "Layer-by-layer comparison of two dumps (pdserve generate --dump-dir, or the Python\n"
+                         "reference); exits 1 when a figure is past its threshold, naming the first bad layer/step.\n"
+                         "Tolerances per use: docs/reference.md.",
+                         ({{"hidden-cos", "X", "min cosine of each layer's hidden state"},
+                           {"logits-cos", "X", "min cosine of the logits"},
+                           {"topk-overlap", "X", "min overlap of the indexer's top-k"},
+                           {"index-cos", "X", "min cosine of the indexer scores"},
+                           {"decode-topk-overlap", "X", "min top-k overlap during decode"},
+                           {"min-agreeing-steps", "N", "tokens may diverge after step N (-1: must agree)"}}),
+                         2, RunCompare);
 }  // namespace pdserve::cli

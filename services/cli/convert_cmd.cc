@@ -12,20 +12,18 @@
 
 namespace pdserve::cli {
 namespace {
-int RunConvert(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"in", "out", "quant", "ep-size", "max-shard-mb", "threads"}, {});
-  if (!args.ok()) return ReportStatus("convert", args.status());
+int RunConvert(const CommandLine& args) {
   model::ConvertOptions opt;
-  auto in = args->Require("in");
+  auto in = args.Require("in");
   if (!in.ok()) return ReportStatus("convert", in.status());
-  auto out = args->Require("out");
+  auto out = args.Require("out");
   if (!out.ok()) return ReportStatus("convert", out.status());
   opt.in_dir = *in;
   opt.out_dir = *out;
-  opt.quant = args->GetOr("quant", "w8a8");
-  auto ep = args->GetInt("ep-size", 1);
-  auto shard = args->GetInt("max-shard-mb", 4096);
-  auto threads = args->GetInt("threads", 0);
+  opt.quant = args.GetOr("quant", "w8a8");
+  auto ep = args.GetInt("ep-size", 1);
+  auto shard = args.GetInt("max-shard-mb", 4096);
+  auto threads = args.GetInt("threads", 0);
   for (const Status& s : {ep.status(), shard.status(), threads.status()})
     if (!s.ok()) return ReportStatus("convert", s);
   opt.ep_size = *ep;
@@ -48,5 +46,14 @@ int RunConvert(const std::vector<std::string>& argv) {
 }
 }  // namespace
 PDSERVE_REGISTER_COMMAND(convert, "convert", "convert a BF16/FP8 HF checkpoint to W8A8 INT8 or BF16 (streaming)",
-                         RunConvert);
+                         "--in HF_DIR --out DIR [--quant w8a8|w8a8_all|bf16] [options]",
+                         "Streams a BF16 or FP8 (128x128 block-scaled) Hugging Face checkpoint into pdserve's W8A8\n"
+                         "INT8 format or plain BF16 (docs/quantization.md), optionally split per EP rank.",
+                         ({{"in", "DIR", "the Hugging Face checkpoint", false, true},
+                           {"out", "DIR", "where to write the converted checkpoint", false, true},
+                           {"quant", "Q", "w8a8 (default) | w8a8_all | bf16"},
+                           {"ep-size", "N", "write one expert shard per EP rank (default 1)"},
+                           {"max-shard-mb", "N", "largest output shard (default 4096)"},
+                           {"threads", "N", "conversion threads (0: all cores)"}}),
+                         0, RunConvert);
 }  // namespace pdserve::cli

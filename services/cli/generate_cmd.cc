@@ -39,7 +39,7 @@ bool UnderMpiLauncher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
-Result<model::KvCacheFormats> ParseKvFormats(const Args& args) {
+Result<model::KvCacheFormats> ParseKvFormats(const CommandLine& args) {
   model::KvCacheFormats kv;
   PDSERVE_ASSIGN_OR_RETURN(kv.latent, model::ParseLatentFormat(args.GetOr("kv-format", "fp8")));
   PDSERVE_ASSIGN_OR_RETURN(kv.index, model::ParseIndexFormat(args.GetOr("index-format", "fp8")));
@@ -48,7 +48,7 @@ Result<model::KvCacheFormats> ParseKvFormats(const Args& args) {
 
 // --test-numerics-fault NAME[@RANK]: switches the fault on in this process when RANK is absent
 // or equals `world_rank`.
-Status ApplyTestFault(const Args& args, int world_rank) {
+Status ApplyTestFault(const CommandLine& args, int world_rank) {
   auto spec = args.Get("test-numerics-fault");
   if (!spec) return Status::Ok();
   std::string name = *spec;
@@ -67,7 +67,7 @@ Status ApplyTestFault(const Args& args, int world_rank) {
   return Status::Ok();
 }
 
-Status GenerateParallel(const Args& args, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
+Status GenerateParallel(const CommandLine& args, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
                         tokenizer::Tokenizer* tok) {
   for (const char* unsupported : {"dump-logits", "force-topk"})
     if (args.Has(unsupported))
@@ -115,7 +115,7 @@ Status GenerateParallel(const Args& args, const std::string& dir, const std::vec
   return Status::Ok();
 }
 
-Status Generate(const Args& args) {
+Status Generate(const CommandLine& args) {
   PDSERVE_ASSIGN_OR_RETURN(std::string dir, args.Require("model"));
   std::vector<int32_t> prompt;
   std::unique_ptr<tokenizer::Tokenizer> tok;
@@ -184,19 +184,14 @@ Status Generate(const Args& args) {
   return Status::Ok();
 }
 
-int RunGenerate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"model", "prompt", "prompt-ids", "tokenizer", "max-new-tokens", "dump-logits", "dump-dir",
-                                 "force-topk", "threads", "plan", "plan-file", "kv-format", "index-format",
-                                 "test-numerics-fault"},
-                          {"timing"});
-  if (!args.ok()) return ReportStatus("generate", args.status());
-  if (!args->Has("plan") && !args->Has("plan-file") && !UnderMpiLauncher())
-    return ReportStatus("generate", Generate(*args));
+int RunGenerate(const CommandLine& args) {
+  if (!args.Has("plan") && !args.Has("plan-file") && !UnderMpiLauncher())
+    return ReportStatus("generate", Generate(args));
   // Multi-rank: every rank reports its own outcome with its rank, and MPI_Finalize (collective)
   // runs before anyone exits, so each rank's reason is printed before mpirun tears the job down.
   auto env = comm::MpiEnvironment::Init(nullptr, nullptr);
   if (!env.ok()) return ReportStatus("generate", env.status());
-  const Status s = Generate(*args);
+  const Status s = Generate(args);
   if (!s.ok()) std::fprintf(stderr, "%s: pdserve generate: %s\n", comm::RankTag().c_str(), s.ToString().c_str());
   std::fflush(stdout);
   std::fflush(stderr);
@@ -205,5 +200,26 @@ int RunGenerate(const std::vector<std::string>& argv) {
 }
 
 }  // namespace
-PDSERVE_REGISTER_COMMAND(generate, "generate", "greedy generation on one process", RunGenerate);
+PDSERVE_REGISTER_COMMAND(generate, "generate", "greedy generation on one process (or under mpirun with a plan)",
+                         "--model DIR (--prompt-ids 0,15,7 | --prompt TEXT) --max-new-tokens N [options]",
+                         "Greedy decoding; prints {\"prompt_tokens\":[...],\"output_tokens\":[...]} as one JSON line.\n"
+                         "Under mpirun with --plan the model runs across the ranks (docs/parallel.md); --prompt-ids\n"
+                         "may then list several prompts separated by ';'. --prompt needs a model whose vocabulary\n"
+                         "covers the tokenizer (make-model --vocab 129280).",
+                         ({{"model", "DIR", "checkpoint directory", false, true},
+                           {"prompt", "TEXT", "prompt text (tokenized with --tokenizer)"},
+                           {"prompt-ids", "IDS", "prompt token ids, e.g. 0,15,7 (';' between prompts under a plan)"},
+                           {"tokenizer", "DIR", "tokenizer directory (default: the bundled DeepSeek-V3 one)"},
+                           {"max-new-tokens", "N", "tokens to generate"},
+                           {"dump-logits", "F.npy", "write the prefill logits (single process)"},
+                           {"dump-dir", "DIR", "write the layer-by-layer accuracy dump (pdserve compare)"},
+                           {"force-topk", "F.npy", "use these indexer top-k sets (accuracy tests)"},
+                           {"threads", "N", "compute threads (0: all cores)"},
+                           {"plan", "PLAN", "parallel plan, e.g. cp=2,ep=2 (under mpirun)"},
+                           {"plan-file", "F", "parallel plan from a YAML file"},
+                           {"kv-format", "F", "KV latent storage: fp8 (default) | bf16 | int8"},
+                           {"index-format", "F", "indexer key storage: fp8 (default) | int8"},
+                           {"test-numerics-fault", "NAME[@RANK]", "TEST ONLY: a deliberately broken forward"},
+                           {"timing", "", "print prefill/decode timings on stderr"}}),
+                         0, RunGenerate);
 }  // namespace pdserve::cli

@@ -16,21 +16,9 @@
 namespace pdserve::cli {
 namespace {
 
-int RunKeygen(const std::vector<std::string>& argv) {
-  // --name may repeat: split it off before the generic parser (which refuses repeats).
-  std::vector<std::string> names, rest;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    if (argv[i] == "--name" && i + 1 < argv.size()) {
-      names.push_back(argv[++i]);
-    } else if (argv[i].rfind("--name=", 0) == 0) {
-      names.push_back(argv[i].substr(7));
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  auto args = Args::Parse(rest, {"out"}, {});
-  if (!args.ok()) return ReportStatus("keygen", args.status());
-  auto out = args->Require("out");
+int RunKeygen(const CommandLine& args) {
+  const std::vector<std::string> names = args.GetAll("name");
+  auto out = args.Require("out");
   if (!out.ok()) return ReportStatus("keygen", out.status());
   if (names.empty()) return ReportStatus("keygen", Status::InvalidArgument("--name NAME is required (may repeat)"));
   for (const auto& n : names)
@@ -53,6 +41,11 @@ int RunKeygen(const std::vector<std::string>& argv) {
 }
 
 }  // namespace
-PDSERVE_REGISTER_COMMAND(keygen, "keygen", "write ZeroMQ CURVE key pairs for the control plane (--out DIR --name N)",
-                         RunKeygen);
+PDSERVE_REGISTER_COMMAND(keygen, "keygen", "write ZeroMQ CURVE key pairs for the control plane",
+                         "--out DIR --name NAME [--name NAME2 ...]",
+                         "Writes DIR/NAME.secret (mode 0600) and DIR/NAME.public for each name (docs/operations.md,\n"
+                         "\"Security\"); existing files are never overwritten.",
+                         ({{"out", "DIR", "directory for the key files (created)", false, true},
+                           {"name", "NAME", "a key pair's name (repeat for several)", true, true}}),
+                         0, RunKeygen);
 }  // namespace pdserve::cli

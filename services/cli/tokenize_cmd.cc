@@ -64,18 +64,16 @@ Status DecodeLine(const Tokenizer& tok, const std::string& line, const tokenizer
   return Status::Ok();
 }
 
-int RunTokenize(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"tokenizer"}, {"decode", "add-bos", "skip-special-tokens", "no-special"});
-  if (!args.ok()) return ReportStatus("tokenize", args.status());
-  const std::string dir = args->GetOr("tokenizer", tokenizer::DefaultTokenizerDir());
+int RunTokenize(const CommandLine& args) {
+  const std::string dir = args.GetOr("tokenizer", tokenizer::DefaultTokenizerDir());
   auto tok = Tokenizer::Load(dir);
   if (!tok.ok()) return ReportStatus("tokenize", tok.status());
-  const bool decode = args->Has("decode");
+  const bool decode = args.Has("decode");
   tokenizer::EncodeOptions encode_options;
-  encode_options.add_bos = args->Has("add-bos");
-  encode_options.parse_special_tokens = !args->Has("no-special");
+  encode_options.add_bos = args.Has("add-bos");
+  encode_options.parse_special_tokens = !args.Has("no-special");
   tokenizer::DecodeOptions decode_options;
-  decode_options.skip_special_tokens = args->Has("skip-special-tokens");
+  decode_options.skip_special_tokens = args.Has("skip-special-tokens");
 
   std::ios::sync_with_stdio(false);
   std::string line, out;
@@ -95,8 +93,15 @@ int RunTokenize(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-PDSERVE_REGISTER_COMMAND(tokenize, "tokenize",
-                         "JSON strings -> id arrays per line (--decode: the reverse) [--tokenizer DIR]",
-                         RunTokenize);
+PDSERVE_REGISTER_COMMAND(tokenize, "tokenize", "JSON strings -> id arrays per line (--decode: the reverse)",
+                         "[--tokenizer DIR] [--decode] [options] < lines",
+                         "Encodes one JSON string per stdin line into a JSON array of token ids, or with --decode\n"
+                         "decodes one JSON array of ids per line into a JSON string.",
+                         ({{"tokenizer", "DIR", "tokenizer.json + tokenizer_config.json (default: the bundled DeepSeek-V3 one)"},
+                           {"decode", "", "ids -> text"},
+                           {"add-bos", "", "encode: prepend the BOS token"},
+                           {"skip-special-tokens", "", "decode: drop special tokens"},
+                           {"no-special", "", "encode: treat special-token text as plain text"}}),
+                         0, RunTokenize);
 
 }  // namespace pdserve::cli

@@ -108,16 +108,17 @@ RequestClient::~RequestClient() {
 
 Status RequestClient::SendRaw(const std::string& bytes) {
   // The send queue is unbounded, so a send only waits while the socket has no connection at all
-  // (the router is unreachable, or refused the CURVE handshake): bounded by options.timeout
-  // rather than blocking for ever.
+  // (the router is unreachable, or refused the CURVE handshake): bounded by
+  // options.connect_timeout rather than blocking for ever.
   if (zmq_send(socket_.get(), bytes.data(), bytes.size(), ZMQ_DONTWAIT) >= 0) return Status::Ok();
   if (zmq_errno() != EAGAIN) return ZmqStatus("zmq_send");
   zmq_pollitem_t item = {socket_.get(), 0, ZMQ_POLLOUT, 0};
-  if (zmq_poll(&item, 1, static_cast<long>(options_.timeout.count())) < 0) return ZmqStatus("zmq_poll");
+  if (zmq_poll(&item, 1, static_cast<long>(options_.connect_timeout.count())) < 0) return ZmqStatus("zmq_poll");
   if (zmq_send(socket_.get(), bytes.data(), bytes.size(), ZMQ_DONTWAIT) >= 0) return Status::Ok();
   if (zmq_errno() != EAGAIN) return ZmqStatus("zmq_send");
-  return Status::DeadlineExceeded("no connection to the router within " + std::to_string(options_.timeout.count()) +
-                                  " ms (unreachable, or it refused this client's CURVE keys)");
+  return Status::DeadlineExceeded("no connection to the router within " +
+                                  std::to_string(options_.connect_timeout.count()) +
+                                  " ms (nothing listens at the endpoint, or it refused this client's CURVE keys)");
 }
 
 Status RequestClient::Send(const api::Message& message) {

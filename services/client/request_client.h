@@ -45,6 +45,9 @@ struct ClientOptions {
   // Longest silence from the router during a request before Generate gives up (the router
   // sends keepalives to a waiting client, so silence means the router is gone).
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // Longest wait for a connection to the router before a send fails (nothing listens there, or
+  // it refused this client's CURVE keys); a live router accepts within milliseconds.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
   // Sent in every Generate whose request has no api_key of its own. Empty: none.
   std::string api_key;
   // enabled: CURVE with the router's public key (server_public_key) and `own` (see
@@ -91,7 +94,7 @@ class RequestClient {
   // Streams one request to its end. request.request_id 0: the client numbers it. When the
   // callback returns false the client sends abort and waits for the router's final event
   // (finish kAbort). Errors: the router's error reply (see above), DeadlineExceeded (silence
-  // beyond options.timeout, or no connection within it), Internal (socket).
+  // beyond options.timeout, or no connection within options.connect_timeout), Internal.
   Result<Completion> Generate(services::api::Submit request, const OutputCallback& on_output = nullptr);
   // Round trip to the router. Errors: DeadlineExceeded, Internal.
   Status Ping(std::chrono::milliseconds timeout);
@@ -100,7 +103,7 @@ class RequestClient {
   const std::optional<services::api::Error>& last_error() const { return last_error_; }
 
   // Low level (tests and tools): one frame out; the next decoded message in. Sending waits at
-  // most options.timeout for a connection (DeadlineExceeded).
+  // most options.connect_timeout for a connection (DeadlineExceeded).
   Status SendRaw(const std::string& bytes);
   Status Send(const services::api::Message& message);
   // Errors: DeadlineExceeded (nothing within timeout), InvalidArgument (undecodable reply).

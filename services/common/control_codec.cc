@@ -113,6 +113,7 @@ struct Encoder {
     b.setCompatHash(m.compat_hash);
     b.setInstanceId(AsText(m.instance_id));
     b.setDpRank(m.dp_rank);
+    b.setVocabSize(m.vocab_size);
     return Status::Ok();
   }
   Status operator()(const RegisterAckMsg& m) {
@@ -328,6 +329,7 @@ Result<ControlMessage> DecodeRegister(cp::Register::Reader r) {
   m.compat_hash = r.getCompatHash();
   PDSERVE_ASSIGN_OR_RETURN(m.instance_id, ReadText(r.getInstanceId(), "register.instanceId"));
   m.dp_rank = r.getDpRank();
+  m.vocab_size = r.getVocabSize();
   if (m.capacity.dp_ranks < 1 || m.dp_rank >= m.capacity.dp_ranks)
     return Status::InvalidArgument("register.dpRank " + std::to_string(m.dp_rank) + " is outside the instance's " +
                                    std::to_string(m.capacity.dp_ranks) + " DP ranks");

@@ -47,6 +47,7 @@ struct RegisterMsg {
   uint64_t compat_hash = 0;
   std::string instance_id;  // "" for a one-process worker
   uint32_t dp_rank = 0;
+  uint32_t vocab_size = 0;  // 0: unknown (not a model)
   bool operator==(const RegisterMsg&) const = default;
 };
 

@@ -1,6 +1,5 @@
-// Process-level helpers for the service binaries: termination signals, a minimal
-// "--key value" command line, and atomically written files (ready files read by tests and the
-// launcher).
+// Process-level helpers for the service binaries: termination signals and atomically written
+// files (ready files read by tests and the launcher). The command line: command_line.h.
 //
 // Thread-safety: BlockTerminationSignals must run in main() before any thread starts (threads
 // inherit the mask, so only the waiting thread ever receives SIGINT/SIGTERM). The rest is pure
@@ -23,23 +22,6 @@ namespace pdserve::services {
 void BlockTerminationSignals();
 // Waits up to `timeout` for SIGINT/SIGTERM/SIGHUP; returns the signal, or 0 on timeout.
 int WaitForTerminationSignal(std::chrono::milliseconds timeout);
-
-// "--key value", "--key=value" and "--flag" arguments. Unknown or repeated keys are errors.
-class CommandLine {
- public:
-  // Errors: InvalidArgument naming the key.
-  static Result<CommandLine> Parse(int argc, char** argv, const std::vector<std::string>& options,
-                                   const std::vector<std::string>& flags);
-  bool Has(const std::string& key) const { return values_.count(key) > 0; }
-  std::optional<std::string> Get(const std::string& key) const;
-  std::string GetOr(const std::string& key, const std::string& fallback) const;
-  // Errors: InvalidArgument when the value is not an integer.
-  Result<int64_t> GetInt(const std::string& key, int64_t fallback) const;
-  Result<double> GetDouble(const std::string& key, double fallback) const;
-
- private:
-  std::map<std::string, std::string> values_;
-};
 
 // Writes `content` to PATH.tmp and renames it to PATH (readers never see a partial file).
 Status WriteFileAtomically(const std::string& path, const std::string& content);

@@ -15,6 +15,8 @@ using Clock = std::chrono::steady_clock;
 // After a drain timeout the handler gets this long to deliver its abort events before the
 // agent forgets the jobs and deregisters anyway.
 constexpr std::chrono::seconds kDrainAbortGrace{5};
+// Longest pause between two registration attempts while the router does not answer.
+constexpr std::chrono::milliseconds kMaxRegisterRetry{2000};
 }  // namespace
 
 const char* WorkerAgent::StateName(State s) {
@@ -211,6 +213,7 @@ void WorkerAgent::SendRegister() {
   m.compat_hash = options_.compat_hash;
   m.instance_id = options_.instance_id;
   m.dp_rank = options_.dp_rank;
+  m.vocab_size = options_.vocab_size;
   Send(m);
 }
 
@@ -266,8 +269,24 @@ void WorkerAgent::OnTick(Clock::time_point now) {
   switch (state()) {
     case State::kRegistering:
       if (now >= next_register_) {
+        if (register_attempts_ == 0) {
+          registering_since_ = now;
+          register_warning_interval_ = std::chrono::milliseconds(1000);
+          next_register_warning_ = now + register_warning_interval_;
+        } else if (now >= next_register_warning_) {
+          log->warn("worker {}: no answer from router {} after {} registration attempts in {:.1f} s; still trying "
+                    "(is the router running, and is this its control endpoint?)",
+                    options_.worker_id, options_.router_address, register_attempts_,
+                    std::chrono::duration<double>(now - registering_since_).count());
+          register_warning_interval_ = std::min(register_warning_interval_ * 2, std::chrono::milliseconds(60000));
+          next_register_warning_ = now + register_warning_interval_;
+        }
         SendRegister();
-        next_register_ = now + options_.register_retry;
+        const auto cap = std::max(options_.register_retry, kMaxRegisterRetry);
+        auto delay = options_.register_retry;
+        for (uint32_t i = 0; i < register_attempts_ && delay < cap; ++i) delay *= 2;
+        next_register_ = now + std::min(delay, cap);
+        ++register_attempts_;
       }
       break;
     case State::kRegistered:
@@ -365,6 +384,10 @@ void WorkerAgent::OnMessage(std::string_view payload) {
   if (auto* ack = std::get_if<RegisterAckMsg>(&msg)) {
     last_router_contact_ = now;
     if (state() != State::kRegistering) return;  // an answer to a retry we no longer need
+    if (register_attempts_ > 4)
+      log->info("worker {}: router {} answered after {} attempts", options_.worker_id, options_.router_address,
+                register_attempts_);
+    register_attempts_ = 0;
     if (ack->heartbeat_interval_ms > 0) heartbeat_interval_ = std::chrono::milliseconds(ack->heartbeat_interval_ms);
     if (ack->heartbeat_timeout_ms > ack->heartbeat_interval_ms)
       router_timeout_ = std::chrono::milliseconds(ack->heartbeat_timeout_ms);

@@ -94,6 +94,7 @@ struct WorkerAgentOptions {
   WorkerCapacity capacity;         // capacity.dp_ranks: DP ranks of this worker's instance
   std::string instance_id;         // a DP rank of a multi-rank instance ("": one process)
   uint32_t dp_rank = 0;
+  uint32_t vocab_size = 0;         // the model's vocabulary (0: not a model)
   std::chrono::milliseconds register_retry{250};
   // Used until the router's RegisterAck says otherwise.
   std::chrono::milliseconds heartbeat_interval{500};
@@ -176,6 +177,13 @@ class WorkerAgent {
   std::chrono::milliseconds heartbeat_interval_;
   std::chrono::milliseconds router_timeout_;
   std::chrono::steady_clock::time_point next_register_{};
+  // Unanswered registrations in a row: the retry backs off (register_retry doubling up to
+  // kMaxRegisterRetry) and a warning is logged at growing intervals, so a worker whose router is
+  // down says so without flooding the log.
+  uint32_t register_attempts_ = 0;
+  std::chrono::steady_clock::time_point registering_since_{};
+  std::chrono::steady_clock::time_point next_register_warning_{};
+  std::chrono::milliseconds register_warning_interval_{1000};
   std::chrono::steady_clock::time_point next_heartbeat_{};
   std::chrono::steady_clock::time_point last_router_contact_{};
   // This thread's own stalls are not the router's silence (listening_clock.h).

@@ -4,24 +4,60 @@
 
 namespace pdserve::launch {
 
+const char* RestartPolicyName(RestartPolicy p) {
+  switch (p) {
+    case RestartPolicy::kOnFailure: return "on-failure";
+    case RestartPolicy::kAlways: return "always";
+    case RestartPolicy::kNever: return "never";
+  }
+  return "?";
+}
+
 namespace {
+
+// restart, restart_backoff_ms, restart_max_backoff_ms, max_restarts, restart_reset_ms of a
+// section (`prefix` "" for a worker group, "router_" in the cluster section).
+Status ReadRestart(const services::YamlSection& s, const std::string& prefix, RestartConfig* r) {
+  std::string policy = RestartPolicyName(r->policy);
+  PDSERVE_RETURN_IF_ERROR(s.GetEnum(prefix + "restart", {"on-failure", "always", "never"}, &policy));
+  r->policy = policy == "always" ? RestartPolicy::kAlways : policy == "never" ? RestartPolicy::kNever
+                                                                              : RestartPolicy::kOnFailure;
+  PDSERVE_RETURN_IF_ERROR(s.Get(prefix + "restart_backoff_ms", &r->backoff));
+  PDSERVE_RETURN_IF_ERROR(s.Get(prefix + "restart_max_backoff_ms", &r->max_backoff));
+  PDSERVE_RETURN_IF_ERROR(s.Get(prefix + "max_restarts", &r->max_restarts));
+  PDSERVE_RETURN_IF_ERROR(s.Get(prefix + "restart_reset_ms", &r->reset_after));
+  if (r->backoff.count() <= 0 || r->max_backoff < r->backoff)
+    return Status::InvalidArgument(s.path() + "." + prefix +
+                                   "restart_backoff_ms must be > 0 and <= " + prefix + "restart_max_backoff_ms");
+  if (r->reset_after.count() <= 0) return Status::InvalidArgument(s.path() + "." + prefix + "restart_reset_ms must be > 0");
+  return Status::Ok();
+}
+
 Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::string& origin) {
   ClusterConfig c;
   PDSERVE_RETURN_IF_ERROR(root.CheckKeys({"cluster", "router", "workers"}));
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection cl, root.Section("cluster"));
   PDSERVE_RETURN_IF_ERROR(cl.CheckKeys({"name", "bin_dir", "model_dir", "generate_model", "log_dir", "stop_grace_ms",
-                                        "ready_timeout_ms"}));
+                                        "ready_timeout_ms", "router_restart", "router_restart_backoff_ms",
+                                        "router_restart_max_backoff_ms", "router_max_restarts",
+                                        "router_restart_reset_ms"}));
   PDSERVE_RETURN_IF_ERROR(cl.Get("name", &c.name));
   PDSERVE_RETURN_IF_ERROR(cl.Get("bin_dir", &c.bin_dir));
   PDSERVE_RETURN_IF_ERROR(cl.Get("model_dir", &c.model_dir));
   PDSERVE_RETURN_IF_ERROR(cl.Get("log_dir", &c.log_dir));
   PDSERVE_RETURN_IF_ERROR(cl.Get("stop_grace_ms", &c.stop_grace));
   PDSERVE_RETURN_IF_ERROR(cl.Get("ready_timeout_ms", &c.ready_timeout));
+  if (c.stop_grace.count() < 1000) return Status::InvalidArgument(cl.path() + ".stop_grace_ms must be >= 1000");
+  if (c.ready_timeout.count() <= 0) return Status::InvalidArgument(cl.path() + ".ready_timeout_ms must be > 0");
+  PDSERVE_RETURN_IF_ERROR(ReadRestart(cl, "router_", &c.router_restart));
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection gm, cl.Section("generate_model"));
-  PDSERVE_RETURN_IF_ERROR(gm.CheckKeys({"enabled", "preset", "seed"}));
+  PDSERVE_RETURN_IF_ERROR(gm.CheckKeys({"enabled", "preset", "seed", "vocab"}));
   PDSERVE_RETURN_IF_ERROR(gm.Get("enabled", &c.generate_model.enabled));
   PDSERVE_RETURN_IF_ERROR(gm.Get("preset", &c.generate_model.preset));
   PDSERVE_RETURN_IF_ERROR(gm.Get("seed", &c.generate_model.seed));
+  PDSERVE_RETURN_IF_ERROR(gm.Get("vocab", &c.generate_model.vocab));
+  if (c.generate_model.vocab < 0 || c.generate_model.vocab > (int64_t{1} << 24))
+    return Status::InvalidArgument(gm.path() + ".vocab must be in [0, 16777216] (0: the preset's own)");
 
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection rs, root.Section("router"));
   PDSERVE_ASSIGN_OR_RETURN(c.router, router::RouterConfig::FromYaml(rs));
@@ -31,7 +67,9 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
   PDSERVE_ASSIGN_OR_RETURN(std::vector<services::YamlSection> groups, root.SectionList("workers"));
   std::set<std::string> names;
   for (const auto& g : groups) {
-    PDSERVE_RETURN_IF_ERROR(g.CheckKeys({"name", "role", "type", "count", "binary", "metrics_port", "mpi_ranks", "plan", "args", "env"}));
+    PDSERVE_RETURN_IF_ERROR(g.CheckKeys({"name", "role", "type", "count", "binary", "metrics_port", "mpi_ranks", "plan",
+                                         "args", "env", "restart", "restart_backoff_ms", "restart_max_backoff_ms",
+                                         "max_restarts", "restart_reset_ms"}));
     WorkerGroupConfig w;
     std::string role = "colocated";
     PDSERVE_RETURN_IF_ERROR(g.GetEnum("role", {"prefill", "decode", "colocated"}, &role));
@@ -40,6 +78,9 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
     PDSERVE_RETURN_IF_ERROR(g.Get("name", &w.name));
     PDSERVE_RETURN_IF_ERROR(g.GetEnum("type", {"engine", "echo"}, &w.type));
     PDSERVE_RETURN_IF_ERROR(g.Get("count", &w.count));
+    if (w.count == 0)
+      return Status::InvalidArgument(g.path() + ".count must be >= 1 (leave the group out to run none)");
+    PDSERVE_RETURN_IF_ERROR(ReadRestart(g, "", &w.restart));
     PDSERVE_RETURN_IF_ERROR(g.Get("binary", &w.binary));
     int64_t port = 0;
     PDSERVE_RETURN_IF_ERROR(g.Get("metrics_port", &port));

@@ -23,6 +23,7 @@
 
 #include "comm/parallel_plan.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -34,6 +35,29 @@
 #include "services/router/router_config.h"
 
 namespace pdserve::launch {
+
+// What the launcher does when a process of a group exits on its own (not on the launcher's
+// stop). A clean exit (status 0) is a worker that drained and left the pool (POST /admin/drain,
+// or a scale-down): on-failure leaves it gone, always starts it again.
+enum class RestartPolicy {
+  kOnFailure,  // restart after a non-zero exit or a signal (the default)
+  kAlways,     // restart after any exit
+  kNever,      // never restart; the group shrinks
+};
+const char* RestartPolicyName(RestartPolicy p);
+
+struct RestartConfig {
+  RestartPolicy policy = RestartPolicy::kOnFailure;
+  // Delay before restart k (k = consecutive failures, from 1): backoff * 2^(k-1), at most
+  // max_backoff. Short enough to come back before clients notice, long enough not to spin.
+  std::chrono::milliseconds backoff{1000};
+  std::chrono::milliseconds max_backoff{30000};
+  // Consecutive failed runs after which the launcher gives up on the process (a crash loop):
+  // it stays down, the rest of the cluster keeps serving. 0: no cap.
+  uint32_t max_restarts = 5;
+  // A run that lasted this long was healthy: the consecutive-failure count starts again.
+  std::chrono::milliseconds reset_after{60000};
+};
 
 struct WorkerGroupConfig {
   std::string name;              // instance ids are <name>-<i>
@@ -48,21 +72,33 @@ struct WorkerGroupConfig {
   uint32_t registrations() const { return plan ? static_cast<uint32_t>(plan->dp) : 1; }
   std::vector<std::string> args;           // appended to the standard flags
   std::map<std::string, std::string> env;  // extra environment
+  RestartConfig restart;
 };
 
 struct GenerateModelConfig {
   bool enabled = true;   // make the model with `pdserve make-model` when model_dir has none
   std::string preset = "tiny";
   int64_t seed = 1;
+  // Embedding / lm_head rows. The router refuses a model whose vocabulary does not cover its
+  // tokenizer, so the default is DeepSeek-V3's 129280 (its tokenizer uses ids < 128815); 0: the
+  // preset's own (small) vocabulary, for clusters that only send token ids.
+  int64_t vocab = 129280;
 };
 
 struct ClusterConfig {
   std::string name = "pdserve";
   std::string bin_dir;                    // empty: the directory of pdserve-launch
-  std::string model_dir = "models/demo-tiny";
+  std::string model_dir = "models/demo-tiny-v128k";
   GenerateModelConfig generate_model;
   std::string log_dir;                    // empty: logs are only forwarded to stdout
-  std::chrono::milliseconds stop_grace{10000};    // SIGTERM -> SIGKILL
+  // On stop: SIGTERM, then SIGKILL after this long. Workers are told to drain for
+  // drain_timeout() (stop_grace minus the time a drained worker needs to deregister and exit),
+  // so a busy worker finishes or aborts its requests before the launcher's SIGKILL.
+  std::chrono::milliseconds stop_grace{10000};
+  std::chrono::milliseconds drain_timeout() const {
+    return std::max(std::chrono::milliseconds(500), stop_grace - std::chrono::milliseconds(4000));
+  }
+  RestartConfig router_restart;           // the router process's supervision
   std::chrono::milliseconds ready_timeout{120000};  // router ready file + /health ready
   router::RouterConfig router;
   std::vector<WorkerGroupConfig> workers;

@@ -4,6 +4,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -17,7 +18,6 @@
 namespace pdserve::launch {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 void Say(const std::string& line) {
@@ -30,6 +30,14 @@ std::string SelfDir() {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   return ec ? std::string(".") : exe.parent_path().string();
 }
+
+// "exited with status 3" / "was killed by signal 9".
+std::string DescribeExit(int status) {
+  if (status > 128 && status < 128 + 65) return fmt::format("was killed by signal {}", status - 128);
+  return fmt::format("exited with status {}", status);
+}
+
+std::string Millis(std::chrono::milliseconds d) { return fmt::format("{:.1f} s", d.count() / 1000.0); }
 
 }  // namespace
 
@@ -58,16 +66,89 @@ Status Launcher::CheckBinaries() {
   return Status::NotFound("missing executables (not built yet, or a wrong cluster.bin_dir?):" + list);
 }
 
+Launcher::Instance* Launcher::Find(const std::string& name) {
+  for (Instance& i : instances_)
+    if (i.name == name) return &i;
+  return nullptr;
+}
+
+const RestartConfig& Launcher::RestartOf(const Instance& instance) const {
+  return instance.group < 0 ? config_.router_restart : config_.workers[instance.group].restart;
+}
+
 bool Launcher::PollOnce(std::chrono::milliseconds timeout) {
   bool sig_ready = false;
   for (const auto& e : supervisor_.Poll(timeout, signal_fd_, &sig_ready)) {
-    if (failure_.empty()) failure_ = fmt::format("{} (pid {}) exited with status {}", e.name, e.pid, e.status);
+    if (!ready_) {
+      if (failure_.empty()) failure_ = fmt::format("{} (pid {}) {}", e.name, e.pid, DescribeExit(e.status));
+    } else {
+      OnExit(e);
+    }
   }
   if (sig_ready) {
     signalfd_siginfo info;
     if (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) signal_ = static_cast<int>(info.ssi_signo);
   }
+  if (ready_) StartDueRestarts();
   return failure_.empty() && signal_ == 0;
+}
+
+void Launcher::OnExit(const ProcessExit& e) {
+  Instance* in = Find(e.name);
+  if (in == nullptr) return;  // make-model or an unknown child: nothing to supervise
+  const auto now = Clock::now();
+  const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(now - in->started);
+  const RestartConfig& rc = RestartOf(*in);
+  const bool clean = e.status == 0;
+  if (in->state == InstanceState::kDraining) {
+    Say(fmt::format("{} left the pool (it {} after a scale-down)", in->name, DescribeExit(e.status)));
+    in->state = InstanceState::kLeft;
+  } else if (rc.policy == RestartPolicy::kNever || (clean && rc.policy == RestartPolicy::kOnFailure)) {
+    Say(fmt::format("{} (pid {}) {} after {}; restart policy '{}': it stays down{}", in->name, e.pid,
+                    DescribeExit(e.status), Millis(ran), RestartPolicyName(rc.policy),
+                    clean ? " (drained: it left the pool)" : ""));
+    in->state = InstanceState::kLeft;
+  } else {
+    // A run that lasted reset_after was healthy: this exit starts a new count.
+    if (ran >= rc.reset_after) in->consecutive_failures = 0;
+    if (!clean) ++in->consecutive_failures;
+    if (rc.max_restarts > 0 && in->consecutive_failures > rc.max_restarts) {
+      Say(fmt::format("error: {} (pid {}) {} after {}: {} failed runs in a row, the cap "
+                      "(max_restarts {}); giving up on it, the rest of the cluster keeps serving",
+                      in->name, e.pid, DescribeExit(e.status), Millis(ran), in->consecutive_failures,
+                      rc.max_restarts));
+      in->state = InstanceState::kGaveUp;
+      if (in->group < 0) failure_ = "the router failed " + std::to_string(in->consecutive_failures) + " times in a row";
+    } else {
+      auto delay = rc.backoff;
+      for (uint32_t k = 1; k < std::max<uint32_t>(1, in->consecutive_failures) && delay < rc.max_backoff; ++k) delay *= 2;
+      delay = std::min(delay, rc.max_backoff);
+      Say(fmt::format("{} (pid {}) {} after {}; restarting in {} (policy '{}', failure {} in a row{})",
+                      in->name, e.pid, DescribeExit(e.status), Millis(ran), Millis(delay),
+                      RestartPolicyName(rc.policy), in->consecutive_failures,
+                      rc.max_restarts > 0 ? fmt::format(" of at most {}", rc.max_restarts) : std::string()));
+      in->state = InstanceState::kRestartPending;
+      in->restart_at = now + delay;
+    }
+  }
+  if (Status s = WriteReadyFile(); !s.ok()) Say("warning: " + s.ToString());
+}
+
+void Launcher::StartDueRestarts() {
+  const auto now = Clock::now();
+  bool changed = false;
+  for (Instance& in : instances_) {
+    if (in.state != InstanceState::kRestartPending || now < in.restart_at) continue;
+    ++in.restarts;
+    if (Status s = StartInstance(in); !s.ok()) {
+      Say(fmt::format("error: restarting {}: {}", in.name, s.ToString()));
+      in.state = InstanceState::kGaveUp;
+    }
+    changed = true;
+  }
+  if (changed) {
+    if (Status s = WriteReadyFile(); !s.ok()) Say("warning: " + s.ToString());
+  }
 }
 
 Status Launcher::EnsureModel() {
@@ -76,26 +157,73 @@ Status Launcher::EnsureModel() {
   if (!engine || fs::exists(fs::path(config_.model_dir) / "config.json")) return Status::Ok();
   if (!config_.generate_model.enabled)
     return Status::NotFound("no model in '" + config_.model_dir + "' and cluster.generate_model.enabled is false");
-  Say(fmt::format("generating the '{}' model in {}", config_.generate_model.preset, config_.model_dir));
-  PDSERVE_RETURN_IF_ERROR(supervisor_
-                              .Start({"make-model",
-                                      {Bin("pdserve"), "make-model", "--preset", config_.generate_model.preset, "--out",
-                                       config_.model_dir, "--seed", std::to_string(config_.generate_model.seed)},
-                                      {}})
-                              .status());
+  const GenerateModelConfig& gm = config_.generate_model;
+  Say(fmt::format("generating the '{}' model in {} ({} vocabulary)", gm.preset, config_.model_dir,
+                  gm.vocab > 0 ? fmt::format("{}-token", gm.vocab) : std::string("the preset's")));
+  std::vector<std::string> argv = {Bin("pdserve"), "make-model", "--preset", gm.preset, "--out", config_.model_dir,
+                                   "--seed", std::to_string(gm.seed)};
+  if (gm.vocab > 0) argv.insert(argv.end(), {"--vocab", std::to_string(gm.vocab)});
+  PDSERVE_RETURN_IF_ERROR(supervisor_.Start({"make-model", argv, {}}).status());
   while (supervisor_.Running("make-model")) {
     bool sig = false;
     for (const auto& e : supervisor_.Poll(std::chrono::milliseconds(200), signal_fd_, &sig))
-      if (e.status != 0) return Status::Internal(fmt::format("pdserve make-model failed (status {})", e.status));
-    if (sig) return Status::Cancelled("interrupted while generating the model");
+      if (e.status != 0) return Status::Internal(fmt::format("pdserve make-model failed (it {})", DescribeExit(e.status)));
+    if (sig) {
+      signalfd_siginfo info;
+      if (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) signal_ = static_cast<int>(info.ssi_signo);
+      return Status::Cancelled("interrupted while generating the model");
+    }
   }
   return Status::Ok();
 }
 
+std::vector<std::string> Launcher::WorkerArgv(const WorkerGroupConfig& g, uint32_t i) const {
+  std::vector<std::string> argv;
+  // One machine: more ranks than cores is expected, and root may run them.
+  if (g.mpi_ranks > 1 || g.plan) {
+    argv = {services::FindInPath("mpirun"), "-n", std::to_string(g.mpi_ranks), "--oversubscribe"};
+    if (getuid() == 0) argv.push_back("--allow-run-as-root");
+  }
+  argv.insert(argv.end(), {Bin(ClusterConfig::BinaryName(g)), "--router", control_endpoint_, "--worker-id",
+                           fmt::format("{}-{}", g.name, i), "--role", services::WorkerRoleName(g.role), "--model-name",
+                           config_.router.model_name, "--metrics-port",
+                           std::to_string(g.metrics_port == 0 ? 0 : g.metrics_port + i * g.registrations())});
+  // The drain must end before the launcher's SIGKILL (cluster.stop_grace_ms), unless the group
+  // sets its own.
+  if (std::find(g.args.begin(), g.args.end(), "--drain-timeout-ms") == g.args.end())
+    argv.insert(argv.end(), {"--drain-timeout-ms", std::to_string(config_.drain_timeout().count())});
+  if (g.type == "engine") argv.insert(argv.end(), {"--model", config_.model_dir});
+  if (g.plan)
+    argv.insert(argv.end(),
+                {"--plan", fmt::format("cp={},dp={},ep={},tp={}", g.plan->cp, g.plan->dp, g.plan->ep, g.plan->tp)});
+  argv.insert(argv.end(), g.args.begin(), g.args.end());
+  return argv;
+}
+
+Status Launcher::StartInstance(Instance& in) {
+  ProcessSpec spec;
+  spec.name = in.name;
+  if (in.group < 0) {
+    const std::string ready = run_dir_ + "/router.ready";
+    std::error_code ec;
+    fs::remove(ready, ec);
+    spec.argv = {Bin("pdserve-router"), "--config", config_path_, "--ready-file", ready};
+  } else {
+    const WorkerGroupConfig& g = config_.workers[in.group];
+    spec.argv = WorkerArgv(g, in.index);
+    spec.env = g.env;
+    spec.stop_through_children = g.mpi_ranks > 1 || g.plan.has_value();
+  }
+  PDSERVE_RETURN_IF_ERROR(supervisor_.Start(spec).status());
+  in.state = InstanceState::kRunning;
+  in.started = Clock::now();
+  return Status::Ok();
+}
+
 Status Launcher::StartRouter() {
+  instances_.push_back(Instance{"router", -1, 0});
+  PDSERVE_RETURN_IF_ERROR(StartInstance(instances_.back()));
   const std::string ready = run_dir_ + "/router.ready";
-  PDSERVE_RETURN_IF_ERROR(
-      supervisor_.Start({"router", {Bin("pdserve-router"), "--config", config_path_, "--ready-file", ready}, {}}).status());
   const auto deadline = Clock::now() + config_.ready_timeout;
   while (Clock::now() < deadline) {
     if (!PollOnce(std::chrono::milliseconds(50))) return Status::Aborted("while waiting for the router");
@@ -113,28 +241,59 @@ Status Launcher::StartRouter() {
 }
 
 Status Launcher::StartWorkers() {
-  for (const auto& g : config_.workers) {
+  for (size_t gi = 0; gi < config_.workers.size(); ++gi) {
+    const WorkerGroupConfig& g = config_.workers[gi];
     for (uint32_t i = 0; i < g.count; ++i) {
-      const std::string id = fmt::format("{}-{}", g.name, i);
-      std::vector<std::string> argv;
-      // One machine: more ranks than cores is expected, and root may run them.
-      if (g.mpi_ranks > 1 || g.plan) {
-        argv = {services::FindInPath("mpirun"), "-n", std::to_string(g.mpi_ranks), "--oversubscribe"};
-        if (getuid() == 0) argv.push_back("--allow-run-as-root");
-      }
-      argv.insert(argv.end(), {Bin(ClusterConfig::BinaryName(g)), "--router", control_endpoint_, "--worker-id", id,
-                               "--role", services::WorkerRoleName(g.role), "--model-name", config_.router.model_name,
-                               "--metrics-port", std::to_string(g.metrics_port == 0 ? 0 : g.metrics_port + i * g.registrations())});
-      if (g.type == "engine") argv.insert(argv.end(), {"--model", config_.model_dir});
-      if (g.plan)
-        argv.insert(argv.end(), {"--plan", fmt::format("cp={},dp={},ep={},tp={}", g.plan->cp, g.plan->dp, g.plan->ep,
-                                                       g.plan->tp)});
-      argv.insert(argv.end(), g.args.begin(), g.args.end());
-      PDSERVE_RETURN_IF_ERROR(supervisor_.Start({id, argv, g.env}).status());
-      worker_names_.push_back(id);
+      instances_.push_back(Instance{fmt::format("{}-{}", g.name, i), static_cast<int>(gi), i});
+      PDSERVE_RETURN_IF_ERROR(StartInstance(instances_.back()));
     }
   }
   return Status::Ok();
+}
+
+Status Launcher::ScaleGroup(const std::string& group, uint32_t count) {
+  int gi = -1;
+  for (size_t i = 0; i < config_.workers.size(); ++i)
+    if (config_.workers[i].name == group) gi = static_cast<int>(i);
+  if (gi < 0) return Status::NotFound("no worker group '" + group + "'");
+  if (count == 0) return Status::InvalidArgument("a group keeps at least one process");
+  std::vector<Instance*> live;  // counted towards the group's size, by index
+  uint32_t next_index = 0;
+  for (Instance& in : instances_) {
+    if (in.group != gi) continue;
+    next_index = std::max(next_index, in.index + 1);
+    if (in.state == InstanceState::kRunning || in.state == InstanceState::kRestartPending) live.push_back(&in);
+  }
+  std::sort(live.begin(), live.end(), [](const Instance* a, const Instance* b) { return a->index < b->index; });
+  while (live.size() > count) {
+    Instance* in = live.back();
+    live.pop_back();
+    if (in->state == InstanceState::kRestartPending) {
+      in->state = InstanceState::kLeft;
+    } else {
+      Say(fmt::format("scaling group '{}' down: draining {}", group, in->name));
+      in->state = InstanceState::kDraining;
+      supervisor_.RequestStop(in->name);
+    }
+  }
+  for (uint32_t k = static_cast<uint32_t>(live.size()); k < count; ++k) {
+    // Reuse a departed slot first (its worker id and metrics port), else a new index.
+    Instance* slot = nullptr;
+    for (Instance& in : instances_)
+      if (in.group == gi && (in.state == InstanceState::kLeft || in.state == InstanceState::kGaveUp)) {
+        slot = &in;
+        break;
+      }
+    if (slot == nullptr) {
+      instances_.push_back(Instance{fmt::format("{}-{}", group, next_index), gi, next_index});
+      ++next_index;
+      slot = &instances_.back();
+    }
+    slot->consecutive_failures = 0;
+    Say(fmt::format("scaling group '{}' up: starting {}", group, slot->name));
+    PDSERVE_RETURN_IF_ERROR(StartInstance(*slot));
+  }
+  return WriteReadyFile();
 }
 
 Status Launcher::WaitReady() {
@@ -168,12 +327,38 @@ Status Launcher::WaitReady() {
       config_.ready_timeout.count(), last_seen));
 }
 
+Status Launcher::WriteReadyFile() {
+  if (ready_file_.empty() || !ready_) return Status::Ok();
+  nlohmann::json pids = nlohmann::json::object();
+  for (const auto& n : supervisor_.RunningNames()) {
+    if (auto pid = supervisor_.Pid(n)) pids[n] = *pid;
+  }
+  nlohmann::json instances = nlohmann::json::object();
+  for (const Instance& in : instances_) {
+    static const char* kStates[] = {"running", "restart_pending", "draining", "left", "gave_up"};
+    instances[in.name] = {{"state", kStates[static_cast<int>(in.state)]}, {"restarts", in.restarts}};
+  }
+  nlohmann::json ready = {{"http_port", http_port_},
+                          {"control_endpoint", control_endpoint_},
+                          {"pids", pids},
+                          {"instances", instances}};
+  return services::WriteFileAtomically(ready_file_, ready.dump());
+}
+
 int Launcher::Shutdown(int code) {
-  Say(code == 0 ? "stopping the cluster" : "stopping the cluster after a failure");
+  Say(code == 0 ? "stopping the cluster" : "stopping the cluster");
   // Workers first (they drain and deregister while the router still listens), then the router.
-  supervisor_.Stop(worker_names_, config_.stop_grace);
-  supervisor_.Stop({"router", "make-model"}, config_.stop_grace);
-  Say(code == 0 ? "all processes stopped" : "all processes stopped; exit 1");
+  // A process's own exit status here is not a failure: it was asked to stop.
+  std::vector<std::string> workers;
+  for (const Instance& in : instances_)
+    if (in.group >= 0) workers.push_back(in.name);
+  std::vector<ProcessExit> exits = supervisor_.Stop(workers, config_.stop_grace);
+  for (ProcessExit& e : supervisor_.Stop({"router", "make-model"}, config_.stop_grace)) exits.push_back(std::move(e));
+  // A clean stop ends every process with status 0 (a worker drains, then exits): say so when one
+  // did not, e.g. a drain cut short by the SIGKILL after cluster.stop_grace_ms.
+  for (const ProcessExit& e : exits)
+    if (e.status != 0) Say(fmt::format("warning: {} (pid {}) {} while stopping", e.name, e.pid, DescribeExit(e.status)));
+  Say(code == 0 ? "all processes stopped" : fmt::format("all processes stopped; exit {}", code));
   if (!ready_file_.empty()) std::remove(ready_file_.c_str());
   std::error_code ec;
   fs::remove_all(run_dir_, ec);
@@ -198,29 +383,31 @@ int Launcher::Run() {
   if (!config_.log_dir.empty()) fs::create_directories(config_.log_dir, ec);
 
   auto fail = [&](const Status& s) {
+    if (signal_ != 0 && failure_.empty()) {
+      // Ctrl-C while starting is a request, not an error; the exit code still says the cluster
+      // never served.
+      Say(fmt::format("start-up interrupted by signal {}", signal_));
+      return Shutdown(128 + signal_);
+    }
     Say("error: " + s.ToString() + (failure_.empty() ? "" : " -- " + failure_));
-    return Shutdown(signal_ != 0 && failure_.empty() ? 0 : 1);
+    return Shutdown(1);
   };
   if (Status s = CheckBinaries(); !s.ok()) return fail(s);
   if (Status s = EnsureModel(); !s.ok()) return fail(s);
   if (Status s = StartRouter(); !s.ok()) return fail(s);
   if (Status s = StartWorkers(); !s.ok()) return fail(s);
   if (Status s = WaitReady(); !s.ok()) return fail(s);
+  ready_ = true;
 
   const std::string host = config_.router.host == "0.0.0.0" ? "127.0.0.1" : config_.router.host;
   Say(fmt::format("cluster '{}' ready: OpenAI API at http://{}:{}/v1 (model '{}'), router metrics at "
                   "http://{}:{}/metrics, workers at http://{}:{}/admin/workers; Ctrl-C stops it",
                   config_.name, host, http_port_, config_.router.model_name, host, http_port_, host, http_port_));
-  if (!ready_file_.empty()) {
-    nlohmann::json pids = nlohmann::json::object();
-    for (const auto& n : supervisor_.RunningNames()) pids[n] = *supervisor_.Pid(n);
-    nlohmann::json ready = {{"http_port", http_port_}, {"control_endpoint", control_endpoint_}, {"pids", pids}};
-    if (Status s = services::WriteFileAtomically(ready_file_, ready.dump()); !s.ok()) return fail(s);
-  }
-  while (PollOnce(std::chrono::milliseconds(500))) {
+  if (Status s = WriteReadyFile(); !s.ok()) return fail(s);
+  while (PollOnce(std::chrono::milliseconds(200))) {
   }
   if (!failure_.empty()) {
-    Say("error: " + failure_ + " (pdserve-launch restarts nothing)");
+    Say("error: " + failure_);
     return Shutdown(1);
   }
   Say(fmt::format("signal {}", signal_));

@@ -18,6 +18,7 @@
 
 #include "common/cpu_features.h"
 #include "common/logging.h"
+#include "services/common/command_line.h"
 #include "services/common/process_util.h"
 #include "services/router/router_server.h"
 
@@ -27,23 +28,49 @@ using pdserve::Result;
 using pdserve::Status;
 using pdserve::router::RouterConfig;
 
-Result<RouterConfig> BuildConfig(int argc, char** argv) {
-  PDSERVE_ASSIGN_OR_RETURN(
-      auto cl, pdserve::services::CommandLine::Parse(
-                   argc, argv,
-                   {"config", "host", "port", "control", "model-name", "tokenizer", "mode", "prefill-policy",
-                    "decode-policy", "colocated-policy", "heartbeat-interval-ms", "heartbeat-timeout-ms",
-                    "request-timeout-ms", "first-token-timeout-ms", "max-body-bytes", "max-migrations",
-                    "stall-timeout-ms", "ready-file", "log-level", "http-threads", "request-endpoint",
-                    "request-keepalive-ms", "api-keys-file", "max-prompt-tokens", "control-curve-secret-key-file",
-                    "control-curve-allowed-clients-file", "request-curve-secret-key-file",
-                    "request-curve-allowed-clients-file"},
-                   {}));
+const pdserve::services::CommandSpec kSpec{
+    "pdserve-router",
+    "--config FILE | --port P --control ENDPOINT [options]",
+    "The OpenAI-compatible front of a pdserve cluster (docs/router.md): HTTP API, ZeroMQ control\n"
+    "plane for the workers, optional ZeroMQ request API. --config reads the `router:` section of a\n"
+    "YAML file (the cluster file of pdserve-launch works as is); options override it. With no\n"
+    "arguments at all it refuses to start rather than bind default ports. Runs until SIGINT or\n"
+    "SIGTERM, then stops cleanly (exit 0).",
+    {{"config", "FILE", "YAML file with a `router:` section (docs/configuration.md)"},
+     {"host", "HOST", "HTTP listen address (default 127.0.0.1)"},
+     {"port", "P", "HTTP port (default 8000; 0: a free one, see --ready-file)"},
+     {"control", "ENDPOINT", "control endpoint the workers dial (default tcp://127.0.0.1:7000; tcp://HOST:* picks a port)"},
+     {"model-name", "NAME", "the model served; workers must register with it (default pdserve)"},
+     {"tokenizer", "DIR", "tokenizer.json + tokenizer_config.json (default: the bundled DeepSeek-V3 tokenizer)"},
+     {"mode", "MODE", "auto | disaggregated | colocated"},
+     {"prefill-policy", "P", "round_robin | least_outstanding_tokens"},
+     {"decode-policy", "P", "round_robin | least_outstanding_tokens | kv_capacity_aware"},
+     {"colocated-policy", "P", "round_robin | least_outstanding_tokens | kv_capacity_aware"},
+     {"heartbeat-interval-ms", "N", "heartbeat period told to workers"},
+     {"heartbeat-timeout-ms", "N", "silence after which a worker is removed"},
+     {"request-timeout-ms", "N", "whole-request deadline"},
+     {"first-token-timeout-ms", "N", "deadline for the first token"},
+     {"max-body-bytes", "N", "larger request bodies get 413"},
+     {"max-migrations", "N", "new attempts of a request after its workers failed"},
+     {"stall-timeout-ms", "N", "a stream silent this long is migrated (0: off)"},
+     {"ready-file", "PATH", "write {http_port, control_endpoint, ...} here once serving"},
+     {"log-level", "L", "trace | debug | info | warn | error | critical | off"},
+     {"http-threads", "N", "HTTP worker threads (a streaming request holds one)"},
+     {"request-endpoint", "ENDPOINT", "ZeroMQ request API endpoint (docs/request-api.md; empty: off)"},
+     {"request-keepalive-ms", "N", "request API client liveness probe period"},
+     {"api-keys-file", "F", "API keys, one a line: requests need Authorization: Bearer KEY"},
+     {"max-prompt-tokens", "N", "longer prompts get 400 (0: only the workers' context limit)"},
+     {"control-curve-secret-key-file", "F", "CURVE secret key of the control socket"},
+     {"control-curve-allowed-clients-file", "F", "worker public keys allowed on the control socket"},
+     {"request-curve-secret-key-file", "F", "CURVE secret key of the request API socket"},
+     {"request-curve-allowed-clients-file", "F", "client public keys allowed on the request API"}}};
+
+Result<RouterConfig> BuildConfig(const pdserve::services::CommandLine& cl) {
   RouterConfig c;
   if (auto path = cl.Get("config")) {
     PDSERVE_ASSIGN_OR_RETURN(c, RouterConfig::LoadFile(*path));
   }
-  if (auto v = cl.Get("log-level")) pdserve::SetLogLevel(*v);
+  if (auto v = cl.Get("log-level")) PDSERVE_RETURN_IF_ERROR(pdserve::SetLogLevel(*v));
   c.host = cl.GetOr("host", c.host);
   PDSERVE_ASSIGN_OR_RETURN(int64_t port, cl.GetInt("port", c.port));
   c.port = static_cast<int>(port);
@@ -94,12 +121,18 @@ Result<RouterConfig> BuildConfig(int argc, char** argv) {
 int main(int argc, char** argv) {
   pdserve::RequireCpuFeatures();
   pdserve::services::BlockTerminationSignals();
-  auto log = pdserve::GetLogger("router");
-  auto config = BuildConfig(argc, argv);
-  if (!config.ok()) {
-    std::fprintf(stderr, "pdserve-router: %s\n", config.status().ToString().c_str());
+  pdserve::services::CommandLine cl;
+  if (auto exit_code = pdserve::services::ParseCommandLineOrExit(argc, argv, kSpec, &cl)) return *exit_code;
+  if (cl.empty()) {
+    // No silent default ports: an operator who typed the bare name gets the usage instead.
+    std::fprintf(stderr, "%s\npdserve-router: give --config FILE or the listen options (--port, --control)\n",
+                 pdserve::services::FormatUsage(kSpec).c_str());
     return 2;
   }
+  if (pdserve::Status s = pdserve::InitLogLevelFromEnv(); !s.ok()) return pdserve::services::ReportCommandError(kSpec, s);
+  auto log = pdserve::GetLogger("router");
+  auto config = BuildConfig(cl);
+  if (!config.ok()) return pdserve::services::ReportCommandError(kSpec, config.status());
   auto server = pdserve::router::RouterServer::Start(std::move(config).value());
   if (!server.ok()) {
     std::fprintf(stderr, "pdserve-router: %s\n", server.status().ToString().c_str());

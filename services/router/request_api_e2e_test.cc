@@ -368,7 +368,7 @@ TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing
       {[](api::Submit& s) { s.sampling.repetition_penalty = -1; }, 400, "repetition_penalty", ""},
       {[](api::Submit& s) { s.sampling.temperature = std::nan(""); }, 400, "temperature", ""},
       {[](api::Submit& s) { s.model = "gpt-9"; }, 404, "", "model_not_found"},
-      {[](api::Submit& s) { s.model.clear(); }, 404, "", "model_not_found"},
+      {[](api::Submit& s) { s.model = "pdserve "; }, 404, "", "model_not_found"},
       {[](api::Submit& s) { s.prompt_ids.clear(); }, 400, "prompt", ""},
       {[](api::Submit& s) { s.prompt_ids = {999999999}; }, 400, "prompt", ""},
       {[](api::Submit& s) { s.prompt_ids = {-4}; }, 400, "prompt", ""},
@@ -404,6 +404,16 @@ TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing
     EXPECT_EQ(e.code, k.code) << e.message;
     EXPECT_NE(e.message.find(k.message_has), std::string::npos) << e.message;
     EXPECT_EQ(r.status().code(), k.status == 404 ? StatusCode::kNotFound : StatusCode::kInvalidArgument);
+  }
+  // No model at all is the model this router serves (the request API's default; `pdserve
+  // client` sends none unless told).
+  {
+    api::Submit s;
+    s.request_id = 90;
+    s.prompt_ids = Prompt(1);
+    s.sampling.max_tokens = 2;
+    auto served = client->Generate(s);
+    EXPECT_TRUE(served.ok()) << served.status().ToString();
   }
   // The same invalid values over HTTP give the same error.
   auto r = HttpPost(c.http_port(), "/v1/completions", R"({"model":"pdserve","prompt":[1,2],"temperature":5})");
@@ -586,6 +596,7 @@ TEST(RequestApiE2eTest, CurveOnTheRequestSocketLetsInOnlyListedClients) {
     SCOPED_TRACE(what);
     client::ClientOptions quick = o;
     quick.timeout = 500ms;
+    quick.connect_timeout = 500ms;
     auto cl = RequestClient::Connect(c.request_endpoint(), quick);
     ASSERT_TRUE(cl.ok()) << cl.status().ToString();
     EXPECT_EQ((*cl)->Ping(500ms).code(), StatusCode::kDeadlineExceeded);

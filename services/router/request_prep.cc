@@ -18,6 +18,9 @@ std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokeniz
                                        const std::string& tag, std::chrono::steady_clock::time_point arrival,
                                        PreparedRequest* out) {
   const bool chat = pr.endpoint == ApiEndpoint::kChat;
+  // An empty model (the request API's default) means the one model this router serves; the
+  // HTTP API requires the field, as OpenAI's does.
+  if (pr.model.empty()) pr.model = config.model_name;
   if (pr.model != config.model_name)
     return ApiError::NotFound(
         fmt::format("The model '{}' does not exist (this server serves '{}')", pr.model, config.model_name),

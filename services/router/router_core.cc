@@ -26,7 +26,7 @@ RouterCore::RouterCore(RouterCoreOptions options, RouterMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
       incarnation_(services::RandomU64()),
-      registry_({options_.model_name, options_.compat_hash, options_.heartbeat_timeout}),
+      registry_({options_.model_name, options_.compat_hash, options_.heartbeat_timeout, options_.tokenizer_vocab_size}),
       // Request ids carry the incarnation in the high half: ids of a restarted router never
       // collide with jobs a worker may still be finishing for the previous one.
       next_request_id_((incarnation_ & 0xffffffffull) << 32 | 1) {}

@@ -54,6 +54,7 @@ struct RouterCoreOptions {
   std::string control_endpoint = "tcp://127.0.0.1:*";
   std::string model_name = "pdserve";
   uint64_t compat_hash = 0;
+  uint32_t tokenizer_vocab_size = 0;  // models with a smaller vocabulary are refused (0: no check)
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds heartbeat_timeout{2500};
   ServingMode mode = ServingMode::kAuto;

@@ -96,6 +96,8 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
   for (auto role : {services::WorkerRole::kPrefill, services::WorkerRole::kDecode, services::WorkerRole::kColocated}) {
     SetWorkers(role, 0, 0);
     migrations_.Add({{"role", services::WorkerRoleName(role)}, {"outcome", "migrated"}});
+    for (const char* reason : {"timeout", "deregister", "replaced"})
+      removals_.Add({{"role", services::WorkerRoleName(role)}, {"reason", reason}});
   }
 }
 

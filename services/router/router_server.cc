@@ -12,6 +12,7 @@
 
 #include "common/logging.h"
 #include "services/common/metrics.h"
+#include "services/common/net_util.h"
 #include "services/common/process_util.h"
 #include "services/common/request_log.h"
 #include "services/router/api_error.h"
@@ -151,6 +152,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   co.control_endpoint = c.control_endpoint;
   co.model_name = c.model_name;
   co.compat_hash = c.compat_hash;
+  co.tokenizer_vocab_size = static_cast<uint32_t>(s->tokenizer_->id_limit());
   co.heartbeat_interval = c.heartbeat_interval;
   co.heartbeat_timeout = c.heartbeat_timeout;
   co.mode = c.routing.mode == "disaggregated" ? ServingMode::kDisaggregated
@@ -177,16 +179,28 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   s->http_->set_read_timeout(c.http_read_timeout);
   s->http_->set_write_timeout(std::chrono::seconds(30));
   s->InstallRoutes();
+  // httplib's default socket options add SO_REUSEPORT, with which a second router binds the same
+  // port and the kernel splits the connections between the two. SO_REUSEADDR alone still lets a
+  // restarted router take its port back from TIME_WAIT, and refuses a port another process owns.
+  s->http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   if (c.port == 0) {
     s->port_ = s->http_->bind_to_any_port(c.host);
   } else {
     s->port_ = s->http_->bind_to_port(c.host, c.port) ? c.port : -1;
   }
-  if (s->port_ <= 0) return Status::Unavailable(fmt::format("cannot listen on {}:{}", c.host, c.port));
+  if (s->port_ <= 0)
+    return Status::Unavailable(fmt::format("cannot listen on {}:{} (HTTP): {}", c.host, c.port,
+                                           services::DescribeListenFailure(c.host, c.port)));
   if (!static_cast<HttpServer*>(s->http_.get())->RaiseBacklog(1024))
     log->warn("cannot raise the HTTP listen backlog: bursts of connections may be refused");
   httplib::Server* server = s->http_.get();
-  s->listener_ = std::jthread([server] { server->listen_after_bind(); });
+  s->listener_ = std::jthread([server, done = &s->listener_done_] {
+    server->listen_after_bind();
+    done->store(true);
+  });
   log->info("serving model '{}' on http://{}:{} (control {}, routing {}: prefill {}, decode {}, colocated {})",
             c.model_name, c.host, s->port_, s->core_->control_endpoint(), c.routing.mode, c.routing.prefill_policy,
             c.routing.decode_policy, c.routing.colocated_policy);
@@ -207,7 +221,15 @@ RouterServer::RouterServer(RouterConfig config) : config_(std::move(config)) {}
 
 RouterServer::~RouterServer() {
   stopping_ = true;
-  if (http_) http_->stop();  // stops accepting; waits for handlers, which see stopping_
+  // httplib's stop() does nothing until listen_after_bind() has started its loop: a stop that
+  // comes first (a signal in the router's first moments) would leave the listener in accept()
+  // for ever. So repeat it until the listener thread has returned.
+  if (http_ && listener_.joinable()) {
+    while (!listener_done_.load()) {
+      http_->stop();  // stops accepting; waits for handlers, which see stopping_
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   if (listener_.joinable()) listener_.join();
   http_.reset();
   request_api_.reset();

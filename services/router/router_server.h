@@ -97,6 +97,7 @@ class RouterServer {
   std::unique_ptr<RequestApiServer> request_api_;  // router.request_endpoint; before core_ dies
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> listener_done_{false};  // listen_after_bind() returned
   int port_ = 0;
   std::jthread listener_;  // runs http_->listen_after_bind(); stopped by http_->stop()
 };

@@ -35,6 +35,15 @@ RegisterOutcome WorkerRegistry::Register(const std::string& peer, const services
         fmt::format("worker serves model '{}', this router serves '{}'", msg.model_name, options_.model_name));
     return out;
   }
+  if (msg.vocab_size != 0 && options_.tokenizer_vocab_size != 0 && msg.vocab_size < options_.tokenizer_vocab_size) {
+    out.refusal = Status::FailedPrecondition(fmt::format(
+        "the model's vocabulary ({} tokens) is smaller than the router's tokenizer ({} tokens): prompts would "
+        "hold token ids the model has no embedding for. Serve a model made for this tokenizer (e.g. "
+        "`pdserve make-model --vocab 129280`, DeepSeek-V3's size) or point the router at the model's own "
+        "tokenizer (router.tokenizer_dir)",
+        msg.vocab_size, options_.tokenizer_vocab_size));
+    return out;
+  }
   if (msg.capacity.max_context_tokens < 2) {
     out.refusal = Status::InvalidArgument("capacity.maxContextTokens must be >= 2");
     return out;

@@ -4,6 +4,8 @@
 //
 // Registration rules (a refused worker gets RegisterRefuse and does not retry):
 //   * protocol version and model name must match the router's;
+//   * a model's vocabulary must cover the router's tokenizer (else every chat request would
+//     fail with a token outside the vocabulary);
 //   * every prefill and decode worker must carry the same compatibility hash (model + KV
 //     layout), so any prefill worker may write into any decode worker's blocks. The hash is the
 //     router's router.compat_hash when set, else the first registered prefill/decode worker's
@@ -73,6 +75,9 @@ class WorkerRegistry {
     std::string model_name;
     uint64_t compat_hash = 0;  // 0: adopt the first prefill/decode worker's
     std::chrono::milliseconds heartbeat_timeout{2500};
+    // Token ids the router's tokenizer can produce (its vocabulary incl. added tokens); a
+    // worker whose model has fewer embedding rows is refused. 0: no check.
+    uint32_t tokenizer_vocab_size = 0;
   };
   explicit WorkerRegistry(Options options) : options_(std::move(options)) {}
 

@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "kvtransfer/ucx/ucx_transport.h"
+#include "model/fingerprint.h"
 #include "services/common/process_util.h"
 #include "services/common/request_log.h"
 #include "services/worker/import_allocator.h"
@@ -39,7 +40,7 @@ Result<kvtransfer::KvLayout> ToTransferLayout(const engine::KvLayout& l) {
   return t;
 }
 
-uint64_t CompatibilityHash(const std::string& config_json, const std::string& model_name,
+uint64_t CompatibilityHash(const std::string& config_json, uint64_t weights_fingerprint, const std::string& model_name,
                            const engine::KvLayout& layout) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64: stable across processes and builds
   auto mix = [&h](std::string_view s) {
@@ -47,6 +48,7 @@ uint64_t CompatibilityHash(const std::string& config_json, const std::string& mo
     h = (h ^ 0xff) * 1099511628211ull;
   };
   mix(config_json);
+  mix(std::string_view(reinterpret_cast<const char*>(&weights_fingerprint), sizeof(weights_fingerprint)));
   mix(model_name);
   mix(layout.ToString());
   return h == 0 ? 1 : h;
@@ -92,7 +94,10 @@ Status EngineWorker::Init() {
   }
   PDSERVE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(eo, &instance_->model()));
   const engine::KvLayout& layout = engine_->pool().layout();
-  compat_hash_ = CompatibilityHash(config_json, config_.model_name, layout);
+  // The weights themselves, not only config.json: a prefill and a decode worker with the same
+  // config but other weights must not pair (model/fingerprint.h).
+  PDSERVE_ASSIGN_OR_RETURN(const uint64_t fingerprint, model::WeightsFingerprint(config_.model_dir));
+  compat_hash_ = CompatibilityHash(config_json, fingerprint, config_.model_name, layout);
   PDSERVE_ASSIGN_OR_RETURN(transfer_layout_, ToTransferLayout(layout));
   if (config_.role == WorkerRole::kDecode) {
     allocator_ = std::make_unique<ImportAllocator>(&engine_->pool(),

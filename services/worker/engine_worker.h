@@ -62,9 +62,9 @@ class ModelInstance;
 // The engine's block layout as kvtransfer describes it (field-for-field; same bytes).
 // Errors: InvalidArgument when the two layouts would disagree on a block's size.
 Result<kvtransfer::KvLayout> ToTransferLayout(const engine::KvLayout& layout);
-// Model identity (config.json bytes, model name) + KV layout: equal hashes mean any prefill
-// worker may write into any decode worker's blocks.
-uint64_t CompatibilityHash(const std::string& config_json, const std::string& model_name,
+// Model identity (config.json bytes, the weights' fingerprint, model name) + KV layout: equal
+// hashes mean any prefill worker may write into any decode worker's blocks.
+uint64_t CompatibilityHash(const std::string& config_json, uint64_t weights_fingerprint, const std::string& model_name,
                            const engine::KvLayout& layout);
 
 class EngineWorker final : public WorkerHandler {

@@ -53,17 +53,55 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
 
 }  // namespace
 
-Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
-  PDSERVE_ASSIGN_OR_RETURN(
-      CommandLine cl,
-      CommandLine::Parse(argc, argv,
-                         {"config", "role", "router", "worker-id", "model-name", "model", "threads", "kv-gib",
-                          "block-tokens", "max-seqs", "metrics-host", "metrics-port", "ready-file", "drain-timeout-ms",
-                          "register-retry-ms", "ucx-tls", "ucx-net-devices", "kv-lease-ms",
-                          "kv-transfer-timeout-ms", "kv-stream-layers", "log-level", "test-fail-prefill-at-layer",
-                           "test-tear-kv-writes", "curve-secret-key-file", "router-public-key-file", "plan",
-                          "step-stall-timeout-ms"},
-                         {}));
+const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role) {
+  static const std::vector<OptionSpec> kOptions = {
+      {"config", "FILE", "YAML file with a `worker:` section (docs/services.md); options override it"},
+      {"role", "ROLE", "colocated | prefill | decode (pdserve-worker only)"},
+      {"router", "ENDPOINT", "the router's control endpoint, e.g. tcp://127.0.0.1:7000 (required)"},
+      {"worker-id", "ID", "unique worker name, stable across restarts (default worker-0)"},
+      {"model-name", "NAME", "the model name the router serves (default pdserve)"},
+      {"model", "DIR", "checkpoint directory (required)"},
+      {"threads", "N", "engine compute threads (0: PDSERVE_NUM_THREADS or all cores)"},
+      {"kv-gib", "X", "paged KV pool size in GiB (default 0.25)"},
+      {"block-tokens", "N", "tokens per KV block (default 64)"},
+      {"max-seqs", "N", "scheduler batch limit (0: engine default)"},
+      {"metrics-host", "HOST", "metrics listen address (default 127.0.0.1)"},
+      {"metrics-port", "P", "metrics port (0: a free one)"},
+      {"ready-file", "PATH", "write {metrics_port, pid} here once registered"},
+      {"drain-timeout-ms", "N", "on SIGTERM: how long running requests may finish (default 10000)"},
+      {"register-retry-ms", "N", "first registration retry delay; doubles up to 5 s (default 250)"},
+      {"ucx-tls", "LIST", "UCX transports for KV transfer (default: UCX_TLS from the environment)"},
+      {"ucx-net-devices", "LIST", "UCX network devices (default: UCX_NET_DEVICES)"},
+      {"kv-lease-ms", "N", "decode: how long reserved KV blocks wait for prefill"},
+      {"kv-transfer-timeout-ms", "N", "deadline of one KV transfer"},
+      {"kv-stream-layers", "BOOL", "prefill: send each layer's KV as soon as it is computed (default true)"},
+      {"log-level", "L", "trace | debug | info | warn | error | critical | off"},
+      {"test-fail-prefill-at-layer", "N", "TEST ONLY: fail every prefill after this layer"},
+      {"test-tear-kv-writes", "N", "TEST ONLY: the first N KV write batches lose their last write"},
+      {"curve-secret-key-file", "F", "this worker's CURVE secret key (with --router-public-key-file)"},
+      {"router-public-key-file", "F", "the router's CURVE public key"},
+      {"plan", "PLAN", "multi-rank instance, e.g. dp=2,ep=2 (run under mpirun with cp*dp*tp ranks)"},
+      {"step-stall-timeout-ms", "N", "an engine step longer than this withholds heartbeats (0: off)"}};
+  static const CommandSpec kWorker{"pdserve-worker", "--router ENDPOINT --model DIR [--role ROLE] [options]",
+                                   "An engine-backed pdserve worker (docs/services.md). Runs until SIGINT or SIGTERM,\n"
+                                   "then drains its requests (up to --drain-timeout-ms) and exits 0.",
+                                   kOptions};
+  static const CommandSpec kColocated{"pdserve-colocated", "--router ENDPOINT --model DIR [options]",
+                                      "A colocated (prefill + decode) engine worker (docs/services.md).", kOptions};
+  static const CommandSpec kPrefill{"pdserve-prefill", "--router ENDPOINT --model DIR [options]",
+                                    "A prefill engine worker: runs prompts and streams their KV to decode workers.",
+                                    kOptions};
+  static const CommandSpec kDecode{"pdserve-decode", "--router ENDPOINT --model DIR [options]",
+                                   "A decode engine worker: receives prompts' KV and generates tokens.", kOptions};
+  if (!fixed_role) return kWorker;
+  switch (*fixed_role) {
+    case WorkerRole::kPrefill: return kPrefill;
+    case WorkerRole::kDecode: return kDecode;
+    default: return kColocated;
+  }
+}
+
+Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, std::optional<WorkerRole> fixed_role) {
   WorkerServiceConfig c;
   std::string role = fixed_role ? WorkerRoleName(*fixed_role) : "colocated";
   if (auto path = cl.Get("config")) PDSERVE_RETURN_IF_ERROR(LoadYaml(*path, &c, &role));
@@ -98,11 +136,7 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   PDSERVE_ASSIGN_OR_RETURN(int64_t stall, cl.GetInt("step-stall-timeout-ms", c.step_stall_timeout.count()));
   if (stall < 0) return Status::InvalidArgument("--step-stall-timeout-ms must be >= 0 (0: off)");
   c.step_stall_timeout = std::chrono::milliseconds(stall);
-  if (auto v = cl.Get("kv-stream-layers")) {
-    if (*v == "true" || *v == "1") c.kv_stream_layers = true;
-    else if (*v == "false" || *v == "0") c.kv_stream_layers = false;
-    else return Status::InvalidArgument("--kv-stream-layers must be true or false, not '" + *v + "'");
-  }
+  PDSERVE_ASSIGN_OR_RETURN(c.kv_stream_layers, cl.GetBool("kv-stream-layers", c.kv_stream_layers));
   PDSERVE_ASSIGN_OR_RETURN(c.test_fail_prefill_at_layer,
                            cl.GetInt("test-fail-prefill-at-layer", c.test_fail_prefill_at_layer));
   PDSERVE_ASSIGN_OR_RETURN(c.test_tear_kv_writes, cl.GetInt("test-tear-kv-writes", c.test_tear_kv_writes));
@@ -116,6 +150,7 @@ Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::option
   if (c.curve_secret_key_file.empty() != c.router_public_key_file.empty())
     return Status::InvalidArgument("CURVE needs both --curve-secret-key-file and --router-public-key-file");
   if (c.model_dir.empty()) return Status::InvalidArgument("--model (or worker.model_dir) is required");
+  if (c.router.empty()) return Status::InvalidArgument("--router (or worker.router) is required: the control endpoint of the router");
   if (c.threads < 0 || c.kv_cache_gib <= 0 || c.block_tokens <= 0 || c.max_seqs < 0 || port < 0 || port > 65535 ||
       drain < 0 || lease <= 0 || xfer <= 0)
     return Status::InvalidArgument("--threads, --max-seqs, --metrics-port, --drain-timeout-ms must be >= 0; "

@@ -17,13 +17,13 @@
 
 #include "common/status.h"
 #include "services/common/control_messages.h"
-#include "services/common/process_util.h"
+#include "services/common/command_line.h"
 
 namespace pdserve::services::worker {
 
 struct WorkerServiceConfig {
   WorkerRole role = WorkerRole::kColocated;
-  std::string router = "tcp://127.0.0.1:7000";
+  std::string router;                    // required: the router's control endpoint
   std::string worker_id = "worker-0";
   std::string model_name = "pdserve";
   std::string model_dir;                 // required
@@ -67,9 +67,12 @@ struct WorkerServiceConfig {
   std::string router_public_key_file;
 };
 
-// Parses argv (flags as in docs/services.md). `fixed_role` is the role of a role-named binary
-// (pdserve-prefill ...); --role must then be absent or equal. Errors: InvalidArgument naming
-// the flag or key; NotFound for a missing --config file.
-Result<WorkerServiceConfig> ParseWorkerConfig(int argc, char** argv, std::optional<WorkerRole> fixed_role);
+// The options of a worker binary (docs/services.md); `fixed_role` is the role of a role-named
+// binary (pdserve-prefill ...), nullopt for pdserve-worker.
+const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role);
+// The config from parsed options (over the YAML of --config, over the defaults). With a
+// `fixed_role`, --role must be absent or equal. Errors: InvalidArgument naming the flag or key;
+// NotFound for a missing --config file.
+Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, std::optional<WorkerRole> fixed_role);
 
 }  // namespace pdserve::services::worker

@@ -19,14 +19,20 @@ namespace pdserve::services::worker {
 
 int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
   const std::string name = fixed_role ? std::string("pdserve-") + WorkerRoleName(*fixed_role) : "pdserve-worker";
-  auto fail = [&name](const Status& s) {
-    std::fprintf(stderr, "%s: %s\n", name.c_str(), s.ToString().c_str());
+  const CommandSpec& spec = WorkerCommandSpec(fixed_role);
+  auto fail = [&spec](const Status& s) {
+    ReportCommandError(spec, s);
     return 2;
   };
   try {
-    auto config = ParseWorkerConfig(argc, argv, fixed_role);
+    CommandLine cl;
+    if (auto exit_code = ParseCommandLineOrExit(argc, argv, spec, &cl)) return *exit_code;
+    if (Status s = InitLogLevelFromEnv(); !s.ok()) return fail(s);
+    auto config = WorkerConfigFromCommandLine(cl, fixed_role);
     if (!config.ok()) return fail(config.status());
-    if (!config.value().log_level.empty()) SetLogLevel(config.value().log_level);
+    if (!config.value().log_level.empty()) {
+      if (Status s = SetLogLevel(config.value().log_level); !s.ok()) return fail(s);
+    }
     auto log = GetLogger("worker");
     // Key files are checked before the model loads: a typo fails in milliseconds.
     CurveOptions curve;
@@ -64,6 +70,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
     ao.role = c.role;
     ao.model_name = c.model_name;
     ao.compat_hash = w->compat_hash();
+    ao.vocab_size = static_cast<uint32_t>(in->model().config().vocab_size);
     ao.http_address = exposer.value()->address();
     ao.transfer_address = w->transfer_address();
     ao.capacity = w->Capacity();
@@ -91,7 +98,9 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
       const int sig = WaitForTerminationSignal(std::chrono::milliseconds(100));
       const auto state = a->state();
       if (state == WorkerAgent::State::kRefused) {
-        log->error("registration refused: {}", a->refusal().ToString());
+        log->error("the router refused this worker: {}", a->refusal().ToString());
+        std::fprintf(stderr, "%s: the router refused this worker: %s\n", spec.program.c_str(),
+                     a->refusal().ToString().c_str());
         exit_code = 3;
         break;
       }

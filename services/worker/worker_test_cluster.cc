@@ -31,10 +31,8 @@ const tokenizer::Tokenizer& Tok() {
 
 const std::string& ModelDir() {
   static const std::string dir = [] {
-    const std::string d = services::testing::MakeTempDir("pdserve-worker-model") + "/tiny";
-    const std::string cmd = kBin + "/pdserve make-model --preset tiny --vocab 128815 --seed 3 --out " + d +
-                            " > " + d + ".log 2>&1";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const std::string d = services::testing::CachedTestModel(kBin, "tiny", 128815, 3);
+    EXPECT_FALSE(d.empty());
     return d;
   }();
   return dir;

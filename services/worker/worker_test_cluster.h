@@ -24,7 +24,8 @@
 namespace pdserve::services::worker::e2e {
 
 const tokenizer::Tokenizer& Tok();
-// The tiny model (make-model --preset tiny --vocab 128815 --seed 3), made once per binary.
+// The tiny model (make-model --preset tiny --vocab 128815 --seed 3), made once per build tree
+// (services::testing::CachedTestModel).
 const std::string& ModelDir();
 // A short text prompt, different for each k.
 std::vector<int32_t> Prompt(int k);

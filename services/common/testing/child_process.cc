@@ -8,7 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <mutex>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -34,9 +38,13 @@ Result<nlohmann::json> WaitForReadyFile(const std::string& path, ChildProcess* c
 }
 
 std::vector<std::string> LoopbackMpiEnv() {
+  // Open MPI keeps its session directory (shared-memory backing files) under TMPDIR; a fault
+  // test that SIGKILLs mpirun leaves it behind. A directory of this test process's own, removed
+  // when it exits, keeps TMPDIR clean whatever happens to the job.
+  static const std::string session_tmp = MakeTempDir("pdserve-mpi-session");
   return {"OMPI_ALLOW_RUN_AS_ROOT=1",       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_rmaps_base_oversubscribe=1",
           "OMPI_MCA_mpi_yield_when_idle=1", "OMPI_MCA_btl=self,vader,tcp",      "OMPI_MCA_btl_tcp_if_include=lo",
-          "OMPI_MCA_oob_tcp_if_include=lo", "OMPI_MCA_pml=ob1"};
+          "OMPI_MCA_oob_tcp_if_include=lo", "OMPI_MCA_pml=ob1",                 "TMPDIR=" + session_tmp};
 }
 
 Result<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<std::string>& argv,
@@ -127,13 +135,66 @@ int FreeTcpPort() {
   return port;
 }
 
+namespace {
+// The directories MakeTempDir made in this process, removed when it exits (a gtest binary exits
+// normally after failed tests too; the test's logs have been printed by then).
+class TempDirs {
+ public:
+  ~TempDirs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& d : dirs_) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  }
+  void Add(const std::string& d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back(d);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> dirs_;
+};
+TempDirs& OwnTempDirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+}  // namespace
+
 std::string MakeTempDir(const std::string& prefix) {
   const char* base = std::getenv("TMPDIR");
   std::string templ = std::string(base && *base ? base : "/tmp") + "/" + prefix + "-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
-  if (!mkdtemp(buf.data())) return "/tmp";
+  if (!mkdtemp(buf.data())) {
+    std::fprintf(stderr, "MakeTempDir: mkdtemp(%s) failed: %s\n", templ.c_str(), std::strerror(errno));
+    std::abort();
+  }
+  OwnTempDirs().Add(buf.data());
   return std::string(buf.data());
+}
+
+std::string CachedTestModel(const std::string& bin_dir, const std::string& preset, int64_t vocab, uint64_t seed) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(bin_dir).parent_path() / "test-models";
+  const fs::path dir = root / (preset + "-v" + std::to_string(vocab) + "-s" + std::to_string(seed));
+  std::error_code ec;
+  if (fs::exists(dir / "config.json", ec)) return dir.string();
+  fs::create_directories(root, ec);
+  // Made aside and renamed into place, so a concurrent test never sees a half-written model.
+  const fs::path tmp = root / (dir.filename().string() + ".tmp-" + std::to_string(getpid()));
+  fs::remove_all(tmp, ec);
+  const std::string cmd = bin_dir + "/pdserve make-model --preset " + preset + " --vocab " + std::to_string(vocab) +
+                          " --seed " + std::to_string(seed) + " --out " + tmp.string() + " > /dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    fs::remove_all(tmp, ec);
+    std::fprintf(stderr, "CachedTestModel: `%s` failed\n", cmd.c_str());
+    return "";
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp, ec);  // another process won the race: use its model
+  return dir.string();
 }
 
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,

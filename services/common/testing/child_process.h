@@ -53,8 +53,14 @@ class ChildProcess {
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read, close).
 int FreeTcpPort();
 
-// A fresh directory under $TMPDIR (not removed: logs stay for post-mortems).
+// A fresh directory under $TMPDIR, removed with everything in it when the test process exits
+// (also after failed tests: their assertions print the logs they need first).
 std::string MakeTempDir(const std::string& prefix);
+
+// A random checkpoint (`pdserve make-model --preset P --vocab V --seed S`) made once per build
+// tree in <build>/test-models/ (next to bin_dir) and shared by every test process and run, so
+// tests neither remake nor leave 100+ MB models behind. "" (and a message) when it cannot be made.
+std::string CachedTestModel(const std::string& bin_dir, const std::string& preset, int64_t vocab, uint64_t seed);
 
 // Polls `pred` every `interval` until it is true (returns true) or `timeout` passes (false).
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
