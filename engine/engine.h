@@ -170,6 +170,27 @@ class Engine {
   // One step; `stopping`: schedule nothing (a group leader that is stopping still steps).
   // Returns whether a batch ran or events went out.
   bool StepOnce(bool stopping);
+  // StepOnce's phases (engine_step.cc).
+  struct StepBatch {
+    std::vector<model::BatchSequence> sequences;  // one per scheduled chunk
+    int64_t n_sample = 0;                         // chunks that sample a token (logits rows)
+    int64_t prompt_rows = 0, output_rows = 0;     // positions computed, by kind
+  };
+  struct StepTimes {
+    double schedule = 0, forward = 0, sample = 0, events = 0;  // seconds
+  };
+  // Logs preemptions; a request scheduled for the first time gets its queue time.
+  void NoteScheduled(const SchedulerOutput& out, std::chrono::steady_clock::time_point now);
+  // The forward's sequences, each sampling chunk with its logits_ row.
+  StepBatch LayOutBatch(const std::vector<ScheduledChunk>& chunks);
+  // Starts the KV exports whose prompts complete in this step (fills exporting_); returns the
+  // per-layer callback for the forward (empty when none).
+  model::LayerKvDone BeginKvExports(const std::vector<ScheduledChunk>& chunks);
+  void SampleAndEmit(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>* events);
+  // A failed forward ends every request of the step with an error event.
+  void FailChunks(const std::vector<ScheduledChunk>& chunks, const Status& why, std::vector<TokenEvent>* events);
+  void PublishStepStats(const StepBatch& batch, const model::BatchStats& bstats, int64_t n_exports,
+                        const StepTimes& times);
   // Runs the step's batch: the model directly, or through the group (sets group_stopped_).
   Status RunForward(const std::vector<ScheduledChunk>& chunks, std::span<const model::BatchSequence> batch,
                     bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer);

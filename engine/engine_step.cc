@@ -164,6 +164,9 @@ Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<c
   return Status::Ok();
 }
 
+// One step, in named phases: take the inbox and schedule; lay out the batch; start the KV
+// exports whose prompts complete in it; run the forward; sample and emit (or fail the step's
+// requests); deliver the events; publish the stats.
 bool Engine::StepOnce(bool stopping) {
   const auto t0 = Clock::now();
   step_started_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count(),
@@ -176,6 +179,36 @@ bool Engine::StepOnce(bool stopping) {
     ApplyInbox(&events);
     out = scheduler_.Schedule();
   }
+  NoteScheduled(out, t0);
+  const StepBatch batch = LayOutBatch(out.chunks);
+  const model::LayerKvDone on_layer = BeginKvExports(out.chunks);
+  if (batch.sequences.empty()) profile_step.discard();
+  profile_step.set_phase(batch.prompt_rows > 0 ? model::kPhasePrefill : model::kPhaseDecode);
+  op_scope.Switch(model::kOpOther);
+  const auto t1 = Clock::now();
+  model::BatchStats bstats;
+  const Status st = RunForward(out.chunks, batch.sequences, stopping, &bstats, on_layer);
+  const auto t2 = Clock::now();
+  const auto n_exports = static_cast<int64_t>(exporting_.size());
+  exporting_.clear();  // (its requests may finish below)
+  if (st.ok()) {
+    scheduler_.Commit(out);
+    op_scope.Switch(model::kOpSampling);
+    SampleAndEmit(out.chunks, &events);
+  } else {
+    FailChunks(out.chunks, st, &events);
+  }
+  op_scope.Switch(model::kOpEngine);
+  const auto t3 = Clock::now();
+  Deliver(events);
+  const auto t4 = Clock::now();
+  StepTimes times{Seconds(t0, t1), Seconds(t1, t2), Seconds(t2, t3), Seconds(t3, t4)};
+  PublishStepStats(batch, bstats, n_exports, times);
+  step_started_ns_.store(0, std::memory_order_relaxed);
+  return !batch.sequences.empty() || !events.empty();
+}
+
+void Engine::NoteScheduled(const SchedulerOutput& out, Clock::time_point now) {
   for (const Request* r : out.preempted)
     GetLogger("engine")->debug("preempted request {} ({} tokens, {} preemptions so far): KV freed, will recompute", r->id,
                                r->n_tokens(), r->preemptions);
@@ -183,25 +216,30 @@ bool Engine::StepOnce(bool stopping) {
     Request* r = c.request;
     if (r->scheduled_once) continue;
     r->scheduled_once = true;
-    r->pending_queue_seconds = std::max(0.0, Seconds(r->queued_at, t0));
+    r->pending_queue_seconds = std::max(0.0, Seconds(r->queued_at, now));
   }
+}
+
+Engine::StepBatch Engine::LayOutBatch(const std::vector<ScheduledChunk>& chunks) {
   const int64_t V = model_->config().vocab_size;
-  std::vector<model::BatchSequence> batch;
-  batch.reserve(out.chunks.size());
-  int64_t n_sample = 0;
-  for (const ScheduledChunk& c : out.chunks) n_sample += c.sample;
-  logits_.resize(static_cast<size_t>(n_sample * V));
-  int64_t prompt_rows = 0, output_rows = 0;
-  for (int64_t k = 0; const ScheduledChunk& c : out.chunks) {
+  StepBatch b;
+  b.sequences.reserve(chunks.size());
+  for (const ScheduledChunk& c : chunks) b.n_sample += c.sample;
+  logits_.resize(static_cast<size_t>(b.n_sample * V));
+  for (int64_t k = 0; const ScheduledChunk& c : chunks) {
     Request* r = c.request;
-    batch.push_back({&r->tokens[static_cast<size_t>(c.start)], c.n, c.start, r->blocks.Ref(*pool_), c.grouping,
-                     c.sample ? &logits_[static_cast<size_t>(k++ * V)] : nullptr, nullptr});
-    (c.start < r->prompt_len ? prompt_rows : output_rows) += c.n;
+    b.sequences.push_back({&r->tokens[static_cast<size_t>(c.start)], c.n, c.start, r->blocks.Ref(*pool_), c.grouping,
+                           c.sample ? &logits_[static_cast<size_t>(k++ * V)] : nullptr, nullptr});
+    (c.start < r->prompt_len ? b.prompt_rows : b.output_rows) += c.n;
   }
-  // KV exports: the requests whose prompt ends in this step (so every layer of their KV is
-  // final within this forward) learn their blocks now and each layer as it completes.
+  return b;
+}
+
+model::LayerKvDone Engine::BeginKvExports(const std::vector<ScheduledChunk>& chunks) {
+  // The requests whose prompt ends in this step (so every layer of their KV is final within
+  // this forward) learn their blocks now and each layer as it completes.
   exporting_.clear();
-  for (const ScheduledChunk& c : out.chunks) {
+  for (const ScheduledChunk& c : chunks) {
     Request* r = c.request;
     // The chunk that completes every position known at admission: the prompt and, for a
     // resumed (migrated) request, its earlier output, which is recomputed before sampling.
@@ -211,79 +249,66 @@ bool Engine::StepOnce(bool stopping) {
   }
   for (Request* r : exporting_)
     if (r->kv_export.begin) r->kv_export.begin(r->blocks.ids());
-  model::LayerKvDone on_layer;
-  if (!exporting_.empty()) {
-    on_layer = [this](int64_t layer) {
-      for (Request* r : exporting_)
-        if (r->kv_export.layer_done) r->kv_export.layer_done(layer);
-      return options_.layer_fault_hook ? options_.layer_fault_hook(layer) : Status::Ok();
-    };
-  }
-  if (batch.empty()) profile_step.discard();
-  profile_step.set_phase(prompt_rows > 0 ? model::kPhasePrefill : model::kPhaseDecode);
-  op_scope.Switch(model::kOpOther);
-  const auto t1 = Clock::now();
-  model::BatchStats bstats;
-  Status st = RunForward(out.chunks, batch, stopping, &bstats, on_layer);
-  const auto t2 = Clock::now();
-  const auto n_exports = static_cast<int64_t>(exporting_.size());
-  exporting_.clear();  // (its requests may finish below)
-  if (!st.ok()) {
-    GetLogger("engine")->error("forward failed: {}", st.ToString());
-    for (const ScheduledChunk& c : out.chunks) {
-      TokenEvent ev;
-      ev.id = c.request->id;
-      ev.error = st;
-      Finish(c.request, FinishReason::kError, &ev);
-      events.push_back(std::move(ev));
+  if (exporting_.empty()) return {};
+  return [this](int64_t layer) {
+    for (Request* r : exporting_)
+      if (r->kv_export.layer_done) r->kv_export.layer_done(layer);
+    return options_.layer_fault_hook ? options_.layer_fault_hook(layer) : Status::Ok();
+  };
+}
+
+void Engine::SampleAndEmit(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>* events) {
+  const int64_t V = model_->config().vocab_size;
+  // Sampling reads only its own logits row and request: rows run in parallel; appending
+  // tokens, stop checks and finishing stay sequential.
+  std::vector<Request*> to_sample;
+  for (const ScheduledChunk& c : chunks)
+    if (c.sample) to_sample.push_back(c.request);
+  std::vector<SampleResult> sampled(to_sample.size());
+  model_->pool()->ParallelFor(static_cast<int64_t>(to_sample.size()), [&](int64_t b, int64_t e) {
+    Sampler sampler;
+    for (int64_t k = b; k < e; ++k) {
+      const Request* r = to_sample[static_cast<size_t>(k)];
+      sampled[static_cast<size_t>(k)] = sampler.Sample(&logits_[static_cast<size_t>(k * V)], V, r->params,
+                                                       r->penalties, r->seed, r->n_output());
     }
-  } else {
-    scheduler_.Commit(out);
-    op_scope.Switch(model::kOpSampling);
-    // Sampling reads only its own logits row and request: rows run in parallel; appending
-    // tokens, stop checks and finishing stay sequential.
-    std::vector<Request*> to_sample;
-    for (const ScheduledChunk& c : out.chunks)
-      if (c.sample) to_sample.push_back(c.request);
-    std::vector<SampleResult> sampled(to_sample.size());
-    model_->pool()->ParallelFor(static_cast<int64_t>(to_sample.size()), [&](int64_t b, int64_t e) {
-      Sampler sampler;
-      for (int64_t k = b; k < e; ++k) {
-        const Request* r = to_sample[static_cast<size_t>(k)];
-        sampled[static_cast<size_t>(k)] = sampler.Sample(&logits_[static_cast<size_t>(k * V)], V, r->params,
-                                                         r->penalties, r->seed, r->n_output());
-      }
-    }, 4);
-    for (size_t k = 0; k < to_sample.size(); ++k) events.push_back(Emit(to_sample[k], sampled[k]));
+  }, 4);
+  for (size_t k = 0; k < to_sample.size(); ++k) events->push_back(Emit(to_sample[k], sampled[k]));
+}
+
+void Engine::FailChunks(const std::vector<ScheduledChunk>& chunks, const Status& why, std::vector<TokenEvent>* events) {
+  GetLogger("engine")->error("forward failed: {}", why.ToString());
+  for (const ScheduledChunk& c : chunks) {
+    TokenEvent ev;
+    ev.id = c.request->id;
+    ev.error = why;
+    Finish(c.request, FinishReason::kError, &ev);
+    events->push_back(std::move(ev));
   }
-  op_scope.Switch(model::kOpEngine);
-  const auto t3 = Clock::now();
-  Deliver(events);
-  const auto t4 = Clock::now();
+}
+
+void Engine::PublishStepStats(const StepBatch& batch, const model::BatchStats& bstats, int64_t n_exports,
+                              const StepTimes& times) {
   int64_t queued_tokens = 0;
   for (const auto& [id, r] : requests_) queued_tokens += QueuedTokens(*r);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.queued_tokens = queued_tokens;
-    stats_.kv_exports += n_exports;
-    if (!batch.empty()) ++stats_.steps;
-    stats_.preemptions = scheduler_.total_preemptions();
-    stats_.running = scheduler_.n_running();
-    stats_.waiting = scheduler_.n_waiting();
-    stats_.awaiting_kv = static_cast<int64_t>(requests_.size()) - stats_.running - stats_.waiting;
-    stats_.prompt_rows += prompt_rows;
-    stats_.output_rows += output_rows;
-    stats_.generated_tokens += n_sample;
-    stats_.routed_expert_runs += bstats.routed_expert_runs;
-    stats_.kv_bytes_read += bstats.kv_bytes_read;
-    stats_.schedule_seconds += Seconds(t0, t1);
-    stats_.forward_seconds += Seconds(t1, t2);
-    stats_.sample_seconds += Seconds(t2, t3);
-    stats_.event_seconds += Seconds(t3, t4);
-    has_work_ = !requests_.empty();
-  }
-  step_started_ns_.store(0, std::memory_order_relaxed);
-  return !batch.empty() || !events.empty();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.queued_tokens = queued_tokens;
+  stats_.kv_exports += n_exports;
+  if (!batch.sequences.empty()) ++stats_.steps;
+  stats_.preemptions = scheduler_.total_preemptions();
+  stats_.running = scheduler_.n_running();
+  stats_.waiting = scheduler_.n_waiting();
+  stats_.awaiting_kv = static_cast<int64_t>(requests_.size()) - stats_.running - stats_.waiting;
+  stats_.prompt_rows += batch.prompt_rows;
+  stats_.output_rows += batch.output_rows;
+  stats_.generated_tokens += batch.n_sample;
+  stats_.routed_expert_runs += bstats.routed_expert_runs;
+  stats_.kv_bytes_read += bstats.kv_bytes_read;
+  stats_.schedule_seconds += times.schedule;
+  stats_.forward_seconds += times.forward;
+  stats_.sample_seconds += times.sample;
+  stats_.event_seconds += times.events;
+  has_work_ = !requests_.empty();
 }
 
 }  // namespace pdserve::engine

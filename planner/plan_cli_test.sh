@@ -58,7 +58,7 @@ expect_error "missing --model" --hardware local
 expect_error "no model config" --model /no/such/dir
 expect_error "unknown KV latent format" --model "$data/deepseek-v3.2-exp" --kv-format fp4
 expect_error "no hardware profile" --model "$data/deepseek-v3.2-exp" --hardware tpu9
-expect_error "wants a number" --model "$data/deepseek-v3.2-exp" --rate fast
+expect_error "wants a number" --exit 2 --model "$data/deepseek-v3.2-exp" --rate fast
 expect_error "colour" --exit 2 --model "$data/deepseek-v3.2-exp" --colour red
 expect_error "ep=5" --model "$data/deepseek-v3.2-exp" --hardware h800 --prefill-plan cp=16,ep=16 --prefill-nodes 2 \
   --decode-plan dp=5,ep=5 --decode-instances 1

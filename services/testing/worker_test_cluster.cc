@@ -45,6 +45,16 @@ std::vector<int32_t> Prompt(int k) {
   return Tok().Encode(text, {false, true}).value();
 }
 
+std::vector<int32_t> LongPrompt(int k, size_t n) {
+  std::vector<int32_t> p;
+  for (int i = 0; p.size() < n; ++i) {
+    const auto part = Prompt(k * 31 + i);
+    p.insert(p.end(), part.begin(), part.end());
+  }
+  p.resize(n);
+  return p;
+}
+
 std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
   static std::mutex mu;
   static std::unique_ptr<engine::Engine> eng;
@@ -164,6 +174,18 @@ std::string Workers::Metrics(const std::string& id) { return HttpGet(port(id), "
 
 bool Workers::NoBlocksUsed(const std::string& id, std::chrono::milliseconds timeout) {
   return WaitFor([&] { return MetricValue(Metrics(id), "pdserve_worker_kv_blocks", "used") == 0; }, timeout, 100ms);
+}
+
+bool Workers::KillWhenBusy(const std::string& id, std::chrono::milliseconds timeout) {
+  const bool busy = WaitFor(
+      [&] {
+        for (const auto& w : c_->Workers())
+          if (w["id"] == id && w["outstanding_requests"].get<int64_t>() > 0) return true;
+        return false;
+      },
+      timeout, 2ms);
+  if (busy) proc(id)->Kill();
+  return busy;
 }
 
 std::string Workers::Logs() {

@@ -29,6 +29,8 @@ const tokenizer::Tokenizer& Tok();
 const std::string& ModelDir();
 // A short text prompt, different for each k.
 std::vector<int32_t> Prompt(int k);
+// A prompt of about `n` tokens (distinct per k): long enough that its prefill takes a while.
+std::vector<int32_t> LongPrompt(int k, size_t n);
 // Single-process greedy output (the Engine with one request at a time), cached.
 std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens);
 std::string Text(const std::vector<int32_t>& tokens);
@@ -70,6 +72,9 @@ class Workers {
   // Waits until the worker's heartbeat-refreshed gauge says no KV block is in use.
   bool NoBlocksUsed(const std::string& id, std::chrono::milliseconds timeout);
   std::string Logs();
+  // Kills `id` (SIGKILL) once the router counts a request outstanding on it, so a fault test's
+  // kill hits work in flight; false (and nothing killed) when that did not happen in `timeout`.
+  bool KillWhenBusy(const std::string& id, std::chrono::milliseconds timeout);
 
  private:
   router::testing::TestCluster* c_;

@@ -197,7 +197,9 @@ TEST(WorkerE2eTest, PrefillKilledNoRequestHangs) {
   for (const char* id : {"p0", "p1"}) ASSERT_OK_W(w.Start(id, "prefill"), w);
   ASSERT_OK_W(w.Start("d0", "decode"), w);
   ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
-  // Kill a prefill worker while requests keep arriving: each ends (tokens or an error).
+  // Kill a prefill worker while requests keep arriving, at a moment the router has work
+  // outstanding on it (prompts long enough that each prefill takes a while): each request ends
+  // (tokens or an error).
   constexpr int kN = 12;
   std::vector<Streamed> got(kN);
   std::vector<std::thread> threads;
@@ -205,17 +207,17 @@ TEST(WorkerE2eTest, PrefillKilledNoRequestHangs) {
   for (int k = 0; k < kN; ++k)
     threads.emplace_back([&, k] {
       std::this_thread::sleep_for(std::chrono::milliseconds(20 * k));
-      got[k] = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(Prompt(200 + k), 30, true), 60s));
+      got[k] = Collect(HttpPostSse(c.http_port(), "/v1/completions", Body(LongPrompt(200 + k, 400), 30, true), 60s));
     });
-  std::this_thread::sleep_for(100ms);
-  w.proc("p0")->Kill();
+  const bool fired = w.KillWhenBusy("p0", 20s);
   for (auto& t : threads) t.join();
+  ASSERT_TRUE(fired) << "p0 never had a request outstanding: the kill would prove nothing\n" << w.Logs();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 40s);
   int ok = 0;
   for (int k = 0; k < kN; ++k) {
     if (got[k].error || got[k].usage.is_null()) continue;  // failed with p0 (HTTP 503 or an error event)
     ++ok;
-    EXPECT_EQ(got[k].text, Text(Reference(Prompt(200 + k), 30))) << k;
+    EXPECT_EQ(got[k].text, Text(Reference(LongPrompt(200 + k, 400), 30))) << k;
   }
   EXPECT_GT(ok, 0);
   // Reservations whose prefill died come back (transfer failure or lease + quarantine).
@@ -224,17 +226,6 @@ TEST(WorkerE2eTest, PrefillKilledNoRequestHangs) {
   auto r = HttpPost(c.http_port(), "/v1/completions", Body(Prompt(5), 6, false), 60s);
   EXPECT_EQ(r.status, 200) << r.body;
   if (HasFailure()) ADD_FAILURE() << w.Logs();
-}
-
-// A prompt of about `n` tokens (distinct per k).
-std::vector<int32_t> LongPrompt(int k, size_t n) {
-  std::vector<int32_t> p;
-  for (int i = 0; p.size() < n; ++i) {
-    const auto part = Prompt(k * 31 + i);
-    p.insert(p.end(), part.begin(), part.end());
-  }
-  p.resize(n);
-  return p;
 }
 
 // Layer streaming over real UCX tcp: each layer's KV writes are queued during the prompt's
