@@ -20,6 +20,7 @@
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/isa.h"
 #include "kernels/mla_attention.h"
 
 // GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
@@ -37,15 +38,10 @@ float LoadF32(const uint8_t* p) {
   return v;
 }
 
+// The AVX-512 variants run when the process's ISA level (kernels/isa.h: the CPU, or PDSERVE_ISA
+// forced lower) includes AVX-512.
 bool UseAvx512() {
-  // TODO(isa): kernels::ActiveIsa() once the ISA dispatch lands; until then the CPU's own flags
-  // and PDSERVE_ISA=avx2.
-  static const bool ok = [] {
-    const char* isa = std::getenv("PDSERVE_ISA");
-    if (isa != nullptr && std::string(isa) == "avx2") return false;
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  }();
+  static const bool ok = ActiveIsa() >= Isa::kAvx512;
   return ok;
 }
 
