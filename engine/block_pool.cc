@@ -5,25 +5,23 @@
 namespace pdserve::engine {
 
 Result<std::unique_ptr<BlockPool>> BlockPool::Create(const KvLayout& layout, int64_t budget_bytes) {
-  if (layout.num_layers <= 0 || layout.block_tokens <= 0 || layout.latent_dim <= 0)
-    return Status::InvalidArgument("invalid KV layout: " + layout.ToString());
-  const int64_t n = budget_bytes / layout.BlockBytes();
+  PDSERVE_RETURN_IF_ERROR(layout.Validate());
+  const int64_t n = budget_bytes / static_cast<int64_t>(layout.BlockBytes());
   if (n <= 0)
     return Status::InvalidArgument("KV budget of " + std::to_string(budget_bytes) + " bytes is below one block (" +
                                    std::to_string(layout.BlockBytes()) + " bytes)");
   if (n > INT32_MAX) return Status::InvalidArgument("KV budget gives more than 2^31 blocks");
-  const int64_t bytes = (n * layout.BlockBytes() + kAlignment - 1) / kAlignment * kAlignment;
+  const int64_t bytes = (n * static_cast<int64_t>(layout.BlockBytes()) + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, static_cast<size_t>(bytes));
   if (!p) return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes of KV pool");
   return std::unique_ptr<BlockPool>(new BlockPool(layout, static_cast<uint8_t*>(p), n, true));
 }
 
 Result<std::unique_ptr<BlockPool>> BlockPool::CreateOver(const KvLayout& layout, uint8_t* memory, int64_t bytes) {
-  if (layout.num_layers <= 0 || layout.block_tokens <= 0 || layout.latent_dim <= 0)
-    return Status::InvalidArgument("invalid KV layout: " + layout.ToString());
+  PDSERVE_RETURN_IF_ERROR(layout.Validate());
   if (reinterpret_cast<uintptr_t>(memory) % kAlignment != 0)
     return Status::InvalidArgument("KV pool memory must be aligned to " + std::to_string(kAlignment) + " bytes");
-  const int64_t n = bytes / layout.BlockBytes();
+  const int64_t n = bytes / static_cast<int64_t>(layout.BlockBytes());
   if (n <= 0 || n > INT32_MAX)
     return Status::InvalidArgument("KV pool memory of " + std::to_string(bytes) + " bytes holds no block (" +
                                    std::to_string(layout.BlockBytes()) + " bytes each)");
@@ -69,7 +67,7 @@ void BlockPool::Free(std::span<const int32_t> ids) {
 }
 
 Status BlockTable::EnsureCapacity(BlockPool* pool, int64_t n_tokens) {
-  const int64_t need = pool->layout().BlocksForTokens(n_tokens) - n_blocks();
+  const int64_t need = static_cast<int64_t>(pool->layout().BlocksForTokens(static_cast<uint64_t>(n_tokens))) - n_blocks();
   if (need <= 0) return Status::Ok();
   return pool->Allocate(need, &ids_);
 }

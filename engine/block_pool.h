@@ -1,7 +1,7 @@
 // BlockPool: the paged KV memory of one worker, and BlockTable: one sequence's blocks in it.
 //
 // The pool is one contiguous, 4 KiB-aligned region of n_blocks blocks laid out as
-// model::KvLayout describes ([block][layer slab][component][token]; every layer's slice of a
+// KvLayout describes ([block][layer slab][component][token]; every layer's slice of a
 // block is contiguous), sized from a memory budget. The region is either owned (allocated
 // here) or provided by the caller, so the KV transfer layer can register base()..size_bytes()
 // as one memory region and address block b at base() + b * block_bytes().
@@ -25,9 +25,6 @@
 
 namespace pdserve::engine {
 
-// The paged block layout (model/kv_layout.h); kvtransfer::KvLayout describes the same bytes.
-using KvLayout = model::KvLayout;
-
 class BlockPool {
  public:
   static constexpr int64_t kAlignment = 4096;
@@ -43,10 +40,10 @@ class BlockPool {
 
   const KvLayout& layout() const { return layout_; }
   uint8_t* base() const { return base_; }
-  int64_t size_bytes() const { return n_blocks_ * layout_.BlockBytes(); }
-  int64_t block_bytes() const { return layout_.BlockBytes(); }
+  int64_t size_bytes() const { return n_blocks_ * block_bytes(); }
+  int64_t block_bytes() const { return static_cast<int64_t>(layout_.BlockBytes()); }
   int64_t n_blocks() const { return n_blocks_; }
-  int64_t capacity_tokens() const { return n_blocks_ * layout_.block_tokens; }
+  int64_t capacity_tokens() const { return n_blocks_ * layout_.tokens_per_block; }
   int64_t n_free() const;
   int64_t n_used() const { return n_blocks_ - n_free(); }
 
@@ -73,7 +70,7 @@ class BlockTable {
  public:
   const std::vector<int32_t>& ids() const { return ids_; }
   int64_t n_blocks() const { return static_cast<int64_t>(ids_.size()); }
-  int64_t capacity_tokens(const KvLayout& l) const { return n_blocks() * l.block_tokens; }
+  int64_t capacity_tokens(const KvLayout& l) const { return n_blocks() * l.tokens_per_block; }
   // Grows the table so it holds n_tokens. Errors: ResourceExhausted (table unchanged).
   Status EnsureCapacity(BlockPool* pool, int64_t n_tokens);
   // Returns every block to the pool.

@@ -13,19 +13,19 @@ namespace {
 KvLayout TestLayout(int64_t block_tokens) {
   KvLayout l;
   l.num_layers = 2;
-  l.latent_dim = 128;
-  l.rope_dim = 64;
-  l.index_dim = 128;
-  l.block_tokens = block_tokens;
+  l.kv_lora_rank = 128;
+  l.qk_rope_head_dim = 64;
+  l.index_head_dim = 128;
+  l.tokens_per_block = static_cast<uint32_t>(block_tokens);
   return l;
 }
 
 TEST(BlockPoolTest, SizedFromBudgetAllOrNothingLowestFirst) {
   const KvLayout l = TestLayout(16);
   // fp8: 128 codes + 4 scale bytes + 128 rope + 128 index + 4 = 392 bytes/token/layer.
-  EXPECT_EQ(l.TokenBytesPerLayer(), 392);
-  EXPECT_EQ(l.SlabBytes() % KvLayout::kComponentAlign, 0);
-  auto pool = BlockPool::Create(l, 10 * l.BlockBytes() + 5);
+  EXPECT_EQ(l.TokenBytesPerLayer(), 392u);
+  EXPECT_EQ(l.SlabBytes() % KvLayout::kComponentAlign, 0u);
+  auto pool = BlockPool::Create(l, 10 * static_cast<int64_t>(l.BlockBytes()) + 5);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   BlockPool& p = **pool;
   EXPECT_EQ(p.n_blocks(), 10);
@@ -40,12 +40,12 @@ TEST(BlockPoolTest, SizedFromBudgetAllOrNothingLowestFirst) {
   EXPECT_EQ(p.n_free(), 7);
   p.Free(a);
   EXPECT_EQ(p.n_free(), 10);
-  EXPECT_EQ(BlockPool::Create(l, l.BlockBytes() - 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockPool::Create(l, static_cast<int64_t>(l.BlockBytes()) - 1).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(BlockPoolTest, CallerMemoryAndBlockTable) {
   const KvLayout l = TestLayout(4);
-  const int64_t bytes = 6 * l.BlockBytes();
+  const int64_t bytes = 6 * static_cast<int64_t>(l.BlockBytes());
   void* mem = std::aligned_alloc(BlockPool::kAlignment, static_cast<size_t>((bytes + 4095) / 4096 * 4096));
   auto pool = BlockPool::CreateOver(l, static_cast<uint8_t*>(mem), bytes);
   ASSERT_TRUE(pool.ok());
@@ -63,8 +63,8 @@ TEST(BlockPoolTest, CallerMemoryAndBlockTable) {
   const model::KvSequenceRef ref = t.Ref(**pool);
   EXPECT_EQ(ref.capacity_tokens, 12);
   // Token 5 of layer 1's rope lives in block ids[1], slot 1.
-  EXPECT_EQ(ref.Field(1, model::KvComponent::kRope, 5),
-            (*pool)->base() + t.ids()[1] * l.BlockBytes() + l.SlabBytes() + l.ComponentOffset(model::KvComponent::kRope) + 1 * 128);
+  EXPECT_EQ(ref.Field(1, KvComponent::kRope, 5),
+            (*pool)->base() + t.ids()[1] * l.BlockBytes() + l.SlabBytes() + l.ComponentOffset(KvComponent::kRope) + 1 * 128);
   t.Release(pool->get());
   EXPECT_EQ((*pool)->n_free(), 6);
   pool->reset();
@@ -82,7 +82,7 @@ Request MakeRequest(int64_t arrival, int64_t prompt, int64_t out = 0) {
 }
 
 TEST(SchedulerTest, GridChunksBudgetAndSeqLimit) {
-  auto pool = BlockPool::Create(TestLayout(4), 100 * TestLayout(4).BlockBytes());
+  auto pool = BlockPool::Create(TestLayout(4), 100 * static_cast<int64_t>(TestLayout(4).BlockBytes()));
   ASSERT_TRUE(pool.ok());
   SchedulerOptions o;
   o.max_num_seqs = 3;
@@ -119,7 +119,7 @@ TEST(SchedulerTest, GridChunksBudgetAndSeqLimit) {
 
 TEST(SchedulerTest, PreemptsLatestWhenBlocksRunOutAndRecomputesOutputs) {
   const KvLayout l = TestLayout(4);
-  auto pool = BlockPool::Create(l, 4 * l.BlockBytes());  // 16 tokens
+  auto pool = BlockPool::Create(l, 4 * static_cast<int64_t>(l.BlockBytes()));  // 16 tokens
   ASSERT_TRUE(pool.ok());
   SchedulerOptions o;
   o.max_step_tokens = 64;
@@ -160,7 +160,7 @@ TEST(SchedulerTest, PreemptsLatestWhenBlocksRunOutAndRecomputesOutputs) {
 }
 
 TEST(SchedulerTest, WholePromptsRunAloneAndFirst) {
-  auto pool = BlockPool::Create(TestLayout(4), 100 * TestLayout(4).BlockBytes());
+  auto pool = BlockPool::Create(TestLayout(4), 100 * static_cast<int64_t>(TestLayout(4).BlockBytes()));
   ASSERT_TRUE(pool.ok());
   SchedulerOptions o;
   o.max_step_tokens = 16;

@@ -11,17 +11,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-  }
-  return "?";
-}
-
 int64_t QueuedTokens(const Request& r) {
   const int64_t prompt_left = r.state == RequestState::kAwaitingKv ? 0 : std::max<int64_t>(0, r.prompt_len - r.num_computed);
   const int64_t cap = std::min<int64_t>(r.params.max_tokens, r.max_len - r.prompt_len);
@@ -38,7 +27,7 @@ namespace {
 // The pool the options ask for, in their memory or owned.
 Result<std::unique_ptr<BlockPool>> MakePool(const EngineOptions& options, const model::Model& model) {
   if (options.block_tokens < 1) return Status::InvalidArgument("block_tokens must be >= 1");
-  const KvLayout layout = KvLayout::ForConfig(model.config(), options.block_tokens, options.latent_format, options.index_format);
+  const KvLayout layout = model::KvLayoutFor(model.config(), options.block_tokens, options.latent_format, options.index_format);
   if (options.kv_memory) return BlockPool::CreateOver(layout, options.kv_memory, options.kv_memory_bytes);
   return BlockPool::Create(layout, static_cast<int64_t>(options.kv_cache_gib * (1ull << 30)));
 }
@@ -79,7 +68,7 @@ Engine::Engine(const EngineOptions& options, const model::Model* model, std::uni
       seed_rng_(options.seed ? options.seed : std::random_device{}()) {
   max_len_ = std::min(model_->config().max_position_embeddings, pool_->capacity_tokens());
   GetLogger("engine")->info("engine: {} blocks of {} tokens ({} MiB, {}), max sequence {} tokens, chunk {}, budget {}",
-                            pool_->n_blocks(), pool_->layout().block_tokens, pool_->size_bytes() >> 20,
+                            pool_->n_blocks(), pool_->layout().tokens_per_block, pool_->size_bytes() >> 20,
                             pool_->layout().ToString(), max_len_, options.scheduler.prefill_chunk,
                             options.scheduler.max_step_tokens);
 }

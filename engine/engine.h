@@ -66,8 +66,8 @@ struct EngineOptions {
   int threads = 0;                  // compute threads when the engine loads the model (0: default)
   double kv_cache_gib = 1.0;        // block pool budget (ignored with kv_memory)
   int64_t block_tokens = 64;        // B
-  model::KvLatentFormat latent_format = model::KvLatentFormat::kFp8Blockwise;
-  model::KvIndexFormat index_format = model::KvIndexFormat::kFp8;
+  KvLatentFormat latent_format = KvLatentFormat::kFp8Blockwise;
+  KvIndexFormat index_format = KvIndexFormat::kFp8;
   SchedulerOptions scheduler;
   uint64_t seed = 0;                // seeds requests that have none (0: random_device)
   // Text of output tokens (the tokenizer's decode), for stop strings. Optional.

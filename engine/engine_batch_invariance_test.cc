@@ -49,7 +49,7 @@ std::vector<Outcome> RunBatch(const std::vector<std::vector<int32_t>>& prompts, 
                               size_t first, size_t n) {
   EngineOptions o;
   o.block_tokens = 16;
-  const KvLayout l = KvLayout::ForConfig(TinyModel().config(), o.block_tokens);
+  const KvLayout l = model::KvLayoutFor(TinyModel().config(), o.block_tokens);
   o.kv_cache_gib = static_cast<double>(2048 * l.BlockBytes()) / (1ull << 30);
   o.scheduler.max_num_seqs = 64;
   o.scheduler.max_step_tokens = 256;

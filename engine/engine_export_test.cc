@@ -21,7 +21,7 @@ constexpr int64_t kChunk = 32;
 EngineOptions Options(int64_t n_blocks, int64_t block_tokens = 16) {
   EngineOptions o;
   o.block_tokens = block_tokens;
-  const KvLayout l = KvLayout::ForConfig(TinyModel().config(), block_tokens);
+  const KvLayout l = model::KvLayoutFor(TinyModel().config(), block_tokens);
   o.kv_cache_gib = static_cast<double>(n_blocks * l.BlockBytes()) / (1ull << 30);
   o.scheduler.max_step_tokens = 128;
   o.scheduler.prefill_chunk = kChunk;
@@ -105,7 +105,7 @@ TEST(EngineExportTest, LayersReportedInOrderAreFinalAndDecodeEqualsColocated) {
   auto held = (*prefill)->HeldBlocks(pid);
   ASSERT_TRUE(held.ok());
   EXPECT_EQ(*held, log.blocks);
-  EXPECT_EQ(static_cast<int64_t>(log.blocks.size()), (*prefill)->pool().layout().BlocksForTokens(77));
+  EXPECT_EQ(log.blocks.size(), (*prefill)->pool().layout().BlocksForTokens(77));
 
   // Nothing changed a layer after it was reported.
   const BlockPool& src = (*prefill)->pool();

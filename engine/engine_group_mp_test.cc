@@ -93,7 +93,7 @@ class EngineGroupTest : public ::testing::Test {
     r.instance = std::move(*in);
     EngineOptions eo;
     eo.kv_cache_gib = 0.0625;
-    const KvLayout layout = KvLayout::ForConfig(r.instance.model->config(), eo.block_tokens, eo.latent_format,
+    const KvLayout layout = model::KvLayoutFor(r.instance.model->config(), eo.block_tokens, eo.latent_format,
                                                 eo.index_format);
     auto g = RankGroup::Create(*r.instance.model, layout);
     EXPECT_TRUE(g.ok()) << g.status().ToString();

@@ -20,7 +20,7 @@ TEST(EngineStressTest, ThousandRandomRequestsReturnEveryBlock) {
   const model::Model& m = TinyModel();
   EngineOptions o;
   o.block_tokens = 16;
-  const KvLayout l = KvLayout::ForConfig(m.config(), o.block_tokens);
+  const KvLayout l = model::KvLayoutFor(m.config(), o.block_tokens);
   o.kv_cache_gib = static_cast<double>(40 * l.BlockBytes()) / (1ull << 30);
   o.scheduler.max_num_seqs = 32;
   o.scheduler.max_step_tokens = 96;

@@ -23,7 +23,7 @@ constexpr int64_t kChunk = 32;
 EngineOptions Options(int64_t n_blocks, int64_t block_tokens = 16) {
   EngineOptions o;
   o.block_tokens = block_tokens;
-  const KvLayout l = KvLayout::ForConfig(TinyModel().config(), block_tokens);
+  const KvLayout l = model::KvLayoutFor(TinyModel().config(), block_tokens);
   o.kv_cache_gib = static_cast<double>(n_blocks * l.BlockBytes()) / (1ull << 30);
   o.scheduler.max_num_seqs = 64;
   o.scheduler.max_step_tokens = 128;
@@ -324,7 +324,7 @@ TEST(EngineTest, DisaggregatedHandOverEqualsColocated) {
   ASSERT_EQ(pe.Tokens(pid).size(), 1u);
   auto held = (*prefill)->HeldBlocks(pid);
   ASSERT_TRUE(held.ok());
-  EXPECT_EQ(static_cast<int64_t>(held->size()), (*prefill)->pool().layout().BlocksForTokens(77));
+  EXPECT_EQ(held->size(), (*prefill)->pool().layout().BlocksForTokens(77));
 
   RequestOptions dro;
   dro.sampling.temperature = 0.0f;

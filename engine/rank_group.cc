@@ -39,16 +39,16 @@ Result<std::unique_ptr<RankGroup>> RankGroup::Create(const model::Model& model, 
 }
 
 Status RankGroup::ExchangeGeometry(const BlockPool* pool) {
-  int64_t geometry[3] = {pool ? pool->n_blocks() : 0, layout_.BlockBytes(), layout_.block_tokens};
+  int64_t geometry[3] = {pool ? pool->n_blocks() : 0, static_cast<int64_t>(layout_.BlockBytes()), layout_.tokens_per_block};
   PDSERVE_MPI_RETURN_IF_ERROR(MPI_Bcast(geometry, 3, MPI_INT64_T, 0, unit_.get()), "MPI_Bcast (pool geometry)");
   if (leader()) return Status::Ok();
   // Followers computed their layout the same way; a mismatch means the ranks were started
   // with different KV settings.
-  if (geometry[1] != layout_.BlockBytes() || geometry[2] != layout_.block_tokens)
+  if (geometry[1] != static_cast<int64_t>(layout_.BlockBytes()) || geometry[2] != layout_.tokens_per_block)
     return Status::InvalidArgument("DP unit " + std::to_string(dp_rank_) + ": the leader's KV blocks are " +
                                    std::to_string(geometry[1]) + " bytes of " + std::to_string(geometry[2]) +
                                    " tokens, this rank's " + std::to_string(layout_.BlockBytes()) + " of " +
-                                   std::to_string(layout_.block_tokens) + " (start every rank with the same KV settings)");
+                                   std::to_string(layout_.tokens_per_block) + " (start every rank with the same KV settings)");
   PDSERVE_ASSIGN_OR_RETURN(follower_pool_, BlockPool::Create(layout_, geometry[0] * geometry[1]));
   return Status::Ok();
 }
@@ -157,7 +157,7 @@ Result<GroupStepResult> RankGroup::VoteAndRun(std::span<const GroupSequence> seq
     b.kv.pool_base = pool.base();
     b.kv.layout = &pool.layout();
     b.kv.block_table = s.blocks.data();
-    b.kv.capacity_tokens = static_cast<int64_t>(s.blocks.size()) * pool.layout().block_tokens;
+    b.kv.capacity_tokens = static_cast<int64_t>(s.blocks.size()) * pool.layout().tokens_per_block;
     b.grouping = s.grouping;
     b.logits = s.logits;
     batch_.push_back(b);

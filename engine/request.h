@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/finish_reason.h"
 #include "common/status.h"
 #include "engine/block_pool.h"
 #include "engine/sampler.h"
@@ -23,9 +24,6 @@
 namespace pdserve::engine {
 
 using RequestId = uint64_t;
-
-enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
-const char* FinishReasonName(FinishReason r);
 
 // One generated token, or the end of a request. Events of a request arrive in order, on the
 // engine's step thread; the last one has finished == true.

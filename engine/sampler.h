@@ -1,5 +1,5 @@
-// SamplingParams (the one definition the services map their APIs onto) and Sampler: turns
-// one sequence's fp32 logits into the next token.
+// Sampler: turns one sequence's fp32 logits into the next token, as SamplingParams
+// (common/sampling_params.h) ask.
 //
 // Order of operations (as vLLM applies them):
 //   1. logprobs, when asked, from the raw model distribution (log_softmax of the logits);
@@ -22,38 +22,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/sampling_params.h"
 #include "common/status.h"
 
 namespace pdserve::engine {
-
-struct SamplingParams {
-  float temperature = 1.0f;          // >= 0; 0 = greedy
-  int32_t top_k = 0;                 // 0 or -1: off; else >= 1
-  float top_p = 1.0f;                // (0, 1]
-  float min_p = 0.0f;                // [0, 1]
-  float presence_penalty = 0.0f;     // [-2, 2]
-  float frequency_penalty = 0.0f;    // [-2, 2]
-  float repetition_penalty = 1.0f;   // > 0; 1 = off
-  std::optional<uint64_t> seed;      // unset: the engine draws one
-  int32_t max_tokens = 16;           // >= 1: generated tokens at most
-  std::vector<int32_t> stop_token_ids;
-  std::vector<std::string> stop;     // stop strings (need the engine's detokenizer)
-  std::optional<int32_t> logprobs;   // top-n logprobs per token, n in [0, 20]; the sampled
-                                     // token's logprob is reported whenever this is set
-  // A resumed request (the router migrated it from a failed worker): the prompt's last
-  // resumed_output tokens are this request's earlier output. They count as output for the
-  // penalties, the sampling index (so a seed draws as if never interrupted) and the stop-string
-  // window, and are computed as output rows (bitwise the KV decode wrote); max_tokens counts
-  // new tokens only. In [0, prompt length).
-  int32_t resumed_output = 0;
-
-  // Errors: InvalidArgument naming the field and its allowed range.
-  Status Validate(int64_t vocab_size) const;
-  bool greedy() const { return temperature == 0.0f; }
-  bool has_penalties() const {
-    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
-  }
-};
 
 // What penalties need to know about a sequence: token counts of the output, and whether a
 // token occurs in the prompt. Updated incrementally as tokens are generated.

@@ -21,10 +21,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace pdserve::kernels {
+#include "common/kv_layout.h"  // KvLatentFormat, KvIndexFormat (one definition for every module)
 
-enum class KvLatentFormat : uint8_t { kFp8Blockwise = 0, kBf16 = 1, kInt8PerToken = 2 };
-enum class KvIndexFormat : uint8_t { kFp8 = 0, kInt8 = 1 };
+namespace pdserve::kernels {
 
 // Bytes of one token's latent codes / latent scales for `dim` latent values.
 int64_t LatentCodeBytes(KvLatentFormat f, int64_t dim);

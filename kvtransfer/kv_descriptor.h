@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "kvtransfer/kv_layout.h"
+#include "common/kv_layout.h"
 #include "kvtransfer/memory_region.h"
 
 namespace pdserve::kvtransfer {

@@ -34,7 +34,7 @@ struct KvReceiver::Writer {
 
 struct KvReceiver::Request {
   KvDescriptor descriptor;
-  RequestState state = RequestState::kReserved;
+  TransferState state = TransferState::kReserved;
   Status status;
   Deadline lease_expiry{};
   Deadline quarantine_until{};  // kAborted: earliest release for writers that never began
@@ -97,7 +97,7 @@ KvReceiver::~KvReceiver() {
   thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, r] : requests_) {
-    if (!r->released && r->state != RequestState::kHandedOver) {
+    if (!r->released && r->state != TransferState::kHandedOver) {
       pool_.allocator->Free(r->descriptor.block_ids);
     }
   }
@@ -153,12 +153,12 @@ Result<KvDescriptor> KvReceiver::Reserve(uint64_t request_id, uint32_t num_token
   return copy;
 }
 
-Result<RequestState> KvReceiver::State(uint64_t request_id) const {
+Result<TransferState> KvReceiver::State(uint64_t request_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = requests_.find(request_id);
   if (it != requests_.end()) return it->second->state;
   for (const auto& [id, status] : finished_) {
-    if (id == request_id) return status.ok() ? RequestState::kHandedOver : RequestState::kAborted;
+    if (id == request_id) return status.ok() ? TransferState::kHandedOver : TransferState::kAborted;
   }
   return Status::NotFound(fmt::format("request {} is unknown", request_id));
 }
@@ -192,11 +192,11 @@ Result<std::vector<uint32_t>> KvReceiver::HandOver(uint64_t request_id) {
     return Status::NotFound(fmt::format("request {} holds no blocks", request_id));
   }
   Request& r = *it->second;
-  if (r.state != RequestState::kComplete) {
+  if (r.state != TransferState::kComplete) {
     return Status::FailedPrecondition(fmt::format("request {} is {}, not complete", request_id,
-                                                  RequestStateName(r.state)));
+                                                  TransferStateName(r.state)));
   }
-  SetState(r, RequestState::kHandedOver, Status::Ok());
+  SetState(r, TransferState::kHandedOver, Status::Ok());
   std::vector<uint32_t> blocks = r.descriptor.block_ids;
   RememberFinished(request_id, Status::Ok());
   requests_.erase(it);
@@ -234,7 +234,7 @@ ReceiverStats KvReceiver::Stats() const {
     if (r->released) continue;
     s.active_requests++;
     s.held_blocks += static_cast<uint32_t>(r->descriptor.block_ids.size());
-    if (r->state == RequestState::kAborted) {
+    if (r->state == TransferState::kAborted) {
       s.quarantined_blocks += static_cast<uint32_t>(r->descriptor.block_ids.size());
     }
   }
@@ -329,22 +329,22 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
       w->deadline = std::min(w->deadline, now + std::chrono::milliseconds(left_ms));
     }
     transport_->Connect(peer);  // so that its death is reported
-    if (r.state == RequestState::kReserved) SetState(r, RequestState::kWriting, Status::Ok());
+    if (r.state == TransferState::kReserved) SetState(r, TransferState::kWriting, Status::Ok());
   }
   switch (m.kind) {
     case Kind::kBegin:
-      if (r.state == RequestState::kAborted) Reply(peer, r.descriptor.request_id, m.rank, Kind::kAbort, r.status);
+      if (r.state == TransferState::kAborted) Reply(peer, r.descriptor.request_id, m.rank, Kind::kAbort, r.status);
       break;
     case Kind::kComplete: {
-      if (w->verified || r.state == RequestState::kComplete) break;  // duplicate
+      if (w->verified || r.state == TransferState::kComplete) break;  // duplicate
       w->phase = Writer::Phase::kQuiet;  // it wrote all it will write
-      if (now >= w->deadline && r.state != RequestState::kAborted) {
+      if (now >= w->deadline && r.state != TransferState::kAborted) {
         // Too late: the writer has given up by now (its deadline is never later than ours),
         // so both sides must agree that this transfer failed.
         AbortLocked(r, Status::DeadlineExceeded(fmt::format(
                            "completion of rank {} arrived after its deadline", m.rank)));
       }
-      if (r.state == RequestState::kAborted) {
+      if (r.state == TransferState::kAborted) {
         Reply(peer, m.request_id, m.rank, Kind::kAck, r.status);
         ReleaseIfQuiet(r, now);
         break;
@@ -356,7 +356,7 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
       Status verdict = Verify(r, *w, m);
       lock.lock();
       r.verifying--;
-      if (r.state == RequestState::kAborted) {
+      if (r.state == TransferState::kAborted) {
         Reply(peer, m.request_id, m.rank, Kind::kAck, r.status);
         ReleaseIfQuiet(r, Clock::now());
         break;
@@ -370,7 +370,7 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
       w->verified = true;
       if (std::all_of(r.writers.begin(), r.writers.end(),
                       [](const Writer& x) { return x.verified; })) {
-        SetState(r, RequestState::kComplete, Status::Ok());
+        SetState(r, TransferState::kComplete, Status::Ok());
       }
       break;
     }
@@ -378,8 +378,8 @@ void KvReceiver::HandleMessage(const std::string& peer, const TransferMessage& m
       w->phase = Writer::Phase::kQuiet;  // a writer flushes before it sends `abort`
       // Also when kComplete: the writer reports failure (e.g. our ack reached it too late),
       // and both sides must agree while the blocks are still ours.
-      if (r.state == RequestState::kReserved || r.state == RequestState::kWriting ||
-          r.state == RequestState::kComplete) {
+      if (r.state == TransferState::kReserved || r.state == TransferState::kWriting ||
+          r.state == TransferState::kComplete) {
         AbortLocked(r, m.status.WithContext(fmt::format("prefill rank {}", m.rank)));
       } else {
         ReleaseIfQuiet(r, now);
@@ -404,7 +404,7 @@ void KvReceiver::HandlePeerFailure(const std::string& peer, const Status& status
       }
     }
     if (!affected) continue;
-    if (r->state == RequestState::kReserved || r->state == RequestState::kWriting) {
+    if (r->state == TransferState::kReserved || r->state == TransferState::kWriting) {
       AbortLocked(*r, Status::Unavailable(fmt::format("prefill writer {} failed: {}",
                                                       PeerName(peer), status.ToString())));
     } else {
@@ -437,15 +437,15 @@ Status KvReceiver::Verify(const Request& r, const Writer& w, const TransferMessa
   return Status::Ok();
 }
 
-void KvReceiver::SetState(Request& r, RequestState state, const Status& status) {
+void KvReceiver::SetState(Request& r, TransferState state, const Status& status) {
   PDSERVE_CHECK(IsValidTransition(r.state, state), "invalid KV request state transition");
   GetLogger("kvtransfer")->debug("request {}: {} -> {} {}", r.descriptor.request_id,
-                                 RequestStateName(r.state), RequestStateName(state),
+                                 TransferStateName(r.state), TransferStateName(state),
                                  status.ToString());
   r.state = state;
   r.status = status;
-  if (state == RequestState::kComplete || state == RequestState::kAborted) {
-    (state == RequestState::kComplete ? stats_.completed : stats_.aborted)++;
+  if (state == TransferState::kComplete || state == TransferState::kAborted) {
+    (state == TransferState::kComplete ? stats_.completed : stats_.aborted)++;
     events_.push_back(ReceiverEvent{r.descriptor.request_id, state, status});
     events_cv_.notify_all();
   }
@@ -453,7 +453,7 @@ void KvReceiver::SetState(Request& r, RequestState state, const Status& status) 
 
 void KvReceiver::AbortLocked(Request& r, const Status& status) {
   if (IsTerminal(r.state)) return;
-  SetState(r, RequestState::kAborted, status);
+  SetState(r, TransferState::kAborted, status);
   const Deadline now = Clock::now();
   r.quarantine_until = now + options_.quarantine_grace;
   for (Writer& w : r.writers) {
@@ -465,7 +465,7 @@ void KvReceiver::AbortLocked(Request& r, const Status& status) {
 }
 
 void KvReceiver::ReleaseIfQuiet(Request& r, Deadline now) {
-  if (r.state != RequestState::kAborted || r.released || r.verifying > 0) return;
+  if (r.state != TransferState::kAborted || r.released || r.verifying > 0) return;
   for (const Writer& w : r.writers) {
     switch (w.phase) {
       case Writer::Phase::kQuiet:
@@ -488,7 +488,7 @@ void KvReceiver::CheckTimers(Deadline now) {
   for (auto& [id, rp] : requests_) {
     Request& r = *rp;
     if (r.released) continue;
-    if (r.state == RequestState::kReserved || r.state == RequestState::kWriting) {
+    if (r.state == TransferState::kReserved || r.state == TransferState::kWriting) {
       for (const Writer& w : r.writers) {
         if (w.phase == Writer::Phase::kIdle && now >= r.lease_expiry) {
           AbortLocked(r, Status::Aborted(fmt::format(
@@ -524,13 +524,13 @@ Deadline KvReceiver::NextTimer() const {
   for (const auto& [id, r] : requests_) {
     if (r->released) return now;
     switch (r->state) {
-      case RequestState::kReserved:
-      case RequestState::kWriting:
+      case TransferState::kReserved:
+      case TransferState::kWriting:
         for (const Writer& w : r->writers) {
           next = std::min(next, w.phase == Writer::Phase::kWriting ? w.deadline : r->lease_expiry);
         }
         break;
-      case RequestState::kAborted:
+      case TransferState::kAborted:
         next = std::min(next, r->quarantine_until);
         for (const Writer& w : r->writers) {
           if (w.phase == Writer::Phase::kWriting) {

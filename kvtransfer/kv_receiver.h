@@ -1,6 +1,6 @@
 // KvReceiver: the decode side of a KV transfer. It reserves blocks for a request, hands out the
 // KvDescriptor that lets prefill ranks write into them, tracks each request through the
-// RequestState machine (request_state.h), verifies completion notices, and gives the blocks
+// TransferState machine (transfer_state.h), verifies completion notices, and gives the blocks
 // either to the caller (HandOver) or back to the allocator (abort), never while a writer may
 // still be writing into them.
 //
@@ -45,7 +45,7 @@
 #include "kvtransfer/block_allocator.h"
 #include "kvtransfer/kv_descriptor.h"
 #include "kvtransfer/kv_wire.h"
-#include "kvtransfer/request_state.h"
+#include "kvtransfer/transfer_state.h"
 #include "kvtransfer/transport.h"
 
 namespace pdserve::kvtransfer {
@@ -69,7 +69,7 @@ struct ReceiverBlockPool {
 // Reported once per request, when it becomes kComplete or kAborted.
 struct ReceiverEvent {
   uint64_t request_id = 0;
-  RequestState state = RequestState::kReserved;
+  TransferState state = TransferState::kReserved;
   Status status;
 };
 
@@ -101,7 +101,7 @@ class KvReceiver {
       std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt);
 
   // The current state and status of a request (kNotFound for unknown / long-finished ids).
-  Result<RequestState> State(uint64_t request_id) const;
+  Result<TransferState> State(uint64_t request_id) const;
   Status RequestStatus(uint64_t request_id) const;
 
   // Events since the last call (non-blocking).
@@ -139,7 +139,7 @@ class KvReceiver {
                      std::unique_lock<std::mutex>& lock);
   void HandlePeerFailure(const std::string& peer, const Status& status);
   Status Verify(const Request& request, const Writer& writer, const TransferMessage& m);
-  void SetState(Request& request, RequestState state, const Status& status);
+  void SetState(Request& request, TransferState state, const Status& status);
   void AbortLocked(Request& request, const Status& status);
   void ReleaseIfQuiet(Request& request, Deadline now);
   void CheckTimers(Deadline now);

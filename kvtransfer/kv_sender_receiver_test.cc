@@ -1,11 +1,18 @@
 // KvSender + KvReceiver over InProcTransport: the protocol and its failure handling, fast and
 // in one process (the same scenarios run across real processes over UCX in tests/kvtransfer).
+//
+// Timing: no check depends on how fast a loaded machine runs. Waits are for a condition (an
+// event, a state, a count) with kHangLimit as the bound that turns a real hang into a failure;
+// which path ended a transfer (dead peer seen at once vs. the deadline) is told by its status
+// code, not by a stopwatch. Protocol timeouts are set long enough that a slow step before the
+// fault is injected cannot run into them.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
 #include "kvtransfer/block_allocator.h"
-#include "kvtransfer/inproc/inproc_transport.h"
+#include "kvtransfer/testing/inproc_transport.h"
 #include "kvtransfer/kv_receiver.h"
 #include "kvtransfer/kv_sender.h"
 #include "kvtransfer/testing/fault_transport.h"
@@ -17,10 +24,14 @@ namespace {
 using namespace std::chrono_literals;
 using testing::CheckDestination;
 using testing::FaultTransport;
+using testing::InProcFabric;
+using testing::InProcTransport;
 using testing::SourceCache;
 
 constexpr uint64_t kSeed = 77;
 constexpr uint32_t kPoolBlocks = 256;
+// How long a wait may take before the test calls it a hang (far above any loaded-machine delay).
+constexpr auto kHangLimit = 60s;
 
 class SenderReceiverTest : public ::testing::Test {
  protected:
@@ -43,7 +54,7 @@ class SenderReceiverTest : public ::testing::Test {
     }
   }
 
-  ReceiverEvent WaitEvent(uint64_t request_id, std::chrono::milliseconds timeout = 5000ms) {
+  ReceiverEvent WaitEvent(uint64_t request_id, std::chrono::milliseconds timeout = kHangLimit) {
     const Deadline deadline = Clock::now() + timeout;
     while (true) {
       for (const ReceiverEvent& e : receiver_->TakeEvents()) pending_.push_back(e);
@@ -56,24 +67,24 @@ class SenderReceiverTest : public ::testing::Test {
       }
       if (!receiver_->WaitForEvents(deadline)) {
         ADD_FAILURE() << "no event for request " << request_id;
-        return ReceiverEvent{request_id, RequestState::kReserved, Status::Internal("timeout")};
+        return ReceiverEvent{request_id, TransferState::kReserved, Status::Internal("timeout")};
       }
     }
   }
 
-  // Polls (yielding) until the request reaches `state`, for at most 5 s.
-  bool WaitForState(uint64_t request_id, RequestState state) {
-    const Deadline deadline = Clock::now() + 5s;
+  // Polls until the request reaches `state` (false after kHangLimit).
+  bool WaitForState(uint64_t request_id, TransferState state) {
+    const Deadline deadline = Clock::now() + kHangLimit;
     while (Clock::now() < deadline) {
       auto current = receiver_->State(request_id);
       if (current.ok() && current.value() == state) return true;
-      std::this_thread::yield();
+      std::this_thread::sleep_for(1ms);
     }
     return false;
   }
 
   void ExpectAllBlocksBack() {
-    EXPECT_TRUE(receiver_->WaitUntilIdle(Clock::now() + 5s).ok());
+    EXPECT_TRUE(receiver_->WaitUntilIdle(Clock::now() + kHangLimit).ok());
     EXPECT_EQ(allocator_->num_free(), kPoolBlocks);
     EXPECT_EQ(receiver_->Stats().held_blocks, 0u);
   }
@@ -114,7 +125,7 @@ TEST_F(SenderReceiverTest, ContextParallelRanksWithOtherBlockSizes) {
         ASSERT_TRUE(s.ok()) << "cp " << cp << " n " << n << " rank " << r << ": " << s.ToString();
       }
       ReceiverEvent e = WaitEvent(id);
-      ASSERT_EQ(e.state, RequestState::kComplete) << e.status.ToString();
+      ASSERT_EQ(e.state, TransferState::kComplete) << e.status.ToString();
       EXPECT_TRUE(CheckDestination(desc.value(), region_->data(), {{0, n}}, kSeed).ok());
       auto blocks = receiver_->HandOver(id);
       ASSERT_TRUE(blocks.ok());
@@ -140,11 +151,11 @@ TEST_F(SenderReceiverTest, ProgressCountsQueuedLayersAndWrittenBytes) {
   EXPECT_EQ(p->layers_queued, 0u);
   EXPECT_EQ(p->bytes_submitted, 0u);
   auto written = [&](uint64_t want) {
-    const Deadline deadline = Clock::now() + 5s;
+    const Deadline deadline = Clock::now() + kHangLimit;
     while (Clock::now() < deadline) {
       auto q = senders_[0]->Progress(21);
       if (q.ok() && q->bytes_written == want) return true;
-      std::this_thread::yield();
+      std::this_thread::sleep_for(1ms);
     }
     return false;
   };
@@ -160,7 +171,7 @@ TEST_F(SenderReceiverTest, ProgressCountsQueuedLayersAndWrittenBytes) {
   EXPECT_EQ(senders_[0]->Progress(21)->layers_queued, 3u);
   ASSERT_TRUE(senders_[0]->Finish(21).ok());
   EXPECT_EQ(senders_[0]->Progress(21).status().code(), StatusCode::kNotFound);
-  ASSERT_EQ(WaitEvent(21).state, RequestState::kComplete);
+  ASSERT_EQ(WaitEvent(21).state, TransferState::kComplete);
   auto blocks = receiver_->HandOver(21);
   ASSERT_TRUE(blocks.ok());
   allocator_->Free(blocks.value());
@@ -180,7 +191,7 @@ TEST_F(SenderReceiverTest, ReplicatedRanksWriteOnce) {
   EXPECT_GT(senders_[0]->Stats().bytes_submitted, 0u);
   EXPECT_EQ(senders_[1]->Stats().bytes_submitted, 0u);
   EXPECT_EQ(prefill_[1]->Stats().bytes_written, 0u);
-  ASSERT_EQ(WaitEvent(9).state, RequestState::kComplete);
+  ASSERT_EQ(WaitEvent(9).state, TransferState::kComplete);
   allocator_->Free(receiver_->HandOver(9).value());
   ExpectAllBlocksBack();
 }
@@ -191,9 +202,10 @@ TEST_F(SenderReceiverTest, LeaseExpiresWhenNoPrefillBegins) {
   Init(KvLayout::DeepSeekV32(2, 16), 1, options);
   auto desc = receiver_->Reserve(3, 100, {WriterAssignment{0, {{0, 100}}}}, 50ms);
   ASSERT_TRUE(desc.ok());
-  EXPECT_LT(allocator_->num_free(), kPoolBlocks);
+  // The blocks were taken (the lease may already be over on a loaded machine: no pool check).
+  EXPECT_EQ(desc->block_ids.size(), layout_.BlocksForTokens(100));
   ReceiverEvent e = WaitEvent(3);
-  EXPECT_EQ(e.state, RequestState::kAborted);
+  EXPECT_EQ(e.state, TransferState::kAborted);
   EXPECT_EQ(e.status.code(), StatusCode::kAborted);
   ExpectAllBlocksBack();
   // A prefill that gets the stale descriptor refuses it (its lease is over).
@@ -204,7 +216,7 @@ TEST_F(SenderReceiverTest, LeaseExpiresWhenNoPrefillBegins) {
 
 TEST_F(SenderReceiverTest, StalledWritesHitTheDeadlineOnBothSides) {
   KvReceiverOptions options;
-  options.transfer_timeout = 200ms;
+  options.transfer_timeout = 1s;  // layer 0 must be queued before it (no stall yet)
   options.quarantine_grace = 50ms;
   Init(KvLayout::DeepSeekV32(2, 16), 1, options);
   auto desc = receiver_->Reserve(4, 64, {WriterAssignment{0, {{0, 64}}}});
@@ -214,12 +226,12 @@ TEST_F(SenderReceiverTest, StalledWritesHitTheDeadlineOnBothSides) {
   ASSERT_TRUE(senders_[0]->WriteLayers(4, 0).ok());
   prefill_[0]->HoldWrites(true);  // the network stalls
   ASSERT_TRUE(senders_[0]->WriteLayers(4, 1).ok());
-  const auto start = Clock::now();
+  // Finish returns at the deadline (a hang would run into the ctest timeout; the status says
+  // the deadline, not some other path, ended it).
   Status s = senders_[0]->Finish(4);
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
-  EXPECT_LT(Clock::now() - start, 1s);
   ReceiverEvent e = WaitEvent(4);
-  EXPECT_EQ(e.state, RequestState::kAborted);
+  EXPECT_EQ(e.state, TransferState::kAborted);
   EXPECT_EQ(e.status.code(), StatusCode::kDeadlineExceeded) << e.status.ToString();
   ExpectAllBlocksBack();
   EXPECT_EQ(prefill_[0]->Stats().pending_batches, 0u);
@@ -234,10 +246,10 @@ TEST_F(SenderReceiverTest, DecodeAbortStopsTheWriterAndFreesBlocks) {
   ASSERT_TRUE(senders_[0]->Start(desc.value(), 0, cache.source()).ok());
   ASSERT_TRUE(senders_[0]->WriteLayers(5, 0).ok());
   // Wait until the receiver saw `begin` (the writer is known), then abort.
-  ASSERT_TRUE(WaitForState(5, RequestState::kWriting));
+  ASSERT_TRUE(WaitForState(5, TransferState::kWriting));
   ASSERT_TRUE(receiver_->Abort(5, Status::Cancelled("client went away")).ok());
   ReceiverEvent e = WaitEvent(5);
-  EXPECT_EQ(e.state, RequestState::kAborted);
+  EXPECT_EQ(e.state, TransferState::kAborted);
   Status s = senders_[0]->Finish(5);
   EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
   ExpectAllBlocksBack();
@@ -253,7 +265,7 @@ TEST_F(SenderReceiverTest, TornTransferIsDataLossNotServed) {
   Status s = senders_[0]->Finish(6);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
   ReceiverEvent e = WaitEvent(6);
-  EXPECT_EQ(e.state, RequestState::kAborted);
+  EXPECT_EQ(e.state, TransferState::kAborted);
   EXPECT_EQ(e.status.code(), StatusCode::kDataLoss);
   EXPECT_EQ(receiver_->HandOver(6).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(receiver_->Stats().digest_failures, 1u);
@@ -270,7 +282,7 @@ TEST_F(SenderReceiverTest, DescriptorOutsideTheRegionIsRejectedBeforeAnyWrite) {
   SourceCache cache(layout_, {{0, 40}}, kSeed, 7);
   EXPECT_EQ(senders_[0]->Start(bad, 0, cache.source()).code(), StatusCode::kInvalidArgument);
   ReceiverEvent e = WaitEvent(7);  // the prefill told the decode side: blocks come back now
-  EXPECT_EQ(e.state, RequestState::kAborted);
+  EXPECT_EQ(e.state, TransferState::kAborted);
   EXPECT_EQ(e.status.code(), StatusCode::kInvalidArgument);
   ExpectAllBlocksBack();
   EXPECT_EQ(std::memcmp(before.data(), region_->data(), before.size()), 0);
@@ -279,7 +291,9 @@ TEST_F(SenderReceiverTest, DescriptorOutsideTheRegionIsRejectedBeforeAnyWrite) {
 
 TEST_F(SenderReceiverTest, DeadDecodeFailsThePrefillFast) {
   KvReceiverOptions options;
-  options.transfer_timeout = 300ms;  // bounds the (killed) receiver's own shutdown
+  // Long enough that a loaded machine still sees the dead peer before the deadline; it also
+  // bounds the (killed) receiver's own shutdown.
+  options.transfer_timeout = 2s;
   options.quarantine_grace = 50ms;
   Init(KvLayout::DeepSeekV32(2, 16), 1, options);
   auto desc = receiver_->Reserve(8, 64, {WriterAssignment{0, {{0, 64}}}});
@@ -287,9 +301,9 @@ TEST_F(SenderReceiverTest, DeadDecodeFailsThePrefillFast) {
   SourceCache cache(layout_, {{0, 64}}, kSeed, 8);
   ASSERT_TRUE(senders_[0]->Start(desc.value(), 0, cache.source()).ok());
   decode_->Kill();
-  const auto start = Clock::now();
+  // Fast = the dead peer is seen as such (kUnavailable), not waited out until the deadline
+  // (which would end the transfer with kDeadlineExceeded).
   Status s = senders_[0]->Finish(8);
-  EXPECT_LT(Clock::now() - start, 200ms);
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_EQ(prefill_[0]->Stats().pending_batches, 0u);
   EXPECT_EQ(prefill_[0]->Stats().remote_keys, 0u);
@@ -297,7 +311,7 @@ TEST_F(SenderReceiverTest, DeadDecodeFailsThePrefillFast) {
 
 TEST_F(SenderReceiverTest, DeadPrefillIsCaughtByTheDeadline) {
   KvReceiverOptions options;
-  options.transfer_timeout = 200ms;
+  options.transfer_timeout = 1s;  // the writer must reach kWriting before it
   options.quarantine_grace = 50ms;
   Init(KvLayout::DeepSeekV32(2, 16), 1, options);
   auto desc = receiver_->Reserve(10, 64, {WriterAssignment{0, {{0, 64}}}});
@@ -305,10 +319,10 @@ TEST_F(SenderReceiverTest, DeadPrefillIsCaughtByTheDeadline) {
   SourceCache cache(layout_, {{0, 64}}, kSeed, 10);
   ASSERT_TRUE(senders_[0]->Start(desc.value(), 0, cache.source()).ok());
   ASSERT_TRUE(senders_[0]->WriteLayers(10, 0).ok());
-  ASSERT_TRUE(WaitForState(10, RequestState::kWriting));
+  ASSERT_TRUE(WaitForState(10, TransferState::kWriting));
   prefill_[0]->Kill();
   ReceiverEvent e = WaitEvent(10);
-  EXPECT_EQ(e.state, RequestState::kAborted);
+  EXPECT_EQ(e.state, TransferState::kAborted);
   // Found dead when the receiver connects back, or else by the writer's deadline.
   EXPECT_TRUE(e.status.code() == StatusCode::kDeadlineExceeded ||
               e.status.code() == StatusCode::kUnavailable)

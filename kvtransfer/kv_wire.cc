@@ -42,22 +42,22 @@ class Reader {
   std::vector<capnp::word> words_;
 };
 
-proto::LatentFormat ToProto(LatentFormat f) {
+proto::LatentFormat ToProto(KvLatentFormat f) {
   switch (f) {
-    case LatentFormat::kBf16: return proto::LatentFormat::BF16;
-    case LatentFormat::kFp8Blockwise: return proto::LatentFormat::FP8_BLOCKWISE;
-    case LatentFormat::kInt8PerToken: return proto::LatentFormat::INT8_PER_TOKEN;
+    case KvLatentFormat::kBf16: return proto::LatentFormat::BF16;
+    case KvLatentFormat::kFp8Blockwise: return proto::LatentFormat::FP8_BLOCKWISE;
+    case KvLatentFormat::kInt8PerToken: return proto::LatentFormat::INT8_PER_TOKEN;
   }
   return proto::LatentFormat::BF16;
 }
 
-LatentFormat FromProto(proto::LatentFormat f) {
+KvLatentFormat FromProto(proto::LatentFormat f) {
   switch (f) {
-    case proto::LatentFormat::BF16: return LatentFormat::kBf16;
-    case proto::LatentFormat::FP8_BLOCKWISE: return LatentFormat::kFp8Blockwise;
-    case proto::LatentFormat::INT8_PER_TOKEN: return LatentFormat::kInt8PerToken;
+    case proto::LatentFormat::BF16: return KvLatentFormat::kBf16;
+    case proto::LatentFormat::FP8_BLOCKWISE: return KvLatentFormat::kFp8Blockwise;
+    case proto::LatentFormat::INT8_PER_TOKEN: return KvLatentFormat::kInt8PerToken;
   }
-  return static_cast<LatentFormat>(0xff);  // rejected by KvLayout::Validate
+  return static_cast<KvLatentFormat>(0xff);  // rejected by KvLayout::Validate
 }
 
 void FillDescriptor(const KvDescriptor& d, proto::KvDescriptor::Builder b) {
@@ -71,7 +71,7 @@ void FillDescriptor(const KvDescriptor& d, proto::KvDescriptor::Builder b) {
   layout.setIndexHeadDim(d.layout.index_head_dim);
   layout.setTokensPerBlock(d.layout.tokens_per_block);
   layout.setLatentFormat(ToProto(d.layout.latent_format));
-  layout.setIndexerFormat(d.layout.indexer_format == IndexerFormat::kInt8
+  layout.setIndexerFormat(d.layout.index_format == KvIndexFormat::kInt8
                               ? proto::IndexerFormat::INT8
                               : proto::IndexerFormat::FP8);
   layout.setLatentScaleGroup(d.layout.latent_scale_group);
@@ -114,11 +114,11 @@ KvDescriptor ReadDescriptor(proto::KvDescriptor::Reader r) {
   d.layout.index_head_dim = layout.getIndexHeadDim();
   d.layout.tokens_per_block = layout.getTokensPerBlock();
   d.layout.latent_format = FromProto(layout.getLatentFormat());
-  d.layout.indexer_format = layout.getIndexerFormat() == proto::IndexerFormat::INT8
-                                ? IndexerFormat::kInt8
+  d.layout.index_format = layout.getIndexerFormat() == proto::IndexerFormat::INT8
+                                ? KvIndexFormat::kInt8
                                 : (layout.getIndexerFormat() == proto::IndexerFormat::FP8
-                                       ? IndexerFormat::kFp8
-                                       : static_cast<IndexerFormat>(0xff));
+                                       ? KvIndexFormat::kFp8
+                                       : static_cast<KvIndexFormat>(0xff));
   d.layout.latent_scale_group = layout.getLatentScaleGroup();
   auto region = r.getRegion();
   d.region.base_address = region.getBaseAddress();

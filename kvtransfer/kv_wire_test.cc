@@ -10,8 +10,8 @@ TEST(KvWireTest, DescriptorRoundTrips) {
   d.request_id = 0x123456789abcull;
   d.decode_address = std::string("\x00\x01\xffucx", 6);
   d.layout = KvLayout::DeepSeekV32(61, 64);
-  d.layout.latent_format = LatentFormat::kInt8PerToken;
-  d.layout.indexer_format = IndexerFormat::kInt8;
+  d.layout.latent_format = KvLatentFormat::kInt8PerToken;
+  d.layout.index_format = KvIndexFormat::kInt8;
   d.region = {0x7f0000000000ull, 1ull << 30, std::string("\x01\x02\x00rkey", 7)};
   d.num_tokens = 130;
   d.block_ids = {4, 9, 2};

@@ -24,7 +24,7 @@
 
 #include "common/status.h"
 #include "kvtransfer/kv_descriptor.h"
-#include "kvtransfer/kv_layout.h"
+#include "common/kv_layout.h"
 
 namespace pdserve::kvtransfer {
 

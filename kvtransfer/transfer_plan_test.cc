@@ -49,8 +49,8 @@ KvLayout RandomLayout(std::mt19937_64& rng) {
   l.kv_lora_rank = 64u << (rng() % 4);
   l.qk_rope_head_dim = 16u << (rng() % 3);
   l.index_head_dim = (rng() % 4 == 0) ? 0 : 32u << (rng() % 3);
-  l.latent_format = static_cast<LatentFormat>(rng() % 3);
-  l.indexer_format = static_cast<IndexerFormat>(rng() % 2);
+  l.latent_format = static_cast<KvLatentFormat>(rng() % 3);
+  l.index_format = static_cast<KvIndexFormat>(rng() % 2);
   l.latent_scale_group = 64;
   const uint32_t sizes[] = {1, 3, 16, 32, 64, 128};
   l.tokens_per_block = sizes[rng() % 6];
@@ -143,7 +143,7 @@ TEST(TransferPlanTest, ValidateSourceRejectsMissingTokensAndOtherFormats) {
   EXPECT_EQ(ValidateSource(cache.source(), layout, {{0, 41}}).code(),
             StatusCode::kInvalidArgument);
   KvLayout other = layout;
-  other.latent_format = LatentFormat::kBf16;
+  other.latent_format = KvLatentFormat::kBf16;
   EXPECT_EQ(ValidateSource(cache.source(), other, {{0, 40}}).code(),
             StatusCode::kInvalidArgument);
 }

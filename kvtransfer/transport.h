@@ -2,8 +2,8 @@
 // small ordered messages (begin / completion / abort notices) on the same connection.
 //
 // Backends: UcxTransport (kvtransfer/ucx/, the real one: UCP over rc/dc, tcp, shm) and
-// InProcTransport (kvtransfer/inproc/, memcpy between transports of one process, for unit
-// tests). Metadata (who owns which region, with which key) is not exchanged here: it travels
+// InProcTransport (kvtransfer/testing/, memcpy between transports of one process; in the
+// testing library, linked by unit tests only). Metadata (who owns which region, with which key) is not exchanged here: it travels
 // out of band (KvDescriptor on the control plane); the data path only uses descriptors the
 // caller already holds.
 //

@@ -40,7 +40,7 @@ struct TestPool {
     }
   }
   KvSequenceRef Ref(size_t s) {
-    return {bytes.data(), &layout, tables[s].data(), static_cast<int64_t>(tables[s].size()) * layout.block_tokens};
+    return {bytes.data(), &layout, tables[s].data(), static_cast<int64_t>(tables[s].size()) * layout.tokens_per_block};
   }
 };
 
@@ -91,7 +91,7 @@ TEST_P(BatchTest, MixedBatchEqualsEachSequenceAlone) {
     for (int64_t i = 0; i < total; ++i) tokens[s].push_back(static_cast<int32_t>(rng() % V));
     totals.push_back(total);
   }
-  const KvLayout layout = KvLayout::ForConfig(cfg, 5, lf, xf);
+  const KvLayout layout = KvLayoutFor(cfg, 5, lf, xf);
 
   // Alone: one sequence per call, identity-ordered pool of its own.
   std::vector<std::vector<std::vector<float>>> alone_logits(n_seq);

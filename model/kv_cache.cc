@@ -6,7 +6,7 @@ namespace pdserve::model {
 
 SequenceKvCache::SequenceKvCache(const ModelConfig& c, int64_t block_tokens, KvLatentFormat latent,
                                  KvIndexFormat index)
-    : layout_(KvLayout::ForConfig(c, std::max<int64_t>(1, block_tokens), latent, index)) {}
+    : layout_(KvLayoutFor(c, std::max<int64_t>(1, block_tokens), latent, index)) {}
 
 void SequenceKvCache::Resize(int64_t n) {
   const int64_t blocks = layout_.BlocksForTokens(n);
@@ -34,12 +34,12 @@ KvSequenceRef SequenceKvCache::Ref() {
   r.pool_base = storage_.data();
   r.layout = &layout_;
   r.block_table = table_.data();
-  r.capacity_tokens = static_cast<int64_t>(table_.size()) * layout_.block_tokens;
+  r.capacity_tokens = static_cast<int64_t>(table_.size()) * layout_.tokens_per_block;
   return r;
 }
 
 kernels::KvTokenView SequenceKvCache::View(int64_t layer) const {
-  return layout_.View(storage_.data(), table_.data(), layer);
+  return KvView(layout_, storage_.data(), table_.data(), layer);
 }
 
 }  // namespace pdserve::model

@@ -26,10 +26,11 @@ TEST(ModelShapeTest, KvBytesMatchTheEngineLayoutForEveryFormat) {
         auto shape = ModelShape::Create(c, WeightFormat::kBf16, ParseKvFormat(latent).value(),
                                         ParseIndexKeyFormat(index).value());
         ASSERT_TRUE(shape.ok());
-        const auto layout = model::KvLayout::ForConfig(c, 64, model::ParseLatentFormat(latent).value(),
-                                                       model::ParseIndexFormat(index).value());
-        EXPECT_EQ(shape->KvBytesPerTokenLayer(), layout.TokenBytesPerLayer()) << latent << "/" << index;
-        EXPECT_EQ(shape->KvBytesPerToken(), layout.TokenBytesPerLayer() * c.num_hidden_layers);
+        const auto layout = model::KvLayoutFor(c, 64, ParseLatentFormat(latent).value(),
+                                                ParseIndexFormat(index).value());
+        const auto token_bytes = static_cast<int64_t>(layout.TokenBytesPerLayer());
+        EXPECT_EQ(shape->KvBytesPerTokenLayer(), token_bytes) << latent << "/" << index;
+        EXPECT_EQ(shape->KvBytesPerToken(), token_bytes * c.num_hidden_layers);
       }
 }
 

@@ -24,7 +24,7 @@ enum IndexerFormat {
   int8 @1;  # index_head_dim INT8 codes + one fp32 scale
 }
 
-# kvtransfer::KvLayout: the byte layout of one paged block (see kvtransfer/kv_layout.h).
+# KvLayout: the byte layout of one paged block (see common/kv_layout.h).
 struct KvLayout {
   numLayers @0 :UInt32;
   kvLoraRank @1 :UInt32;

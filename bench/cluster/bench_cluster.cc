@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/common/bench_util.h"
+#include "common/mapped_file.h"
 #include "engine/engine.h"
 #include "services/common/process_util.h"
 #include "services/testing/child_process.h"
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
   const std::string dir = services::testing::MakeTempDir("pdserve-bench-cluster");
 
   // The same prompts everywhere: random ids below the vocabulary, one set per length.
-  auto config = json::parse(services::ReadFile(model_dir + "/config.json").value());
+  auto config = json::parse(ReadFileToString(model_dir + "/config.json").value());
   const int vocab = config["vocab_size"].get<int>();
   std::mt19937 rng(11);
   std::map<int64_t, std::vector<std::vector<int32_t>>> prompt_sets;
@@ -201,7 +202,7 @@ int main(int argc, char** argv) {
     }
 
   auto loadavg = [] {
-    auto t = services::ReadFile("/proc/loadavg");
+    auto t = ReadFileToString("/proc/loadavg");
     return t.ok() ? std::stod(t.value()) : -1.0;
   };
   const double load_before = loadavg();

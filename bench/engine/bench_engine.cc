@@ -202,8 +202,8 @@ int Run(int argc, char** argv) {
   const int64_t B = 64, base_len = 1024;
   engine::EngineOptions eo;
   eo.block_tokens = B;
-  eo.latent_format = model::ParseLatentFormat(kv_format).value();
-  const engine::KvLayout layout = engine::KvLayout::ForConfig(c, B, eo.latent_format, eo.index_format);
+  eo.latent_format = ParseLatentFormat(kv_format).value();
+  const KvLayout layout = model::KvLayoutFor(c, B, eo.latent_format, eo.index_format);
   const int64_t max_prefill = prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
   const int64_t copy_prompt = 64;
   const int64_t blocks = std::max({max_b * layout.BlocksForTokens(max_ctx + warmup + steps + 4),

@@ -28,8 +28,8 @@ namespace {
 constexpr uint64_t kQuit = ~0ull;
 }
 
-kvtransfer::KvLayout SmallPresetLayout(uint32_t tokens_per_block) {
-  return kvtransfer::KvLayout::DeepSeekV32(6, tokens_per_block);
+KvLayout SmallPresetLayout(uint32_t tokens_per_block) {
+  return KvLayout::DeepSeekV32(6, tokens_per_block);
 }
 
 std::vector<std::string> PeerArguments(const PeerOptions& o) {
@@ -61,7 +61,7 @@ int RunDecodePeer(const PeerOptions& o) {
   if (!receiver.ok()) return 3;
   auto drain = [&] {
     for (const ReceiverEvent& e : receiver.value()->TakeEvents()) {
-      if (e.state != RequestState::kComplete) {
+      if (e.state != TransferState::kComplete) {
         std::fprintf(stderr, "peer: request %lu %s\n", static_cast<unsigned long>(e.request_id),
                      e.status.ToString().c_str());
         continue;

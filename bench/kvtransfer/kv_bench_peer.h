@@ -25,7 +25,7 @@ namespace pdserve::bench::kv {
 
 // The layout both sides use: the `small` model preset (6 layers, kv_lora_rank 512, rope 64,
 // index 128, FP8 latent and indexer keys).
-kvtransfer::KvLayout SmallPresetLayout(uint32_t tokens_per_block);
+KvLayout SmallPresetLayout(uint32_t tokens_per_block);
 
 struct PeerOptions {
   uint32_t tokens_per_block = 64;

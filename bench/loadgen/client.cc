@@ -4,9 +4,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/loadgen/sse_parser.h"
+#include "services/testing/sse_parser.h"
 
 namespace pdserve::loadgen {
+
+using services::testing::ParseStreamChunk;
+using services::testing::SseParser;
+using services::testing::StreamChunk;
 
 namespace {
 double Since(Clock::time_point t0, Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); }

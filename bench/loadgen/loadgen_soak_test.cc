@@ -11,6 +11,7 @@
 
 #include "bench/loadgen/dataset.h"
 #include "bench/loadgen/driver.h"
+#include "common/mapped_file.h"
 #include "services/common/process_util.h"
 #include "services/testing/child_process.h"
 
@@ -37,7 +38,7 @@ TEST(LoadgenSoak, StreamsCompleteAndMemoryStaysFlat) {
   ASSERT_TRUE(router.ok());
   nlohmann::json r;
   ASSERT_TRUE(t::WaitFor([&] {
-    auto text = services::ReadFile(ready);
+    auto text = ReadFileToString(ready);
     if (!text.ok()) return false;
     r = nlohmann::json::parse(text.value());
     return true;

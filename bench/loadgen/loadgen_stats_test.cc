@@ -9,11 +9,14 @@
 #include "bench/loadgen/client.h"
 #include "bench/loadgen/dataset.h"
 #include "bench/loadgen/driver.h"
-#include "bench/loadgen/sse_parser.h"
 #include "bench/loadgen/stats.h"
+#include "services/testing/sse_parser.h"
 
 namespace pdserve::loadgen {
 namespace {
+
+using services::testing::ParseStreamChunk;
+using services::testing::SseParser;
 
 TEST(Percentile, InterpolatesBetweenClosestRanks) {
   EXPECT_DOUBLE_EQ(Percentile({5, 1, 4, 2, 3}, 50), 3);

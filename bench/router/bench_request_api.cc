@@ -16,9 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/common/bench_util.h"
+#include "common/mapped_file.h"
 #include "services/client/request_client.h"
 #include "services/common/process_util.h"
 #include "services/testing/child_process.h"
+#include "services/testing/sse_parser.h"
 
 namespace {
 
@@ -51,29 +53,18 @@ double HttpStream(httplib::Client& cli, const std::string& path, const json& bod
   req.set_header("Content-Type", "application/json");
   const auto t0 = Clock::now();
   double first = -1;
-  std::string buffer;
+  services::testing::SseParser parser;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     const auto now = Clock::now();
-    buffer.append(data, n);
-    size_t end;
-    while ((end = buffer.find("\n\n")) != std::string::npos) {
-      const std::string event = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;
-      const std::string payload = event.substr(6);
-      if (payload == "[DONE]") {
+    parser.Feed(std::string_view(data, n), [&](std::string_view event) {
+      auto chunk = services::testing::ParseStreamChunk(event);
+      if (!chunk.ok()) return;
+      if (chunk->done) {
         if (total) *total = std::chrono::duration<double>(now - t0).count();
-        continue;
+      } else if (first < 0 && !chunk->text.empty()) {
+        first = std::chrono::duration<double>(now - t0).count();
       }
-      if (first >= 0) continue;
-      const json j = json::parse(payload);
-      if (!j.contains("choices") || j["choices"].empty()) continue;
-      const json& c = j["choices"][0];
-      const bool text = (c.contains("text") && !c["text"].get<std::string>().empty()) ||
-                        (c.contains("delta") && c["delta"].contains("content") &&
-                         !c["delta"]["content"].get<std::string>().empty());
-      if (text) first = std::chrono::duration<double>(now - t0).count();
-    }
+    });
     return true;
   };
   cli.send(req);
@@ -109,7 +100,7 @@ int main(int argc, char** argv) {
       dir + "/router.log");
   json r;
   if (!router.ok() || !services::testing::WaitFor([&] {
-        auto t = services::ReadFile(ready);
+        auto t = ReadFileToString(ready);
         if (!t.ok()) return false;
         r = json::parse(t.value());
         return true;

@@ -22,10 +22,12 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/common/bench_util.h"
+#include "common/mapped_file.h"
 #include "services/control/control_channel.h"
 #include "services/control/control_codec.h"
 #include "services/common/process_util.h"
 #include "services/testing/child_process.h"
+#include "services/testing/sse_parser.h"
 
 namespace {
 
@@ -146,7 +148,7 @@ int main(int argc, char** argv) {
                                              dir + "/router.log");
   json r;
   if (!testing::WaitFor([&] {
-        auto t = ReadFile(ready);
+        auto t = ReadFileToString(ready);
         if (!t.ok()) return false;
         r = json::parse(t.value());
         return true;
@@ -189,28 +191,18 @@ int main(int argc, char** argv) {
     req.set_header("Content-Type", "application/json");
     const auto t0 = Clock::now();
     double first = -1;
-    std::string buffer;
+    testing::SseParser parser;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
       const auto now = Clock::now();
-      buffer.append(data, n);
-      size_t end;
-      while ((end = buffer.find("\n\n")) != std::string::npos) {
-        const std::string event = buffer.substr(0, end);
-        buffer.erase(0, end + 2);
-        if (event.rfind("data: ", 0) != 0) continue;
-        const std::string payload = event.substr(6);
-        if (payload == "[DONE]") {
+      parser.Feed(std::string_view(data, n), [&](std::string_view event) {
+        auto chunk = testing::ParseStreamChunk(event);
+        if (!chunk.ok()) return;
+        if (chunk->done) {
           if (total) *total = std::chrono::duration<double>(now - t0).count();
-          continue;
+        } else if (first < 0 && !chunk->text.empty()) {
+          first = std::chrono::duration<double>(now - t0).count();
         }
-        const json j = json::parse(payload);
-        if (first >= 0 || !j.contains("choices") || j["choices"].empty()) continue;
-        const json& c = j["choices"][0];
-        const bool text = (c.contains("text") && !c["text"].get<std::string>().empty()) ||
-                          (c.contains("delta") && c["delta"].contains("content") &&
-                           !c["delta"]["content"].get<std::string>().empty());
-        if (text) first = std::chrono::duration<double>(now - t0).count();
-      }
+      });
       return true;
     };
     cli.send(req);

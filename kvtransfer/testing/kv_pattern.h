@@ -16,7 +16,7 @@
 
 #include "common/status.h"
 #include "kvtransfer/kv_descriptor.h"
-#include "kvtransfer/kv_layout.h"
+#include "common/kv_layout.h"
 #include "kvtransfer/transfer_plan.h"
 
 namespace pdserve::kvtransfer::testing {

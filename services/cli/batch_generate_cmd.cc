@@ -64,7 +64,7 @@ Status BatchGenerate(const CommandLine& args) {
   PDSERVE_ASSIGN_OR_RETURN(eo.scheduler.max_step_tokens, args.GetInt("step-tokens", 512));
   PDSERVE_ASSIGN_OR_RETURN(eo.scheduler.prefill_chunk, args.GetInt("chunk", 256));
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 0));
-  PDSERVE_ASSIGN_OR_RETURN(eo.latent_format, model::ParseLatentFormat(args.GetOr("kv-format", "fp8")));
+  PDSERVE_ASSIGN_OR_RETURN(eo.latent_format, ParseLatentFormat(args.GetOr("kv-format", "fp8")));
   if (copies < 1) return Status::InvalidArgument("--copies must be >= 1");
   eo.threads = static_cast<int>(threads);
   const char* profile_env = std::getenv("PDSERVE_PROFILE");
@@ -91,7 +91,7 @@ Status BatchGenerate(const CommandLine& args) {
         std::lock_guard<std::mutex> lock(mu);
         nlohmann::json& j = results[ev.id];
         if (ev.token >= 0) j["output_tokens"].push_back(ev.token);
-        if (ev.finished) j["finish_reason"] = engine::FinishReasonName(ev.reason);
+        if (ev.finished) j["finish_reason"] = FinishReasonName(ev.reason);
       };
       PDSERVE_ASSIGN_OR_RETURN(engine::RequestId id, eng->AddRequest(prompts[i], ro));
       std::lock_guard<std::mutex> lock(mu);

@@ -48,8 +48,8 @@ bool WantProfile(const CommandLine& args) {
 
 Result<model::KvCacheFormats> ParseKvFormats(const CommandLine& args) {
   model::KvCacheFormats kv;
-  PDSERVE_ASSIGN_OR_RETURN(kv.latent, model::ParseLatentFormat(args.GetOr("kv-format", "fp8")));
-  PDSERVE_ASSIGN_OR_RETURN(kv.index, model::ParseIndexFormat(args.GetOr("index-format", "fp8")));
+  PDSERVE_ASSIGN_OR_RETURN(kv.latent, ParseLatentFormat(args.GetOr("kv-format", "fp8")));
+  PDSERVE_ASSIGN_OR_RETURN(kv.index, ParseIndexFormat(args.GetOr("index-format", "fp8")));
   return kv;
 }
 

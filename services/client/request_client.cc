@@ -5,6 +5,7 @@
 #include <utility>
 #include <variant>
 
+#include "common/mapped_file.h"
 #include "services/common/process_util.h"
 
 namespace pdserve::client {
@@ -39,7 +40,7 @@ Status StatusFromApiError(const api::Error& e) {
 }
 
 Result<std::string> ReadApiKeyFile(const std::string& path) {
-  auto contents = services::ReadFile(path);
+  auto contents = ReadFileToString(path);
   if (!contents.ok()) return Status(contents.status().code(), "cannot read the API key file '" + path + "'");
   std::string key;
   size_t pos = 0;

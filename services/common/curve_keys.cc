@@ -9,6 +9,7 @@
 
 #include <zmq.h>
 
+#include "common/mapped_file.h"
 #include "services/common/process_util.h"
 
 namespace pdserve::services {
@@ -25,7 +26,7 @@ struct KeyLine {
 };
 
 Result<std::vector<KeyLine>> ReadKeyLines(const std::string& path) {
-  auto contents = ReadFile(path);
+  auto contents = ReadFileToString(path);
   if (!contents.ok()) return Status(contents.status().code(), "cannot read the CURVE key file '" + path + "'");
   std::vector<KeyLine> lines;
   int number = 0;

@@ -39,28 +39,6 @@ int WaitForTerminationSignal(std::chrono::milliseconds timeout) {
   return sig > 0 ? sig : 0;
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return Status::Unavailable("cannot write '" + tmp + "'");
-    out << content;
-    if (!out.flush()) return Status::Unavailable("cannot write '" + tmp + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return Status::Unavailable("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
-  return Status::Ok();
-}
-
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot read '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 uint64_t RandomU64() {
   static thread_local std::mt19937_64 rng{std::random_device{}() ^
                                           (static_cast<uint64_t>(std::random_device{}()) << 32)};

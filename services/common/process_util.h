@@ -23,10 +23,7 @@ void BlockTerminationSignals();
 // Waits up to `timeout` for SIGINT/SIGTERM/SIGHUP; returns the signal, or 0 on timeout.
 int WaitForTerminationSignal(std::chrono::milliseconds timeout);
 
-// Writes `content` to PATH.tmp and renames it to PATH (readers never see a partial file).
-Status WriteFileAtomically(const std::string& path, const std::string& content);
-// Reads a whole file. Errors: NotFound.
-Result<std::string> ReadFile(const std::string& path);
+// Whole-file reads and atomic writes: ReadFileToString / WriteStringToFile (common/mapped_file.h).
 
 // The first executable `name` in $PATH ("" when there is none), e.g. mpirun.
 std::string FindInPath(const std::string& name);

@@ -1,5 +1,6 @@
 #include "services/control/control_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -77,16 +78,18 @@ cp::FinishReason ToWire(FinishReason f) {
   return cp::FinishReason::NONE;
 }
 
-Status CheckSampling(const SamplingSpec& s) {
+Status CheckSampling(const SamplingParams& s) {
   if (s.stop_token_ids.size() > ControlLimits::kMaxStopTokenIds)
     return Status::InvalidArgument("too many stop token ids");
-  if (s.stop_strings.size() > ControlLimits::kMaxStopStrings)
+  if (s.stop.size() > ControlLimits::kMaxStopStrings)
     return Status::InvalidArgument("too many stop strings");
-  for (const auto& str : s.stop_strings)
+  for (const auto& str : s.stop)
     if (str.size() > ControlLimits::kMaxStopStringBytes)
       return Status::InvalidArgument("stop string longer than the control-plane limit");
-  if (s.top_logprobs > ControlLimits::kMaxTopLogprobs)
+  if (s.logprobs && (*s.logprobs < 0 || static_cast<size_t>(*s.logprobs) > ControlLimits::kMaxTopLogprobs))
     return Status::InvalidArgument("top_logprobs beyond the control-plane limit");
+  if (s.max_tokens < 0) return Status::InvalidArgument("negative max_tokens");
+  if (s.resumed_output < 0) return Status::InvalidArgument("negative resumed_output");
   return Status::Ok();
 }
 
@@ -165,7 +168,7 @@ struct Encoder {
     auto prompt = b.initPromptTokenIds(static_cast<unsigned>(m.prompt.size()));
     for (size_t i = 0; i < m.prompt.size(); ++i) prompt.set(static_cast<unsigned>(i), m.prompt[i]);
     auto s = b.initSampling();
-    const SamplingSpec& sp = m.sampling;
+    const SamplingParams& sp = m.sampling;
     s.setTemperature(sp.temperature);
     s.setTopP(sp.top_p);
     s.setTopK(sp.top_k);
@@ -175,14 +178,15 @@ struct Encoder {
     s.setFrequencyPenalty(sp.frequency_penalty);
     s.setHasSeed(sp.seed.has_value());
     s.setSeed(sp.seed.value_or(0));
-    s.setMaxTokens(sp.max_tokens);
+    s.setMaxTokens(static_cast<uint32_t>(sp.max_tokens));
     auto ids = s.initStopTokenIds(static_cast<unsigned>(sp.stop_token_ids.size()));
     for (size_t i = 0; i < sp.stop_token_ids.size(); ++i) ids.set(static_cast<unsigned>(i), sp.stop_token_ids[i]);
-    auto strs = s.initStopStrings(static_cast<unsigned>(sp.stop_strings.size()));
-    for (size_t i = 0; i < sp.stop_strings.size(); ++i) strs.set(static_cast<unsigned>(i), AsText(sp.stop_strings[i]));
-    s.setLogprobs(sp.logprobs);
-    s.setTopLogprobs(sp.top_logprobs);
-    s.setResumedOutput(sp.resumed_output);
+    auto strs = s.initStopStrings(static_cast<unsigned>(sp.stop.size()));
+    for (size_t i = 0; i < sp.stop.size(); ++i) strs.set(static_cast<unsigned>(i), AsText(sp.stop[i]));
+    // The wire's (logprobs, topLogprobs) pair is the struct's optional top-n.
+    s.setLogprobs(sp.logprobs.has_value());
+    s.setTopLogprobs(static_cast<uint32_t>(sp.logprobs.value_or(0)));
+    s.setResumedOutput(static_cast<uint32_t>(sp.resumed_output));
     b.setDeadlineUnixMs(m.deadline_unix_ms);
     b.setKvDescriptor(AsData(m.kv_descriptor));
     b.setDecodeWorkerId(AsText(m.decode_worker_id));
@@ -362,7 +366,7 @@ Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
   PDSERVE_ASSIGN_OR_RETURN(m.prompt, ReadTokens(r.getPromptTokenIds(), ControlLimits::kMaxPromptTokens, "job.promptTokenIds"));
   if (m.prompt.empty()) return Status::InvalidArgument("job.promptTokenIds is empty");
   auto s = r.getSampling();
-  SamplingSpec& sp = m.sampling;
+  SamplingParams& sp = m.sampling;
   sp.temperature = s.getTemperature();
   sp.top_p = s.getTopP();
   sp.top_k = s.getTopK();
@@ -375,21 +379,24 @@ Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
                          {sp.frequency_penalty, "frequencyPenalty"}})
     PDSERVE_RETURN_IF_ERROR(CheckFinite(v, name));
   if (s.getHasSeed()) sp.seed = s.getSeed();
-  sp.max_tokens = s.getMaxTokens();
-  if (sp.max_tokens == 0) return Status::InvalidArgument("job.sampling.maxTokens is 0");
+  if (s.getMaxTokens() == 0) return Status::InvalidArgument("job.sampling.maxTokens is 0");
+  // The engine's request length is int32; no worker can produce 2^30 tokens anyway.
+  sp.max_tokens = static_cast<int32_t>(std::min<uint32_t>(s.getMaxTokens(), 1u << 30));
   PDSERVE_ASSIGN_OR_RETURN(sp.stop_token_ids, ReadTokens(s.getStopTokenIds(), ControlLimits::kMaxStopTokenIds, "job.sampling.stopTokenIds"));
   auto strs = s.getStopStrings();
   if (strs.size() > ControlLimits::kMaxStopStrings) return Status::InvalidArgument("job.sampling.stopStrings too long");
   for (auto t : strs) {
     PDSERVE_ASSIGN_OR_RETURN(std::string str, ReadText(t, "job.sampling.stopStrings[]", ControlLimits::kMaxStopStringBytes));
-    sp.stop_strings.push_back(std::move(str));
+    sp.stop.push_back(std::move(str));
   }
-  sp.logprobs = s.getLogprobs();
-  sp.top_logprobs = s.getTopLogprobs();
-  if (sp.top_logprobs > ControlLimits::kMaxTopLogprobs) return Status::InvalidArgument("job.sampling.topLogprobs too large");
-  sp.resumed_output = s.getResumedOutput();
-  if (sp.resumed_output >= m.prompt.size())
+  if (s.getTopLogprobs() > ControlLimits::kMaxTopLogprobs) return Status::InvalidArgument("job.sampling.topLogprobs too large");
+  // Alternatives beyond the sampler's limit are not an error on the wire: the worker reports
+  // kMaxLogprobs of them.
+  if (s.getLogprobs())
+    sp.logprobs = static_cast<int32_t>(std::min<uint32_t>(s.getTopLogprobs(), SamplingParams::kMaxLogprobs));
+  if (s.getResumedOutput() >= m.prompt.size())
     return Status::InvalidArgument("job.sampling.resumedOutput must be below the prompt length");
+  sp.resumed_output = static_cast<int32_t>(s.getResumedOutput());
   m.deadline_unix_ms = r.getDeadlineUnixMs();
   PDSERVE_ASSIGN_OR_RETURN(m.kv_descriptor, ReadData(r.getKvDescriptor(), "job.kvDescriptor", ControlLimits::kMaxBlobBytes));
   PDSERVE_ASSIGN_OR_RETURN(m.decode_worker_id, ReadText(r.getDecodeWorkerId(), "job.decodeWorkerId"));

@@ -38,9 +38,8 @@ JobMsg SampleJob() {
   j.sampling.max_tokens = 99;
   j.sampling.resumed_output = 1;
   j.sampling.stop_token_ids = {1, 2};
-  j.sampling.stop_strings = {"\n\n", "END"};
-  j.sampling.logprobs = true;
-  j.sampling.top_logprobs = 3;
+  j.sampling.stop = {"\n\n", "END"};
+  j.sampling.logprobs = 3;
   j.deadline_unix_ms = 1234567;
   j.dp_rank = 3;
   j.kv_descriptor = std::string("\0\x01\x02binary", 9);
@@ -185,7 +184,7 @@ TEST(ControlCodecTest, RejectsBadValues) {
   }
   {  // limits are checked when encoding too
     JobMsg j = SampleJob();
-    j.sampling.stop_strings.assign(ControlLimits::kMaxStopStrings + 1, "x");
+    j.sampling.stop.assign(ControlLimits::kMaxStopStrings + 1, "x");
     EXPECT_EQ(EncodeControlMessage(j).status().code(), StatusCode::kInvalidArgument);
   }
 }

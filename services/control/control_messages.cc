@@ -28,17 +28,6 @@ const char* JobPhaseName(JobPhase phase) {
   return "unknown";
 }
 
-const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-  }
-  return "unknown";
-}
-
 bool TokenEventMsg::operator==(const TokenEventMsg& o) const {
   return request_id == o.request_id && first_index == o.first_index && tokens == o.tokens &&
          logprobs == o.logprobs && finish == o.finish && error.code() == o.error.code() &&

@@ -13,6 +13,8 @@
 #include <variant>
 #include <vector>
 
+#include "common/finish_reason.h"
+#include "common/sampling_params.h"
 #include "common/status.h"
 
 namespace pdserve::services {
@@ -87,26 +89,6 @@ struct HeartbeatAckMsg {
   bool operator==(const HeartbeatAckMsg&) const = default;
 };
 
-struct SamplingSpec {
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  std::optional<uint64_t> seed;
-  uint32_t max_tokens = 16;
-  std::vector<int32_t> stop_token_ids;
-  std::vector<std::string> stop_strings;
-  bool logprobs = false;
-  uint32_t top_logprobs = 0;
-  // A migrated request (docs/router.md "Migration"): the job's last resumed_output prompt
-  // tokens are output the request already produced elsewhere; max_tokens counts new tokens.
-  uint32_t resumed_output = 0;
-  bool operator==(const SamplingSpec&) const = default;
-};
-
 enum class JobPhase : uint8_t { kColocated, kDecode, kPrefill };
 const char* JobPhaseName(JobPhase phase);
 
@@ -115,7 +97,7 @@ struct JobMsg {
   std::string request_tag;
   JobPhase phase = JobPhase::kColocated;
   std::vector<int32_t> prompt;
-  SamplingSpec sampling;
+  SamplingParams sampling;  // common/sampling_params.h; the codec maps it to the wire
   int64_t deadline_unix_ms = 0;
   std::string kv_descriptor;            // prefill phase: opaque descriptor bytes
   std::string decode_worker_id;         // prefill phase
@@ -150,9 +132,6 @@ struct FirstTokenMsg {
   TokenLogprob logprob;
   bool operator==(const FirstTokenMsg&) const = default;
 };
-
-enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
-const char* FinishReasonName(FinishReason reason);  // "none" | "stop" | "length" | ...
 
 struct TokenEventMsg {
   uint64_t request_id = 0;

@@ -13,6 +13,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "common/mapped_file.h"
 #include "services/common/process_util.h"
 
 namespace pdserve::launch {
@@ -227,7 +228,7 @@ Status Launcher::StartRouter() {
   const auto deadline = Clock::now() + config_.ready_timeout;
   while (Clock::now() < deadline) {
     if (!PollOnce(std::chrono::milliseconds(50))) return Status::Aborted("while waiting for the router");
-    auto text = services::ReadFile(ready);
+    auto text = ReadFileToString(ready);
     if (!text.ok()) continue;
     try {
       auto j = nlohmann::json::parse(text.value());
@@ -342,7 +343,7 @@ Status Launcher::WriteReadyFile() {
                           {"control_endpoint", control_endpoint_},
                           {"pids", pids},
                           {"instances", instances}};
-  return services::WriteFileAtomically(ready_file_, ready.dump());
+  return WriteStringToFile(ready_file_, ready.dump());
 }
 
 int Launcher::Shutdown(int code) {

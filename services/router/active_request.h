@@ -26,11 +26,11 @@ namespace pdserve::router {
 struct RequestEvent {
   std::vector<int32_t> tokens;
   std::vector<services::TokenLogprob> logprobs;  // empty or parallel to tokens
-  services::FinishReason finish = services::FinishReason::kNone;
+  FinishReason finish = FinishReason::kNone;
   Status error;                                  // non-OK ends the request with an error
   std::chrono::steady_clock::time_point received{};
 
-  bool finishing() const { return finish != services::FinishReason::kNone || !error.ok(); }
+  bool finishing() const { return finish != FinishReason::kNone || !error.ok(); }
 };
 
 class ActiveRequest {

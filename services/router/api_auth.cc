@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/mapped_file.h"
 #include "services/common/process_util.h"
 
 namespace pdserve::router {
@@ -31,7 +32,7 @@ Result<ApiKeyAuth> ApiKeyAuth::FromKeys(std::vector<std::string> keys) {
 }
 
 Result<ApiKeyAuth> ApiKeyAuth::LoadFile(const std::string& path) {
-  auto contents = services::ReadFile(path);
+  auto contents = ReadFileToString(path);
   if (!contents.ok()) return Status(contents.status().code(), "cannot read the API key file '" + path + "'");
   std::vector<std::string> keys;
   const std::string& s = contents.value();

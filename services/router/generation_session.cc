@@ -65,7 +65,7 @@ void GenerationSession::Consume(RequestEvent& ev, SessionStep* step) {
       metrics_->inter_token_latency.Observe(std::chrono::duration<double>(ev.received - last_token_time_).count() /
                                             static_cast<double>(n));
     }
-    const bool hidden = ev.finish == services::FinishReason::kStop && i + 1 == n && stop_ids_.count(token);
+    const bool hidden = ev.finish == FinishReason::kStop && i + 1 == n && stop_ids_.count(token);
     if (!hidden) {
       auto piece = detokenizer_.Push(token);
       if (!piece.ok()) {
@@ -93,7 +93,7 @@ void GenerationSession::Consume(RequestEvent& ev, SessionStep* step) {
   if (finished_ || !ev.finishing()) return;
   if (!ev.error.ok()) {
     Finish(step, "", ev.error);
-  } else if (ev.finish == services::FinishReason::kStop) {
+  } else if (ev.finish == FinishReason::kStop) {
     Finish(step, "stop", Status::Ok());
   } else {
     Finish(step, "length", Status::Ok());

@@ -228,7 +228,7 @@ std::optional<ApiError> ParseRequestJson(ApiEndpoint endpoint, const json& body,
   }
   if (max_tokens) out->max_tokens = static_cast<uint32_t>(*max_tokens);
 
-  services::SamplingSpec& s = out->sampling;
+  SamplingParams& s = out->sampling;
   if (auto e = GetNumber(body, "temperature", 0, 2, false, &s.temperature)) return e;
   if (auto e = GetNumber(body, "top_p", 0, 1, true, &s.top_p)) return e;
   std::optional<int64_t> top_k;

@@ -43,7 +43,7 @@ struct ParsedRequest {
   tokenizer::ChatTemplateOptions chat_options;
   std::optional<uint32_t> max_tokens;
   // Sampling without max_tokens and stop ids (the server resolves those).
-  services::SamplingSpec sampling;
+  SamplingParams sampling;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

@@ -56,11 +56,10 @@ std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokeniz
   out->prompt_tokens = static_cast<uint32_t>(prompt.size());
   spec.prompt = std::move(prompt);
   spec.sampling = pr.sampling;
-  spec.sampling.stop_strings = pr.stop;
+  spec.sampling.stop = pr.stop;
   spec.sampling.stop_token_ids = pr.stop_token_ids;
   if (!pr.ignore_eos && tokenizer.eos_id()) spec.sampling.stop_token_ids.push_back(*tokenizer.eos_id());
-  spec.sampling.logprobs = pr.logprobs;
-  spec.sampling.top_logprobs = pr.top_logprobs;
+  if (pr.logprobs) spec.sampling.logprobs = static_cast<int32_t>(pr.top_logprobs);
   spec.max_tokens = pr.max_tokens;
   spec.arrival = arrival;
   spec.deadline_unix_ms = services::UnixMillis() + config.request_timeout.count();

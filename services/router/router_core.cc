@@ -10,7 +10,6 @@
 namespace pdserve::router {
 
 using services::ControlMessage;
-using services::FinishReason;
 using pdserve::StatusCode;
 using services::WorkerRole;
 
@@ -260,7 +259,7 @@ void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const St
     r.request->Push({{}, {}, FinishReason::kError, status, {}});
   };
   const auto delivered = static_cast<uint32_t>(r.delivered.size());
-  if (delivered >= r.sampling.max_tokens) {
+  if (delivered >= static_cast<uint32_t>(r.sampling.max_tokens)) {
     r.request->Push({{}, {}, FinishReason::kLength, Status::Ok(), {}});  // nothing left to generate
     return;
   }

@@ -74,7 +74,7 @@ struct RouterCoreOptions {
 struct SubmitSpec {
   std::string tag;                        // client-visible request id
   std::vector<int32_t> prompt;
-  services::SamplingSpec sampling;        // max_tokens is resolved by Submit
+  SamplingParams sampling;        // max_tokens is resolved by Submit
   std::optional<uint32_t> max_tokens;     // as the client asked
   std::chrono::steady_clock::time_point arrival{};
   int64_t deadline_unix_ms = 0;
@@ -86,7 +86,7 @@ struct SubmitSpec {
 // DeadlineExceeded: a lease or transfer timeout; the router separately refuses to retry past
 // the request's own deadline). Not retried: the request itself is bad (InvalidArgument,
 // OutOfRange, FailedPrecondition, NotFound, ...) or a worker is full (ResourceExhausted, a 429).
-bool IsRetriableFailure(services::FinishReason finish, const Status& error);
+bool IsRetriableFailure(FinishReason finish, const Status& error);
 
 struct ClusterHealth {
   size_t prefill = 0, decode = 0, colocated = 0, draining = 0;
@@ -131,7 +131,7 @@ class RouterCore {
     // What a new attempt needs: the client's prompt and sampling (max_tokens: the request's
     // resolved budget), the deadline, and every token pushed to the client so far.
     std::vector<int32_t> prompt;
-    services::SamplingSpec sampling;
+    SamplingParams sampling;
     int64_t deadline_unix_ms = 0;
     std::vector<int32_t> delivered;
     uint32_t migrations = 0;

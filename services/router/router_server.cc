@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "common/mapped_file.h"
 #include "services/common/metrics.h"
 #include "services/common/net_util.h"
 #include "services/common/process_util.h"
@@ -212,7 +213,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   if (!c.ready_file.empty()) {
     json ready = {{"http_port", s->port_}, {"control_endpoint", s->core_->control_endpoint()}, {"pid", getpid()}};
     if (s->request_api_) ready["request_endpoint"] = s->request_api_->endpoint();
-    PDSERVE_RETURN_IF_ERROR(services::WriteFileAtomically(c.ready_file, ready.dump()));
+    PDSERVE_RETURN_IF_ERROR(WriteStringToFile(c.ready_file, ready.dump()));
   }
   return s;
 }

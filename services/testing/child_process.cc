@@ -3,11 +3,14 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -78,7 +81,110 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<std:
   return std::unique_ptr<ChildProcess>(new ChildProcess(pid, log_path));
 }
 
-ChildProcess::~ChildProcess() { Kill(); }
+Result<std::unique_ptr<ChildProcess>> ChildProcess::SpawnPiped(const std::vector<std::string>& argv,
+                                                               const std::vector<std::string>& extra_env) {
+  if (argv.empty()) return Status::InvalidArgument("empty argv");
+  int in_pipe[2];
+  int out_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0) return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) {
+    close(in_pipe[0]);
+    close(in_pipe[1]);
+    return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1]}) close(fd);
+    return Status::Internal(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    dup2(in_pipe[0], STDIN_FILENO);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    for (const auto& e : extra_env) putenv(const_cast<char*>(e.c_str()));
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(in_pipe[0]);
+  close(out_pipe[1]);
+  fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+  std::unique_ptr<ChildProcess> child(new ChildProcess(pid, ""));
+  child->stdin_fd_ = in_pipe[1];
+  child->stdout_fd_ = out_pipe[0];
+  return child;
+}
+
+ChildProcess::~ChildProcess() {
+  Kill();
+  if (stdin_fd_ >= 0) close(stdin_fd_);
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+bool ChildProcess::ReadSome(std::chrono::steady_clock::time_point deadline) {
+  if (stdout_fd_ < 0) return false;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  pollfd pfd{stdout_fd_, POLLIN, 0};
+  if (poll(&pfd, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) <= 0) return true;
+  char buffer[4096];
+  const ssize_t n = read(stdout_fd_, buffer, sizeof(buffer));
+  if (n == 0) {
+    close(stdout_fd_);
+    stdout_fd_ = -1;
+    if (!partial_.empty()) lines_.push_back(std::move(partial_));
+    partial_.clear();
+    return false;
+  }
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  partial_.append(buffer, static_cast<size_t>(n));
+  size_t newline;
+  while ((newline = partial_.find('\n')) != std::string::npos) {
+    lines_.push_back(partial_.substr(0, newline));
+    partial_.erase(0, newline + 1);
+  }
+  return true;
+}
+
+void ChildProcess::DrainStdout() {
+  while (stdout_fd_ >= 0) {
+    pollfd probe{stdout_fd_, POLLIN, 0};
+    if (poll(&probe, 1, 0) <= 0) return;
+    if (!ReadSome(std::chrono::steady_clock::now())) return;
+  }
+}
+
+Result<std::string> ChildProcess::WaitForLine(std::string_view prefix, std::chrono::steady_clock::time_point deadline) {
+  auto scan = [&]() -> std::optional<std::string> {
+    for (; scanned_ < lines_.size(); ++scanned_)
+      if (std::string_view(lines_[scanned_]).substr(0, prefix.size()) == prefix) return lines_[scanned_++];
+    return std::nullopt;
+  };
+  while (true) {
+    if (auto line = scan()) return *line;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status::DeadlineExceeded("no '" + std::string(prefix) + "' line from pid " + std::to_string(pid_));
+    if (!ReadSome(deadline)) {
+      if (auto line = scan()) return *line;
+      return Status::Unavailable("pid " + std::to_string(pid_) + " closed stdout before '" + std::string(prefix) + "'");
+    }
+  }
+}
+
+Status ChildProcess::WriteLine(const std::string& line) {
+  const std::string data = line + "\n";
+  if (stdin_fd_ < 0 || write(stdin_fd_, data.data(), data.size()) != static_cast<ssize_t>(data.size()))
+    return Status::Unavailable("cannot write to the child's stdin");
+  return Status::Ok();
+}
 
 bool ChildProcess::Running() {
   if (exit_status_) return false;
@@ -97,7 +203,17 @@ void ChildProcess::Signal(int sig) {
 }
 
 std::optional<int> ChildProcess::WaitExit(std::chrono::milliseconds timeout) {
-  WaitFor([&] { return !Running(); }, timeout, std::chrono::milliseconds(5));
+  WaitFor(
+      [&] {
+        DrainStdout();
+        return !Running();
+      },
+      timeout, std::chrono::milliseconds(5));
+  if (exit_status_) {  // the rest of a piped child's output (its stdout may outlive it briefly)
+    const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (stdout_fd_ >= 0 && std::chrono::steady_clock::now() < drain_until && ReadSome(drain_until)) {
+    }
+  }
   return exit_status_;
 }
 
@@ -113,6 +229,11 @@ void ChildProcess::Kill() {
 }
 
 std::string ChildProcess::Log() const {
+  if (log_path_.empty()) {
+    std::string out;
+    for (const std::string& line : lines_) out += line + "\n";
+    return out;
+  }
   std::ifstream in(log_path_);
   std::ostringstream ss;
   ss << in.rdbuf();

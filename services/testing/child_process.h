@@ -1,6 +1,12 @@
 // Test helpers for multi-process tests: real child processes with deadlines and guaranteed
 // clean-up, free loopback ports, and polling with deadlines (never fixed sleeps).
 //
+// ChildProcess is the one child-process helper of the tests (services, operator and the
+// multi-process kvtransfer tests). Two ways to start one:
+//   Spawn       stdout + stderr appended to a log file (services: Log() reads it back);
+//   SpawnPiped  stdin and stdout piped to the test (a line protocol: WaitForLine, WriteLine,
+//               lines()), stderr inherited; the child also dies with the test process.
+//
 // Thread-safety: a ChildProcess is used by one test thread. FreeTcpPort / WaitFor are pure.
 #pragma once
 
@@ -11,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +34,10 @@ class ChildProcess {
   static Result<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv,
                                                      const std::string& log_path,
                                                      const std::vector<std::string>& extra_env = {});
+  // Starts argv[0] in its own process group with stdin and stdout piped to this object and
+  // stderr inherited. Errors: Internal (pipe/fork failures).
+  static Result<std::unique_ptr<ChildProcess>> SpawnPiped(const std::vector<std::string>& argv,
+                                                          const std::vector<std::string>& extra_env = {});
   // SIGKILLs the whole process group and reaps the child.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
@@ -37,17 +48,37 @@ class ChildProcess {
   // Sends `sig` to the child's process group.
   void Signal(int sig);
   // The exit status (WEXITSTATUS, or 128 + signal) once exited, nullopt if still running after
-  // `timeout`.
+  // `timeout`. A piped child's stdout is read meanwhile (it never blocks on a full pipe).
   std::optional<int> WaitExit(std::chrono::milliseconds timeout);
   void Kill();
+  // The log file (Spawn) or the stdout lines read so far (SpawnPiped).
   std::string Log() const;
   const std::string& log_path() const { return log_path_; }
 
+  // SpawnPiped only. Reads stdout until a line starting with `prefix` arrives that no earlier
+  // call returned (returns it), `deadline` passes (DeadlineExceeded) or stdout closes
+  // (Unavailable).
+  Result<std::string> WaitForLine(std::string_view prefix, std::chrono::steady_clock::time_point deadline);
+  // Every complete stdout line read so far.
+  const std::vector<std::string>& lines() const { return lines_; }
+  // Errors: Unavailable when the child's stdin is closed.
+  Status WriteLine(const std::string& line);
+
  private:
   ChildProcess(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+  // Reads what stdout has (waiting at most until `deadline`); false once it is closed.
+  bool ReadSome(std::chrono::steady_clock::time_point deadline);
+  // Reads everything stdout has now, without waiting.
+  void DrainStdout();
+
   pid_t pid_;
   std::string log_path_;
   std::optional<int> exit_status_;
+  int stdin_fd_ = -1;   // SpawnPiped
+  int stdout_fd_ = -1;  // SpawnPiped
+  std::string partial_;
+  std::vector<std::string> lines_;
+  size_t scanned_ = 0;  // lines already returned by WaitForLine
 };
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read, close).

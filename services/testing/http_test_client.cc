@@ -6,7 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <string_view>
+
 #include <httplib.h>
+
+#include "services/testing/sse_parser.h"
 
 namespace pdserve::services::testing {
 
@@ -56,41 +60,25 @@ SseReply HttpPostSse(int port, const std::string& path, const std::string& body,
   req.body = body;
   req.set_header("Content-Type", "application/json");
   req.set_header("Accept", "text/event-stream");
-  std::string buffer;
   const auto t0 = Clock::now();
   req.response_handler = [&](const httplib::Response& res) {
     out.status = res.status;
     return true;
   };
+  SseParser parser;
   req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
     out.raw.append(data, len);
-    buffer.append(data, len);
-    size_t end;
-    while ((end = buffer.find("\n\n")) != std::string::npos) {
-      const std::string block = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      size_t pos = 0;
-      while (pos <= block.size()) {
-        size_t nl = block.find('\n', pos);
-        if (nl == std::string::npos) nl = block.size();
-        const std::string line = block.substr(pos, nl - pos);
-        pos = nl + 1;
-        if (line.rfind("data:", 0) != 0) continue;  // comments, other fields
-        std::string payload = line.substr(5);
-        if (!payload.empty() && payload[0] == ' ') payload.erase(0, 1);
-        if (payload == "[DONE]") {
-          out.done = true;
-          continue;
-        }
-        out.events.push_back(payload);
-        out.arrival_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        if (on_event && !on_event(payload)) {
-          out.cancelled = true;
-          return false;
-        }
+    parser.Feed(std::string_view(data, len), [&](std::string_view event) {
+      if (out.cancelled) return;
+      if (event == "[DONE]") {
+        out.done = true;
+        return;
       }
-    }
-    return true;
+      out.events.emplace_back(event);
+      out.arrival_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (on_event && !on_event(out.events.back())) out.cancelled = true;
+    });
+    return !out.cancelled;
   };
   auto r = cli->send(req);
   if (!r && !out.cancelled) out.error = httplib::to_string(r.error());

@@ -12,7 +12,7 @@ Status ColocatedWorker::StartJob(const JobMsg& job) {
     return Status::InvalidArgument(std::string("a colocated worker does not run ") + JobPhaseName(job.phase) + " jobs");
   const uint64_t rid = job.request_id;
   engine::RequestOptions ro;
-  ro.sampling = host_->ToSampling(job.sampling);
+  ro.sampling = EngineHost::EngineSampling(job.sampling);
   ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
   std::lock_guard<std::mutex> lock(mu_);  // the first event must find the job
   PDSERVE_ASSIGN_OR_RETURN(engine::RequestId id, host_->engine().AddRequest(job.prompt, std::move(ro)));

@@ -18,7 +18,7 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(std::unique_ptr<Engin
   kvtransfer::ReceiverBlockPool pool;
   pool.region = h.region();
   pool.first_block_offset = static_cast<uint64_t>(h.engine().pool().base() - h.region()->data());
-  pool.layout = h.transfer_layout();
+  pool.layout = h.kv_layout();
   pool.allocator = w->allocator_.get();
   kvtransfer::KvReceiverOptions ro;
   ro.lease = h.config().kv_lease;
@@ -75,7 +75,7 @@ Status DecodeWorker::StartJob(const JobMsg& job) {
     return Status::InvalidArgument(std::string("a decode worker does not run ") + JobPhaseName(job.phase) + " jobs");
   const uint64_t rid = job.request_id;
   engine::RequestOptions ro;
-  ro.sampling = host_->ToSampling(job.sampling);
+  ro.sampling = EngineHost::EngineSampling(job.sampling);
   ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
   PDSERVE_ASSIGN_OR_RETURN(engine::KvImport import, host_->engine().ReserveImport(job.prompt, std::move(ro)));
   {
@@ -190,7 +190,7 @@ void DecodeWorker::ReceiverLoop(std::stop_token stop) {
   while (!stop.stop_requested()) {
     receiver_->WaitForEvents(kvtransfer::Clock::now() + std::chrono::milliseconds(100));
     for (const kvtransfer::ReceiverEvent& ev : receiver_->TakeEvents()) {
-      const bool complete = ev.state == kvtransfer::RequestState::kComplete;
+      const bool complete = ev.state == kvtransfer::TransferState::kComplete;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = jobs_.find(ev.request_id);
@@ -206,7 +206,7 @@ void DecodeWorker::ReceiverLoop(std::stop_token stop) {
           if (wm) {
             wm->kv_transfer_seconds.Observe(secs);
             wm->kv_transfer_bytes.Increment(
-                static_cast<double>(kvtransfer::BytesForRanges(host_->transfer_layout(), {{0, n}})));
+                static_cast<double>(kvtransfer::BytesForRanges(host_->kv_layout(), {{0, n}})));
           }
           if (em) em->transfers_ok.Increment();
         } else {

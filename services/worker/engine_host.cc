@@ -12,31 +12,8 @@
 
 namespace pdserve::services::worker {
 
-Result<kvtransfer::KvLayout> ToTransferLayout(const engine::KvLayout& l) {
-  kvtransfer::KvLayout t;
-  t.num_layers = static_cast<uint32_t>(l.num_layers);
-  t.kv_lora_rank = static_cast<uint32_t>(l.latent_dim);
-  t.qk_rope_head_dim = static_cast<uint32_t>(l.rope_dim);
-  t.index_head_dim = static_cast<uint32_t>(l.index_dim);
-  t.tokens_per_block = static_cast<uint32_t>(l.block_tokens);
-  switch (l.latent_format) {
-    case model::KvLatentFormat::kFp8Blockwise: t.latent_format = kvtransfer::LatentFormat::kFp8Blockwise; break;
-    case model::KvLatentFormat::kBf16: t.latent_format = kvtransfer::LatentFormat::kBf16; break;
-    case model::KvLatentFormat::kInt8PerToken: t.latent_format = kvtransfer::LatentFormat::kInt8PerToken; break;
-  }
-  t.indexer_format = l.index_format == model::KvIndexFormat::kInt8 ? kvtransfer::IndexerFormat::kInt8
-                                                                    : kvtransfer::IndexerFormat::kFp8;
-  PDSERVE_RETURN_IF_ERROR(t.Validate());
-  // The two descriptions must agree byte for byte; a block size is the cheapest full check.
-  if (static_cast<int64_t>(t.BlockBytes()) != l.BlockBytes() ||
-      static_cast<int64_t>(t.TokenBytesPerLayer()) != l.TokenBytesPerLayer())
-    return Status::InvalidArgument("engine layout " + l.ToString() + " and transfer layout " + t.ToString() +
-                                   " disagree");
-  return t;
-}
-
 uint64_t CompatibilityHash(const std::string& config_json, uint64_t weights_fingerprint, const std::string& model_name,
-                           const engine::KvLayout& layout) {
+                           const KvLayout& layout) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64: stable across processes and builds
   auto mix = [&h](std::string_view s) {
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -88,12 +65,12 @@ Status EngineHost::Init(const WorkerHooks& hooks) {
     eo.kv_memory_bytes = static_cast<int64_t>(region_->size());
   }
   PDSERVE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(eo, &instance_->model()));
-  const engine::KvLayout& layout = engine_->pool().layout();
+  const KvLayout& layout = engine_->pool().layout();
   // The weights themselves, not only config.json: a prefill and a decode worker with the same
   // config but other weights must not pair (model/fingerprint.h).
   PDSERVE_ASSIGN_OR_RETURN(const uint64_t fingerprint, model::WeightsFingerprint(config_.model_dir));
   compat_hash_ = CompatibilityHash(config_json, fingerprint, config_.model_name, layout);
-  PDSERVE_ASSIGN_OR_RETURN(transfer_layout_, ToTransferLayout(layout));
+  kv_layout_ = layout;
   return Status::Ok();
 }
 
@@ -138,7 +115,7 @@ WorkerCapacity EngineHost::Capacity() const {
   c.max_batch = static_cast<uint32_t>(config_.max_seqs > 0 ? config_.max_seqs : 64);
   c.kv_blocks_total = static_cast<uint32_t>(engine_->pool().n_blocks());
   c.kv_blocks_free = static_cast<uint32_t>(engine_->pool().n_free());
-  c.block_tokens = static_cast<uint32_t>(engine_->pool().layout().block_tokens);
+  c.block_tokens = static_cast<uint32_t>(engine_->pool().layout().tokens_per_block);
   c.max_context_tokens = static_cast<uint32_t>(engine_->max_sequence_length());
   c.dp_ranks = static_cast<uint32_t>(instance_->dp_size());
   return c;
@@ -173,34 +150,12 @@ Status EngineHost::CheckDpRank(const JobMsg& job) const {
                                  std::to_string(instance_->dp_size()));
 }
 
-engine::SamplingParams EngineHost::ToSampling(const SamplingSpec& spec) const {
-  engine::SamplingParams p;
-  p.temperature = spec.temperature;
-  p.top_p = spec.top_p;
-  p.top_k = spec.top_k;
-  p.min_p = spec.min_p;
-  p.repetition_penalty = spec.repetition_penalty;
-  p.presence_penalty = spec.presence_penalty;
-  p.frequency_penalty = spec.frequency_penalty;
-  p.seed = spec.seed;
-  p.max_tokens = static_cast<int32_t>(std::min<uint32_t>(spec.max_tokens, 1u << 30));
-  p.stop_token_ids = spec.stop_token_ids;
+SamplingParams EngineHost::EngineSampling(const SamplingParams& job_sampling) {
+  SamplingParams p = job_sampling;
   // Stop strings are matched by the router on the detokenized stream (it aborts the job);
   // the engine has no detokenizer here.
-  if (spec.logprobs) p.logprobs = static_cast<int32_t>(std::min<uint32_t>(spec.top_logprobs, 20));
-  p.resumed_output = static_cast<int32_t>(std::min<uint32_t>(spec.resumed_output, 1u << 30));
+  p.stop.clear();
   return p;
-}
-
-FinishReason EngineHost::ToFinish(engine::FinishReason r) {
-  switch (r) {
-    case engine::FinishReason::kNone: return FinishReason::kNone;
-    case engine::FinishReason::kStop: return FinishReason::kStop;
-    case engine::FinishReason::kLength: return FinishReason::kLength;
-    case engine::FinishReason::kAbort: return FinishReason::kAbort;
-    case engine::FinishReason::kError: return FinishReason::kError;
-  }
-  return FinishReason::kError;
 }
 
 TokenLogprob EngineHost::ToLogprob(const engine::TokenEvent& ev) {
@@ -224,7 +179,7 @@ std::optional<TokenEventMsg> EngineHost::StreamEvent(const JobMsg& job, const en
     if (msg.tokens.empty()) return std::nullopt;
     return msg;
   }
-  msg.finish = ToFinish(ev.reason);
+  msg.finish = ev.reason;
   msg.error = ev.error;
   if (msg.finish == FinishReason::kError && msg.error.ok()) msg.error = Status::Internal("engine error");
   msg.prompt_tokens = static_cast<uint32_t>(ev.prompt_tokens);

@@ -21,7 +21,7 @@
 #include <prometheus/registry.h>
 
 #include "engine/engine.h"
-#include "kvtransfer/kv_layout.h"
+#include "common/kv_layout.h"
 #include "kvtransfer/transport.h"
 #include "services/worker/agent/worker_agent.h"
 #include "services/worker/agent/worker_metrics.h"
@@ -32,13 +32,10 @@ namespace pdserve::services::worker {
 
 class ModelInstance;
 
-// The engine's block layout as kvtransfer describes it (field-for-field; same bytes).
-// Errors: InvalidArgument when the two layouts would disagree on a block's size.
-Result<kvtransfer::KvLayout> ToTransferLayout(const engine::KvLayout& layout);
 // Model identity (config.json bytes, the weights' fingerprint, model name) + KV layout: equal
 // hashes mean any prefill worker may write into any decode worker's blocks.
 uint64_t CompatibilityHash(const std::string& config_json, uint64_t weights_fingerprint, const std::string& model_name,
-                           const engine::KvLayout& layout);
+                           const KvLayout& layout);
 
 class EngineHost {
  public:
@@ -60,7 +57,8 @@ class EngineHost {
   const engine::Engine& engine() const { return *engine_; }
   kvtransfer::Transport* transport() { return transport_.get(); }
   kvtransfer::LocalRegion* region() { return region_.get(); }
-  const kvtransfer::KvLayout& transfer_layout() const { return transfer_layout_; }
+  // The engine pool's block layout, which kvtransfer moves as is (kept past DestroyEngine).
+  const KvLayout& kv_layout() const { return kv_layout_; }
   EngineWorkerMetrics* metrics() { return metrics_.get(); }
   uint64_t compat_hash() const { return compat_hash_; }
   std::string transfer_address() const { return transport_ ? transport_->address() : std::string(); }
@@ -88,14 +86,15 @@ class EngineHost {
   // InvalidArgument when `job` was placed on another DP rank of this instance.
   Status CheckDpRank(const JobMsg& job) const;
 
-  engine::SamplingParams ToSampling(const SamplingSpec& spec) const;
+  // What the engine samples a job with: the job's parameters less the stop strings (the router
+  // matches those on the detokenized stream).
+  static SamplingParams EngineSampling(const SamplingParams& job_sampling);
   // The control event for a streamed engine event of `job` (colocated, decode): the token (unless
   // `skip_token`) and, on the finishing event, reason, error and usage. nullopt when there is
   // nothing to send (no token, not finished).
   static std::optional<TokenEventMsg> StreamEvent(const JobMsg& job, const engine::TokenEvent& ev, bool skip_token);
   // An error or abort event ending `job` (logged when an error).
   TokenEventMsg EndEvent(const JobMsg& job, FinishReason finish, const Status& error) const;
-  static FinishReason ToFinish(engine::FinishReason reason);
   static TokenLogprob ToLogprob(const engine::TokenEvent& ev);
 
  private:
@@ -107,7 +106,7 @@ class EngineHost {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<EngineWorkerMetrics> metrics_;
   uint64_t compat_hash_ = 0;
-  kvtransfer::KvLayout transfer_layout_;
+  KvLayout kv_layout_;
 
   std::mutex agent_mu_;
   WorkerAgent* agent_ = nullptr;

@@ -29,10 +29,10 @@ Result<std::unique_ptr<EngineWorker>> EngineWorker::Create(const WorkerServiceCo
       break;
     }
   }
-  const engine::KvLayout& layout = h->engine().pool().layout();
+  const KvLayout& layout = h->engine().pool().layout();
   GetLogger("worker")->info("{} worker {}: model {} ({}), KV {} blocks of {} tokens, compat hash {:016x}{}; {}",
                             WorkerRoleName(config.role), config.worker_id, config.model_dir, layout.ToString(),
-                            h->engine().pool().n_blocks(), layout.block_tokens, h->compat_hash(),
+                            h->engine().pool().n_blocks(), layout.tokens_per_block, h->compat_hash(),
                             h->transport() ? ", KV transfer over UCX" : "", instance->Describe());
   return worker;
 }

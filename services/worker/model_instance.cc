@@ -20,7 +20,7 @@ Result<std::unique_ptr<ModelInstance>> ModelInstance::Load(const WorkerServiceCo
   PDSERVE_ASSIGN_OR_RETURN(in->mpi_, comm::MpiEnvironment::Init(argc, argv, MPI_THREAD_SERIALIZED));
   PDSERVE_ASSIGN_OR_RETURN(in->parallel_, model::LoadParallelInstance(config.model_dir, *config.plan, threads));
   const engine::EngineOptions defaults;
-  const engine::KvLayout layout = engine::KvLayout::ForConfig(in->parallel_.model->config(), config.block_tokens,
+  const KvLayout layout = model::KvLayoutFor(in->parallel_.model->config(), config.block_tokens,
                                                               defaults.latent_format, defaults.index_format);
   PDSERVE_ASSIGN_OR_RETURN(in->group_, engine::RankGroup::Create(*in->parallel_.model, layout));
   return in;

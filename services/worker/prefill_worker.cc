@@ -66,7 +66,7 @@ void PrefillWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent&
 kvtransfer::KvSource PrefillWorker::SourceFor(const std::vector<int32_t>& blocks, uint32_t num_tokens) {
   const engine::BlockPool& pool = host_->engine().pool();
   kvtransfer::KvSource source;
-  source.layout = host_->transfer_layout();
+  source.layout = host_->kv_layout();
   kvtransfer::SourceRun run;
   run.tokens = {0, num_tokens};
   for (int32_t b : blocks) run.blocks.push_back(pool.base() + static_cast<int64_t>(b) * pool.block_bytes());
@@ -82,12 +82,12 @@ Status PrefillWorker::StartJob(const JobMsg& job) {
   PDSERVE_RETURN_IF_ERROR(d.Validate());
   if (d.request_id != job.request_id || d.num_tokens != job.prompt.size())
     return Status::InvalidArgument("the KV descriptor is for another request or prompt length");
-  if (!d.layout.SameTokenFormat(host_->transfer_layout()))
+  if (!d.layout.SameTokenFormat(host_->kv_layout()))
     return Status::InvalidArgument("the decode worker's KV layout " + d.layout.ToString() +
-                                   " differs from this prefill worker's " + host_->transfer_layout().ToString());
+                                   " differs from this prefill worker's " + host_->kv_layout().ToString());
   const uint64_t rid = job.request_id;
   engine::RequestOptions ro;
-  ro.sampling = host_->ToSampling(job.sampling);
+  ro.sampling = EngineHost::EngineSampling(job.sampling);
   ro.sampling.max_tokens = 1;
   ro.hold_kv = true;
   ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
@@ -159,10 +159,10 @@ void PrefillWorker::Sampled(Job& job, const engine::TokenEvent& ev) {
       host_->metrics()->stream_landed_bytes.Increment(static_cast<double>(p->bytes_written));
   }
   const bool failed =
-      ev.token < 0 || ev.reason == engine::FinishReason::kAbort || ev.reason == engine::FinishReason::kError;
+      ev.token < 0 || ev.reason == FinishReason::kAbort || ev.reason == FinishReason::kError;
   if (job.ended || failed || job.cancel_requested) {
     if (!job.ended) {
-      Status err = ev.reason == engine::FinishReason::kError
+      Status err = ev.reason == FinishReason::kError
                        ? (ev.error.ok() ? Status::Internal("prefill failed") : ev.error)
                        : Status::Ok();
       EndLocked(job, err.ok() ? FinishReason::kAbort : FinishReason::kError, err);
@@ -176,14 +176,14 @@ void PrefillWorker::Sampled(Job& job, const engine::TokenEvent& ev) {
     job.logprob.logprob = ev.logprob;
     for (const auto& [t, v] : ev.top_logprobs) job.logprob.top.push_back({t, v});
   }
-  const bool ends_here = ev.reason == engine::FinishReason::kStop || job.msg.sampling.max_tokens <= 1;
+  const bool ends_here = ev.reason == FinishReason::kStop || job.msg.sampling.max_tokens <= 1;
   if (ends_here) {
     // Nothing to decode: no transfer (the router aborts the decode side's reservation).
     TokenEventMsg msg;
     msg.request_id = rid;
     msg.tokens = {ev.token};
     if (job.msg.sampling.logprobs) msg.logprobs = {job.logprob};
-    msg.finish = ev.reason == engine::FinishReason::kStop ? FinishReason::kStop : FinishReason::kLength;
+    msg.finish = ev.reason == FinishReason::kStop ? FinishReason::kStop : FinishReason::kLength;
     msg.prompt_tokens = static_cast<uint32_t>(job.msg.prompt.size());
     msg.completion_tokens = 1;
     job.ended = true;
@@ -273,7 +273,7 @@ void PrefillWorker::RunTransfer(uint64_t rid) {
   if (s.ok()) {
     if (wm) {
       wm->kv_transfer_bytes.Increment(
-          static_cast<double>(kvtransfer::BytesForRanges(host_->transfer_layout(), {{0, d.num_tokens}})));
+          static_cast<double>(kvtransfer::BytesForRanges(host_->kv_layout(), {{0, d.num_tokens}})));
       wm->kv_transfer_seconds.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (em) {

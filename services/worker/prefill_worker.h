@@ -56,7 +56,7 @@ class PrefillWorker final : public EngineWorker {
     bool cancel_requested = false;  // the router aborted while the prompt computed
     std::chrono::steady_clock::time_point stream_began_at{}, sampled_at{};
     int32_t token = -1;
-    engine::FinishReason engine_reason = engine::FinishReason::kNone;
+    FinishReason engine_reason = FinishReason::kNone;
     TokenLogprob logprob;
   };
 

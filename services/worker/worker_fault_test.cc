@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mapped_file.h"
 #include "services/common/process_util.h"
 #include "services/testing/tcp_proxy.h"
 #include "services/testing/cluster_fixture.h"
@@ -183,7 +184,7 @@ TEST(WorkerFaultTest, DecodeRankKilledTakesTheInstanceDownAndItsStreamsMigrate) 
   ASSERT_TRUE(c.WaitForWorkers(4, 60s)) << w.Logs();
   constexpr int kN = 6, kMax = 300;
   for (int k = 0; k < kN; ++k) Reference(Prompt(450 + k), kMax);
-  auto ready = json::parse(ReadFile(c.dir() + "/d.ready.dp1").value());
+  auto ready = json::parse(ReadFileToString(c.dir() + "/d.ready.dp1").value());
   const pid_t rank1 = ready["pid"].get<pid_t>();
   auto run = StreamWithFault(c, 450, kN, kMax, 6, [&] { kill(rank1, SIGKILL); });
   ExpectAllExact(run, 450, kMax);
@@ -302,7 +303,7 @@ TEST(WorkerFaultTest, PausedDecodeRankStallsItsPeerWhoseWatchdogHandsItsStreamsO
   ASSERT_TRUE(c.WaitForWorkers(4, 60s)) << w.Logs();
   constexpr int kN = 6, kMax = 300;
   for (int k = 0; k < kN; ++k) Reference(Prompt(600 + k), kMax);
-  auto ready = json::parse(ReadFile(c.dir() + "/d.ready.dp1").value());
+  auto ready = json::parse(ReadFileToString(c.dir() + "/d.ready.dp1").value());
   const pid_t rank1 = ready["pid"].get<pid_t>();
   auto run = StreamWithFault(c, 600, kN, kMax, 6, [&] { kill(rank1, SIGSTOP); });
   ExpectAllExact(run, 600, kMax);

@@ -9,6 +9,7 @@
 #include <prometheus/gauge.h>
 
 #include "common/logging.h"
+#include "common/mapped_file.h"
 #include "kernels/isa.h"
 #include "services/common/metrics.h"
 #include "services/common/process_util.h"
@@ -99,7 +100,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, c
     w->SetAgent(a);
     if (!c.ready_file.empty()) {
       nlohmann::json ready = {{"metrics_port", exposer.value()->port()}, {"pid", getpid()}};
-      Status s = WriteFileAtomically(c.ready_file, ready.dump());
+      Status s = WriteStringToFile(c.ready_file, ready.dump());
       if (!s.ok()) return fail(s);
     }
     log->info("{} {} up: router {}, metrics on http://{}/metrics, kernels {} ({})", name, c.worker_id, c.router,

@@ -135,7 +135,7 @@ int RunDecode(const Args& args) {
     for (const ReceiverEvent& e : receiver.value()->TakeEvents()) {
       const KvDescriptor& d = reserved[e.request_id];
       std::string check = "none";
-      if (e.state == RequestState::kComplete) {
+      if (e.state == TransferState::kComplete) {
         Status exact = CheckDestination(d, (*region)->data(), {{0, d.num_tokens}}, seed);
         check = exact.ok() ? "exact" : "MISMATCH:" + exact.message();
         auto blocks = receiver.value()->HandOver(e.request_id);
@@ -152,7 +152,7 @@ int RunDecode(const Args& args) {
       }
       finished[e.request_id] = true;
       Emit(fmt::format("RESULT request={} state={} code={} check={} blocks={}", e.request_id,
-                       RequestStateName(e.state), StatusCodeName(e.status.code()), check,
+                       TransferStateName(e.state), StatusCodeName(e.status.code()), check,
                        d.block_ids.size()));
     }
   }

@@ -16,13 +16,14 @@
 #include <map>
 #include <sstream>
 
-#include "tests/kvtransfer/child_process.h"
+#include "services/testing/child_process.h"
 
 namespace pdserve::kvtransfer::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = ChildProcess::Clock;
+using Clock = std::chrono::steady_clock;
+using services::testing::ChildProcess;
 
 std::map<std::string, std::string> Fields(const std::string& line) {
   std::map<std::string, std::string> out;
@@ -59,14 +60,14 @@ class KvTransferMpTest : public ::testing::TestWithParam<std::string> {
       GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   }
 
-  std::map<std::string, std::string> Env() const {
+  std::vector<std::string> Env() const {
     const char* level = std::getenv("KVMP_LOG_LEVEL");  // e.g. "debug" when investigating
-    std::map<std::string, std::string> env = {{"PDSERVE_LOG_LEVEL", level ? level : "warn"}};
+    std::vector<std::string> env = {std::string("PDSERVE_LOG_LEVEL=") + (level ? level : "warn")};
     if (GetParam() == "tcp") {
-      env["UCX_TLS"] = "tcp";
-      env["UCX_NET_DEVICES"] = "lo";
+      env.push_back("UCX_TLS=tcp");
+      env.push_back("UCX_NET_DEVICES=lo");
     } else {
-      env["UCX_TLS"] = "shm";
+      env.push_back("UCX_TLS=shm");
     }
     return env;
   }
@@ -89,7 +90,8 @@ class KvTransferMpTest : public ::testing::TestWithParam<std::string> {
   std::vector<std::string> ipc_files_;
 
   std::unique_ptr<ChildProcess> Spawn(std::vector<std::string> args) {
-    auto child = ChildProcess::Spawn(KV_PEER_PATH, args, Env());
+    args.insert(args.begin(), KV_PEER_PATH);
+    auto child = ChildProcess::SpawnPiped(args, Env());
     EXPECT_TRUE(child.ok()) << child.status().ToString();
     return child.ok() ? std::move(child).value() : nullptr;
   }
@@ -115,9 +117,9 @@ class KvTransferMpTest : public ::testing::TestWithParam<std::string> {
   }
 
   static void ExpectExit0(ChildProcess& child, std::chrono::seconds within) {
-    auto code = child.Wait(Clock::now() + within);
-    ASSERT_TRUE(code.ok()) << code.status().ToString() << "\n" << Dump(child);
-    EXPECT_EQ(code.value(), 0) << Dump(child);
+    const std::optional<int> code = child.WaitExit(within);
+    ASSERT_TRUE(code.has_value()) << "still running after " << within.count() << " s\n" << Dump(child);
+    EXPECT_EQ(*code, 0) << Dump(child);
   }
 
   static void ExpectAllBlocksBack(const ChildProcess& decode) {
@@ -218,7 +220,7 @@ TEST_P(KvTransferMpTest, KilledDecodeFailsThePrefillInTime) {
   ASSERT_NE(prefill, nullptr);
   ASSERT_TRUE(prefill->WaitForLine("PAUSED", Clock::now() + 20s).ok()) << Dump(*prefill);
   decode->Signal(SIGKILL);
-  ASSERT_TRUE(decode->Wait(Clock::now() + 10s).ok());
+  ASSERT_TRUE(decode->WaitExit(10s).has_value());
   ASSERT_TRUE(prefill->WriteLine("go").ok());
   ExpectExit0(*prefill, 20s);
   auto results = Results(*prefill);

@@ -12,8 +12,8 @@ KvLayout ScenarioLayout(uint64_t seed) {
   l.kv_lora_rank = ranks[rng() % 3];
   l.qk_rope_head_dim = (rng() % 2) ? 64 : 32;
   l.index_head_dim = (rng() % 4 == 0) ? 0 : 128;
-  l.latent_format = static_cast<LatentFormat>(rng() % 3);
-  l.indexer_format = static_cast<IndexerFormat>(rng() % 2);
+  l.latent_format = static_cast<KvLatentFormat>(rng() % 3);
+  l.index_format = static_cast<KvIndexFormat>(rng() % 2);
   l.latent_scale_group = 128;
   const uint32_t blocks[] = {16, 32, 64, 128};
   l.tokens_per_block = blocks[rng() % 4];

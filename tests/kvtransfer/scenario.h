@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kvtransfer/kv_descriptor.h"
-#include "kvtransfer/kv_layout.h"
+#include "common/kv_layout.h"
 
 namespace pdserve::kvtransfer::testing {
 

@@ -140,18 +140,18 @@ TokenEventMsg EchoEngine::MakeToken(const Job& job, uint64_t index) const {
   ev.first_index = static_cast<uint32_t>(index);
   const int32_t token = JobTokenAt(job.msg, index);
   ev.tokens = {token};
-  const SamplingSpec& s = job.msg.sampling;
+  const SamplingParams& s = job.msg.sampling;
   if (s.logprobs) {
     TokenLogprob lp;
     lp.logprob = -0.5f * static_cast<float>(index % 4);
-    for (uint32_t k = 0; k < s.top_logprobs; ++k)
+    for (uint32_t k = 0; k < static_cast<uint32_t>(*s.logprobs); ++k)
       lp.top.push_back({JobTokenAt(job.msg, index + k), lp.logprob - static_cast<float>(k)});
     ev.logprobs = {lp};
   }
   const bool stop = std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) != s.stop_token_ids.end();
   if (stop) {
     ev.finish = FinishReason::kStop;
-  } else if (index + 1 >= s.max_tokens) {
+  } else if (index + 1 >= static_cast<uint64_t>(s.max_tokens)) {
     ev.finish = FinishReason::kLength;
   }
   if (ev.finish != FinishReason::kNone) {

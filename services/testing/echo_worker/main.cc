@@ -10,6 +10,7 @@
 
 #include "common/cpu_features.h"
 #include "common/logging.h"
+#include "common/mapped_file.h"
 #include "services/common/command_line.h"
 #include "services/common/metrics.h"
 #include "services/common/process_util.h"
@@ -123,7 +124,7 @@ int Run(int argc, char** argv) {
                   [a](KvReservedMsg kv) { a->SendKvReserved(std::move(kv)); });
   if (auto path = cl->Get("ready-file")) {
     nlohmann::json ready = {{"metrics_port", exposer.value()->port()}, {"pid", getpid()}};
-    Status s = WriteFileAtomically(*path, ready.dump());
+    Status s = WriteStringToFile(*path, ready.dump());
     if (!s.ok()) return fail(s);
   }
   log->info("echo worker {} ({}) up: PROTOCOL TEST WORKER, not a model; metrics on {}", eo.worker_id,

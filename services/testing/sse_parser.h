@@ -1,6 +1,8 @@
 // Incremental parsing of an OpenAI streaming reply (server-sent events) as it arrives in
-// arbitrary pieces from the socket, and of one stream chunk's JSON into what the load
-// generator measures (text delta, finish reason, usage, error).
+// arbitrary pieces from the socket, and of one stream chunk's JSON into what clients measure
+// (text delta, finish reason, usage, error). The one SSE parser of the tree: the HTTP test
+// client (http_test_client.h), the load generator (bench/loadgen) and the router benchmarks
+// all read streams with it.
 //
 // Thread-safety: an SseParser belongs to one request's receiving thread.
 #pragma once
@@ -12,7 +14,7 @@
 
 #include "common/status.h"
 
-namespace pdserve::loadgen {
+namespace pdserve::services::testing {
 
 // Splits a byte stream into SSE events (blank-line separated; "\n" or "\r\n" line ends).
 // Each event's `data:` lines are joined with "\n" (the SSE rule); comment lines (":" first)
@@ -44,4 +46,4 @@ struct StreamChunk {
 // Errors: InvalidArgument naming what is malformed (not JSON, choices not an array, ...).
 Result<StreamChunk> ParseStreamChunk(std::string_view data);
 
-}  // namespace pdserve::loadgen
+}  // namespace pdserve::services::testing

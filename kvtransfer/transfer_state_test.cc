@@ -1,12 +1,12 @@
-#include "kvtransfer/request_state.h"
+#include "kvtransfer/transfer_state.h"
 
 #include <gtest/gtest.h>
 
 namespace pdserve::kvtransfer {
 namespace {
 
-TEST(RequestStateTest, OnlyTheDocumentedTransitionsAreValid) {
-  using S = RequestState;
+TEST(TransferStateTest, OnlyTheDocumentedTransitionsAreValid) {
+  using S = TransferState;
   const S all[] = {S::kReserved, S::kWriting, S::kComplete, S::kHandedOver, S::kAborted};
   int valid = 0;
   for (S from : all) {
@@ -23,7 +23,7 @@ TEST(RequestStateTest, OnlyTheDocumentedTransitionsAreValid) {
   EXPECT_TRUE(IsTerminal(S::kAborted));
   EXPECT_TRUE(IsTerminal(S::kHandedOver));
   EXPECT_FALSE(IsTerminal(S::kComplete));
-  EXPECT_EQ(RequestStateName(S::kHandedOver), "handed_over");
+  EXPECT_EQ(TransferStateName(S::kHandedOver), "handed_over");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // InProcTransport: a Transport between objects of one process (memcpy for RMA), for unit tests
 // of the protocol above it. Not a replacement for UcxTransport: nothing crosses a process.
+// Part of pdserve_kvtransfer_testing (linked by tests and benchmarks, never by a shipped binary).
 //
 // Transports that share an InProcFabric can reach each other by address ("inproc:<n>").
 // Fault injection: Kill() simulates a crashed peer (everything to or from it fails with
@@ -24,7 +25,7 @@
 
 #include "kvtransfer/transport.h"
 
-namespace pdserve::kvtransfer {
+namespace pdserve::kvtransfer::testing {
 
 class InProcFabric {
  public:
@@ -105,4 +106,4 @@ class InProcTransport final : public Transport {
   std::jthread thread_;          // last: joined first
 };
 
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve::kvtransfer::testing

@@ -1,8 +1,8 @@
-#include "kvtransfer/kv_layout.h"
+#include "common/kv_layout.h"
 
 #include <gtest/gtest.h>
 
-namespace pdserve::kvtransfer {
+namespace pdserve {
 namespace {
 
 TEST(KvLayoutTest, DeepSeekFp8SizesMatchTheModelSpec) {
@@ -42,10 +42,10 @@ TEST(KvLayoutTest, SmallBlocksArePaddedPerComponent) {
 
 TEST(KvLayoutTest, FormatsChangeTheLatentSize) {
   KvLayout layout = KvLayout::DeepSeekV32(1, 16);
-  layout.latent_format = LatentFormat::kBf16;
+  layout.latent_format = KvLatentFormat::kBf16;
   EXPECT_EQ(layout.ComponentBytesPerToken(KvComponent::kLatentCodes), 1024u);
   EXPECT_EQ(layout.ComponentBytesPerToken(KvComponent::kLatentScales), 0u);
-  layout.latent_format = LatentFormat::kInt8PerToken;
+  layout.latent_format = KvLatentFormat::kInt8PerToken;
   EXPECT_EQ(layout.ComponentBytesPerToken(KvComponent::kLatentCodes), 512u);
   EXPECT_EQ(layout.ComponentBytesPerToken(KvComponent::kLatentScales), 4u);
   layout.index_head_dim = 0;
@@ -65,7 +65,7 @@ TEST(KvLayoutTest, ValidateRejectsBadLayouts) {
   bad.kv_lora_rank = 500;  // not a multiple of the scale group
   EXPECT_EQ(bad.Validate().code(), StatusCode::kInvalidArgument);
   bad = good;
-  bad.latent_format = static_cast<LatentFormat>(9);
+  bad.latent_format = static_cast<KvLatentFormat>(9);
   EXPECT_EQ(bad.Validate().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(good.SameTokenFormat(good.WithTokensPerBlock(128)));
   bad = good;
@@ -74,4 +74,4 @@ TEST(KvLayoutTest, ValidateRejectsBadLayouts) {
 }
 
 }  // namespace
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve

@@ -1,5 +1,8 @@
-// KvLayout: the byte layout of one paged KV block, shared by the prefill and decode sides and by
-// the engine's block pool (which owns the memory; kvtransfer only describes and moves it).
+// KvLayout: the byte layout of one paged MLA + indexer KV block, and the storage formats of its
+// components. One definition for every module: the kernels read the formats, the model and the
+// engine's block pool (which owns the memory) store blocks in this layout, and kvtransfer
+// describes and moves the same bytes without repacking. It lives in common/ because kernels/
+// and kvtransfer/ both need it and may use nothing else in common.
 //
 // A block holds B = tokens_per_block consecutive tokens of one sequence, for every layer.
 // Byte order inside a block, [layer][component][token]:
@@ -27,18 +30,21 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
-namespace pdserve::kvtransfer {
+namespace pdserve {
 
-enum class LatentFormat : uint8_t {
-  kBf16 = 0,          // kv_lora_rank BF16 values
-  kFp8Blockwise = 1,  // kv_lora_rank FP8 E4M3 codes + one fp32 scale per latent_scale_group
+// How the latent is stored (kernels/mla_attention.h says how each is encoded). The values are
+// not a wire format: proto/ has its own enum, mapped in kvtransfer/kv_wire.cc.
+enum class KvLatentFormat : uint8_t {
+  kFp8Blockwise = 0,  // kv_lora_rank FP8 E4M3 codes + one fp32 scale per latent_scale_group
+  kBf16 = 1,          // kv_lora_rank BF16 values
   kInt8PerToken = 2,  // kv_lora_rank INT8 codes + one fp32 scale per token ("C8")
 };
 
-enum class IndexerFormat : uint8_t {
+enum class KvIndexFormat : uint8_t {
   kFp8 = 0,   // index_head_dim FP8 E4M3 codes + one fp32 scale per token
   kInt8 = 1,  // index_head_dim INT8 codes + one fp32 scale per token
 };
@@ -56,8 +62,11 @@ inline constexpr std::array<KvComponent, kNumKvComponents> kAllKvComponents = {
     KvComponent::kIndexCodes, KvComponent::kIndexScales};
 
 std::string_view KvComponentName(KvComponent component);
-std::string_view LatentFormatName(LatentFormat format);
-std::string_view IndexerFormatName(IndexerFormat format);
+std::string_view LatentFormatName(KvLatentFormat format);  // "fp8", "bf16", "int8"
+std::string_view IndexFormatName(KvIndexFormat format);    // "fp8", "int8"
+// Parse the names above ("c8" is also accepted for kInt8PerToken). Errors: InvalidArgument.
+Result<KvLatentFormat> ParseLatentFormat(std::string_view name);
+Result<KvIndexFormat> ParseIndexFormat(std::string_view name);
 
 struct KvLayout {
   static constexpr uint64_t kComponentAlign = 64;
@@ -71,8 +80,8 @@ struct KvLayout {
   uint32_t qk_rope_head_dim = 0;
   uint32_t index_head_dim = 0;  // 0: no indexer keys
   uint32_t tokens_per_block = 0;
-  LatentFormat latent_format = LatentFormat::kFp8Blockwise;
-  IndexerFormat indexer_format = IndexerFormat::kFp8;
+  KvLatentFormat latent_format = KvLatentFormat::kFp8Blockwise;
+  KvIndexFormat index_format = KvIndexFormat::kFp8;
   uint32_t latent_scale_group = 128;  // values per scale, kFp8Blockwise only
 
   // The DeepSeek-V3.2 cache (FP8 latent, FP8 indexer) with `num_layers` layers.
@@ -111,4 +120,4 @@ struct KvLayout {
   bool operator==(const KvLayout&) const = default;
 };
 
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve

@@ -1,11 +1,11 @@
-#include "kvtransfer/inproc/inproc_transport.h"
+#include "kvtransfer/testing/inproc_transport.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <future>
 
-namespace pdserve::kvtransfer {
+namespace pdserve::kvtransfer::testing {
 namespace {
 
 using namespace std::chrono_literals;
@@ -116,4 +116,4 @@ TEST(InProcTransportTest, HeldWritesExpireAtTheirDeadline) {
 }
 
 }  // namespace
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve::kvtransfer::testing

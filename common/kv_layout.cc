@@ -1,8 +1,8 @@
-#include "kvtransfer/kv_layout.h"
+#include "common/kv_layout.h"
 
 #include <fmt/format.h>
 
-namespace pdserve::kvtransfer {
+namespace pdserve {
 
 namespace {
 uint64_t AlignUp(uint64_t value, uint64_t align) { return (value + align - 1) / align * align; }
@@ -19,21 +19,34 @@ std::string_view KvComponentName(KvComponent component) {
   return "?";
 }
 
-std::string_view LatentFormatName(LatentFormat format) {
+std::string_view LatentFormatName(KvLatentFormat format) {
   switch (format) {
-    case LatentFormat::kBf16: return "bf16";
-    case LatentFormat::kFp8Blockwise: return "fp8";
-    case LatentFormat::kInt8PerToken: return "int8";
+    case KvLatentFormat::kFp8Blockwise: return "fp8";
+    case KvLatentFormat::kBf16: return "bf16";
+    case KvLatentFormat::kInt8PerToken: return "int8";
   }
   return "?";
 }
 
-std::string_view IndexerFormatName(IndexerFormat format) {
+std::string_view IndexFormatName(KvIndexFormat format) {
   switch (format) {
-    case IndexerFormat::kFp8: return "fp8";
-    case IndexerFormat::kInt8: return "int8";
+    case KvIndexFormat::kFp8: return "fp8";
+    case KvIndexFormat::kInt8: return "int8";
   }
   return "?";
+}
+
+Result<KvLatentFormat> ParseLatentFormat(std::string_view name) {
+  if (name == "fp8") return KvLatentFormat::kFp8Blockwise;
+  if (name == "bf16") return KvLatentFormat::kBf16;
+  if (name == "int8" || name == "c8") return KvLatentFormat::kInt8PerToken;
+  return Status::InvalidArgument(fmt::format("unknown KV latent format '{}' (fp8, bf16, int8)", name));
+}
+
+Result<KvIndexFormat> ParseIndexFormat(std::string_view name) {
+  if (name == "fp8") return KvIndexFormat::kFp8;
+  if (name == "int8") return KvIndexFormat::kInt8;
+  return Status::InvalidArgument(fmt::format("unknown indexer key format '{}' (fp8, int8)", name));
 }
 
 KvLayout KvLayout::DeepSeekV32(uint32_t num_layers, uint32_t tokens_per_block) {
@@ -43,8 +56,8 @@ KvLayout KvLayout::DeepSeekV32(uint32_t num_layers, uint32_t tokens_per_block) {
   layout.qk_rope_head_dim = 64;
   layout.index_head_dim = 128;
   layout.tokens_per_block = tokens_per_block;
-  layout.latent_format = LatentFormat::kFp8Blockwise;
-  layout.indexer_format = IndexerFormat::kFp8;
+  layout.latent_format = KvLatentFormat::kFp8Blockwise;
+  layout.index_format = KvIndexFormat::kFp8;
   layout.latent_scale_group = 128;
   return layout;
 }
@@ -61,10 +74,10 @@ Status KvLayout::Validate() const {
     return bad("tokens_per_block out of range");
   }
   switch (latent_format) {
-    case LatentFormat::kBf16:
-    case LatentFormat::kInt8PerToken:
+    case KvLatentFormat::kBf16:
+    case KvLatentFormat::kInt8PerToken:
       break;
-    case LatentFormat::kFp8Blockwise:
+    case KvLatentFormat::kFp8Blockwise:
       if (latent_scale_group == 0 || kv_lora_rank % latent_scale_group != 0) {
         return bad("kv_lora_rank must be a multiple of latent_scale_group");
       }
@@ -72,7 +85,7 @@ Status KvLayout::Validate() const {
     default:
       return bad("unknown latent format");
   }
-  if (indexer_format != IndexerFormat::kFp8 && indexer_format != IndexerFormat::kInt8) {
+  if (index_format != KvIndexFormat::kFp8 && index_format != KvIndexFormat::kInt8) {
     return bad("unknown indexer format");
   }
   return Status::Ok();
@@ -81,12 +94,12 @@ Status KvLayout::Validate() const {
 uint64_t KvLayout::ComponentBytesPerToken(KvComponent component) const {
   switch (component) {
     case KvComponent::kLatentCodes:
-      return latent_format == LatentFormat::kBf16 ? 2ull * kv_lora_rank : kv_lora_rank;
+      return latent_format == KvLatentFormat::kBf16 ? 2ull * kv_lora_rank : kv_lora_rank;
     case KvComponent::kLatentScales:
-      if (latent_format == LatentFormat::kFp8Blockwise) {
+      if (latent_format == KvLatentFormat::kFp8Blockwise) {
         return latent_scale_group == 0 ? 0 : 4ull * (kv_lora_rank / latent_scale_group);
       }
-      return latent_format == LatentFormat::kInt8PerToken ? 4 : 0;
+      return latent_format == KvLatentFormat::kInt8PerToken ? 4 : 0;
     case KvComponent::kRope:
       return 2ull * qk_rope_head_dim;
     case KvComponent::kIndexCodes:
@@ -125,10 +138,10 @@ bool KvLayout::SameTokenFormat(const KvLayout& other) const {
 }
 
 std::string KvLayout::ToString() const {
-  return fmt::format("{{layers={} lora={} rope={} index={} B={} latent={} indexer={} group={}}}",
+  return fmt::format("{{layers={} lora={} rope={} index={} B={} latent={} indexer={} group={} block_bytes={}}}",
                      num_layers, kv_lora_rank, qk_rope_head_dim, index_head_dim, tokens_per_block,
-                     LatentFormatName(latent_format), IndexerFormatName(indexer_format),
-                     latent_scale_group);
+                     LatentFormatName(latent_format), IndexFormatName(index_format),
+                     latent_scale_group, BlockBytes());
 }
 
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve

@@ -1,11 +1,11 @@
-#include "kvtransfer/inproc/inproc_transport.h"
+#include "kvtransfer/testing/inproc_transport.h"
 
 #include <cstring>
 #include <future>
 
 #include <fmt/format.h>
 
-namespace pdserve::kvtransfer {
+namespace pdserve::kvtransfer::testing {
 
 // One transport as seen by the others: its registered memory and a way to reach its thread.
 struct InProcFabric::Node {
@@ -389,4 +389,4 @@ void InProcTransport::HoldWrites(bool hold) {
   cv_.notify_all();
 }
 
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve::kvtransfer::testing

@@ -1,8 +1,8 @@
-#include "bench/loadgen/sse_parser.h"
+#include "services/testing/sse_parser.h"
 
 #include <nlohmann/json.hpp>
 
-namespace pdserve::loadgen {
+namespace pdserve::services::testing {
 
 void SseParser::Feed(std::string_view bytes, const EventFn& on_event) {
   buffer_.append(bytes);
@@ -79,4 +79,4 @@ Result<StreamChunk> ParseStreamChunk(std::string_view data) {
   return c;
 }
 
-}  // namespace pdserve::loadgen
+}  // namespace pdserve::services::testing
