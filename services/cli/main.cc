@@ -54,7 +54,7 @@ int ReportStatus(const std::string& command, const Status& status) {
 
 }  // namespace pdserve::cli
 
-int main(int argc, char** argv) {
+int pdserve::cli::Main(int argc, char** argv) {
   pdserve::RequireCpuFeatures();
   pdserve::kernels::RequireIsa();  // a bad PDSERVE_ISA is reported before any command runs
   auto& registry = pdserve::cli::CommandRegistry();

@@ -112,13 +112,21 @@ std::vector<std::string> WorkerArgs(const std::string& router, const std::string
           "--kv-lease-ms", "4000", "--kv-transfer-timeout-ms", "4000"};
 }
 
+// The binary of a worker of `role`: the shipped pdserve-<role>, or the test-only
+// pdserve-fault-worker when `extra` asks for a fault (--fault-...).
+std::vector<std::string> WorkerBinary(const std::string& role, const std::vector<std::string>& extra) {
+  for (const std::string& a : extra)
+    if (a.rfind("--fault-", 0) == 0) return {kBin + "/pdserve-fault-worker", "--role", role};
+  return {kBin + "/pdserve-" + role};
+}
+
 }  // namespace
 
 Status Workers::Start(const std::string& id, const std::string& role, std::vector<std::string> extra) {
   const std::string ready = c_->dir() + "/" + id + ".ready";
   auto via = router_endpoints_.find(id);
   const std::string router = via != router_endpoints_.end() ? via->second : c_->control_endpoint();
-  std::vector<std::string> argv = {kBin + "/pdserve-" + role};
+  std::vector<std::string> argv = WorkerBinary(role, extra);
   for (std::string& a : WorkerArgs(router, id, ready)) argv.push_back(std::move(a));
   argv.insert(argv.end(), extra.begin(), extra.end());
   PDSERVE_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log",
@@ -133,8 +141,9 @@ Status Workers::Start(const std::string& id, const std::string& role, std::vecto
 Status Workers::StartInstance(const std::string& id, const std::string& role, int ranks, const std::string& plan,
                               int dp, std::vector<std::string> extra) {
   const std::string ready = c_->dir() + "/" + id + ".ready";
-  std::vector<std::string> argv = {PDSERVE_MPIEXEC, "-n", std::to_string(ranks), kBin + "/pdserve-" + role,
-                                   "--plan", plan};
+  std::vector<std::string> argv = {PDSERVE_MPIEXEC, "-n", std::to_string(ranks)};
+  for (std::string& a : WorkerBinary(role, extra)) argv.push_back(std::move(a));
+  argv.insert(argv.end(), {"--plan", plan});
   for (std::string& a : WorkerArgs(c_->control_endpoint(), id, ready)) argv.push_back(std::move(a));
   argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<std::string> env = services::testing::LoopbackMpiEnv();

@@ -19,7 +19,7 @@
 
 namespace pdserve::services::worker {
 
-int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
+int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, const WorkerHooks& hooks) {
   const std::string name = fixed_role ? std::string("pdserve-") + WorkerRoleName(*fixed_role) : "pdserve-worker";
   const CommandSpec& spec = WorkerCommandSpec(fixed_role);
   auto fail = [&spec](const Status& s) {
@@ -72,7 +72,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
         .Set(1);
     auto exposer = MetricsExposer::Start(c.metrics_host + ":" + std::to_string(c.metrics_port), registry);
     if (!exposer.ok()) return fail(exposer.status());
-    auto worker = EngineWorker::Create(c, registry, in);
+    auto worker = EngineWorker::Create(c, registry, in, hooks);
     if (!worker.ok()) return fail(worker.status());
     EngineWorker* w = worker.value().get();
 

@@ -21,7 +21,25 @@
 //   pdserve_worker_kv_transfer_failures_total      transfers that failed or timed out
 // The last four are fed by the engine-backed services (the echo test worker leaves them 0).
 //
-// Thread-safety: prometheus-cpp metrics are thread-safe.
+// EngineWorkerMetrics: the series only engine-backed workers have, on the same registry and
+// constant labels (created by EngineHost):
+//
+//   pdserve_worker_engine_steps_total            engine steps run
+//   pdserve_worker_engine_preemptions_total      requests preempted for KV blocks
+//   pdserve_worker_engine_held_kv_blocks         prefill: blocks held for a KV transfer
+//   pdserve_worker_engine_awaiting_kv_requests   decode: reservations waiting for their KV
+//   pdserve_worker_kv_quarantined_blocks         decode: blocks of aborted transfers not yet
+//                                                reusable (a writer may still write)
+//   pdserve_worker_kv_transfers_total{outcome}   transfers by outcome (ok | failed)
+//   pdserve_worker_kv_layers_streamed_total      prefill: layers whose KV writes were queued
+//                                                during the prompt's forward (layer streaming)
+//   pdserve_worker_kv_stream_landed_bytes_total  prefill: KV bytes already written to the
+//                                                decode worker when the forward ended
+//   pdserve_worker_kv_transfer_tail_seconds      prefill: first token sampled -> KV verified by
+//                                                the decode side (what the transfer adds to TTFT)
+//
+// Thread-safety: prometheus-cpp metrics are thread-safe; EngineWorkerMetrics::Refresh is
+// called by one thread at a time (the agent's heartbeat).
 #pragma once
 
 #include <memory>
@@ -69,6 +87,39 @@ class WorkerMetrics {
 
  private:
   WorkerMetrics(prometheus::Registry& registry, const prometheus::Labels& constant_labels);
+};
+
+// The engine snapshot Refresh needs (engine::EngineStats' cumulative and current figures).
+struct EngineLoadSnapshot {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t blocks_held = 0;
+  int64_t awaiting_kv = 0;
+  uint32_t quarantined_blocks = 0;
+};
+
+class EngineWorkerMetrics {
+  prometheus::Family<prometheus::Counter>& transfers_family_;
+
+ public:
+  EngineWorkerMetrics(prometheus::Registry& registry, WorkerRole role, const std::string& worker_id);
+
+  prometheus::Counter& steps;
+  prometheus::Counter& preemptions;
+  prometheus::Gauge& held_blocks;
+  prometheus::Gauge& awaiting_kv;
+  prometheus::Gauge& quarantined_blocks;
+  prometheus::Counter& transfers_ok;
+  prometheus::Counter& transfers_failed;
+  prometheus::Counter& layers_streamed;
+  prometheus::Counter& stream_landed_bytes;
+  prometheus::Histogram& transfer_tail;
+
+  // Counters advance by the growth of the engine's cumulative figures since the last call.
+  void Refresh(const EngineLoadSnapshot& snapshot);
+
+ private:
+  int64_t last_steps_ = 0, last_preemptions_ = 0;
 };
 
 }  // namespace pdserve::services
