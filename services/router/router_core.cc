@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "common/check.h"
 #include "common/logging.h"
 #include "services/control/control_codec.h"
 #include "services/common/process_util.h"
@@ -21,18 +22,19 @@ std::string HexPeer(std::string_view peer) {
 }
 }  // namespace
 
-RouterCore::RouterCore(RouterCoreOptions options, RouterMetrics* metrics)
+RouterCore::RouterCore(RouterCoreOptions options, RouterMetrics* metrics, SendFn send)
     : options_(std::move(options)),
       metrics_(metrics),
       incarnation_(services::RandomU64()),
       registry_({options_.model_name, options_.compat_hash, options_.heartbeat_timeout, options_.tokenizer_vocab_size}),
       // Request ids carry the incarnation in the high half: ids of a restarted router never
       // collide with jobs a worker may still be finishing for the previous one.
-      next_request_id_((incarnation_ & 0xffffffffull) << 32 | 1) {}
+      next_request_id_((incarnation_ & 0xffffffffull) << 32 | 1),
+      send_(std::move(send)) {}
 
 Result<std::unique_ptr<RouterCore>> RouterCore::Start(RouterCoreOptions options, RouterMetrics* metrics) {
   if (!metrics) return Status::InvalidArgument("RouterCore needs metrics");
-  std::unique_ptr<RouterCore> core(new RouterCore(std::move(options), metrics));
+  std::unique_ptr<RouterCore> core(new RouterCore(std::move(options), metrics, nullptr));
   RouterCore* self = core.get();
   services::ControlChannelOptions co;
   co.kind = services::ControlChannelOptions::Kind::kRouterBind;
@@ -45,11 +47,17 @@ Result<std::unique_ptr<RouterCore>> RouterCore::Start(RouterCoreOptions options,
   PDSERVE_ASSIGN_OR_RETURN(
       self->channel_,
       services::ControlChannel::Start(
-          co, [self](std::string_view peer, std::string_view payload) { self->OnMessage(peer, payload); },
-          [self](std::chrono::steady_clock::time_point now) { self->OnTick(now); }, self->options_.control_curve));
+          co, [self](std::string_view peer, std::string_view payload) { self->HandleMessage(peer, payload); },
+          [self](std::chrono::steady_clock::time_point now) { self->HandleTick(now); }, self->options_.control_curve));
   lock.unlock();
   GetLogger("router")->info("control plane on {} (incarnation {:x})", self->channel_->endpoint(), self->incarnation_);
   return core;
+}
+
+std::unique_ptr<RouterCore> RouterCore::CreateDetached(RouterCoreOptions options, RouterMetrics* metrics,
+                                                       SendFn send) {
+  PDSERVE_CHECK(metrics != nullptr && send != nullptr, "a detached RouterCore needs metrics and a send function");
+  return std::unique_ptr<RouterCore>(new RouterCore(std::move(options), metrics, std::move(send)));
 }
 
 RouterCore::~RouterCore() {
@@ -59,8 +67,7 @@ RouterCore::~RouterCore() {
     // Workers drop their jobs when they stop hearing from us; abort them now to free capacity
     // at once (best effort: the channel lingers briefly on close).
     for (auto& [id, route] : routes_) {
-      if (route.out_live) SendLocked(route.out_peer, services::AbortMsg{id, "router shutting down"});
-      if (route.prefill_live) SendLocked(route.prefill_peer, services::AbortMsg{id, "router shutting down"});
+      EndAttemptLocked(route, AttemptState::kFinished, "router shutting down", {});
       route.request->Push({{}, {}, FinishReason::kError, Status::Unavailable("the router is shutting down"), {}});
     }
     routes_.clear();
@@ -69,7 +76,16 @@ RouterCore::~RouterCore() {
   channel.reset();
 }
 
+const std::string& RouterCore::control_endpoint() const {
+  static const std::string kNone;
+  return channel_ ? channel_->endpoint() : kNone;
+}
+
 void RouterCore::SendLocked(const std::string& peer, const ControlMessage& message) {
+  if (send_) {
+    send_(peer, message);
+    return;
+  }
   auto bytes = services::EncodeControlMessage(message);
   if (!bytes.ok()) {
     GetLogger("router")->error("cannot encode {}: {}", services::ControlMessageName(message), bytes.status().ToString());
@@ -81,6 +97,36 @@ void RouterCore::SendLocked(const std::string& peer, const ControlMessage& messa
 size_t RouterCore::outstanding() const {
   std::lock_guard<std::mutex> lock(mu_);
   return routes_.size();
+}
+
+size_t RouterCore::open_charges() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_.open();
+}
+
+Status RouterCore::AuditAccounting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  PDSERVE_RETURN_IF_ERROR(ledger_.Audit());
+  // Each live attempt holds exactly the charges of the jobs it still has: the output job
+  // always, the prefill job until the prefill worker sent the first token.
+  size_t expected = 0;
+  for (const auto& [id, r] : routes_) {
+    const Attempt& a = r.attempt;
+    if (!a.live() || a.job_id() != id)
+      return Status::Internal(fmt::format("route {:x}: attempt {:x} is {}", id, a.job_id(), AttemptStateName(a.state())));
+    const bool prefill_open = a.disaggregated() && (a.state() == AttemptState::kReservingKv ||
+                                                    a.state() == AttemptState::kPrefilling);
+    if (!ledger_.Find(id, AttemptSide::kOutput))
+      return Status::Internal(fmt::format("job {:x} ({}): no charge on its output worker", id,
+                                          AttemptStateName(a.state())));
+    if ((ledger_.Find(id, AttemptSide::kPrefill) != nullptr) != prefill_open)
+      return Status::Internal(fmt::format("job {:x} ({}): the prefill charge is {}", id, AttemptStateName(a.state()),
+                                          prefill_open ? "missing" : "still open"));
+    expected += 1 + (prefill_open ? 1 : 0);
+  }
+  if (ledger_.open() != expected)
+    return Status::Internal(fmt::format("{} open charges, the live attempts hold {}", ledger_.open(), expected));
+  return Status::Ok();
 }
 
 bool IsRetriableFailure(FinishReason finish, const Status& error) {
@@ -144,32 +190,23 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   job.deadline_unix_ms = route.deadline_unix_ms;
   job.dp_rank = out.worker->dp_rank;
 
-  route.job_id = job_id;
-  route.disaggregated = disaggregated;
-  route.out_peer = out.worker->peer;
-  route.out_live = true;
-  route.prefill_peer.clear();
-  route.prefill_live = false;
-  route.first_token_seen = false;
-  route.prefill_job = {};
-  route.prefill_tokens_charge = 0;
-  // Charges for the routing policies, released as tokens arrive and when the attempt ends.
-  route.out_tokens_charge = disaggregated ? out.max_tokens : prompt_tokens + static_cast<int64_t>(out.max_tokens);
-  route.out_blocks_charge = out.blocks;
-  out.worker->outstanding_tokens += route.out_tokens_charge;
-  out.worker->outstanding_requests += 1;
-  out.worker->kv_free_estimate -= out.blocks;
+  // The charges the routing policies see until the attempt ends (charge_ledger.h): the output
+  // worker owes the output (and, colocated, computes the prompt too); the prefill worker owes
+  // the prompt until its first token.
   if (disaggregated) {
-    route.prefill_peer = prefill.worker->peer;
-    route.prefill_tokens_charge = prompt_tokens;
-    prefill.worker->outstanding_tokens += prompt_tokens;
-    prefill.worker->outstanding_requests += 1;
+    route.attempt = Attempt::Disaggregated(job_id, out.worker->peer, prefill.worker->peer);
+    ledger_.Charge(job_id, AttemptSide::kOutput, *out.worker, out.max_tokens, out.blocks);
+    ledger_.Charge(job_id, AttemptSide::kPrefill, *prefill.worker, prompt_tokens, 0);
     route.prefill_job = job;
     route.prefill_job.phase = services::JobPhase::kPrefill;
     route.prefill_job.decode_worker_id = out.worker->id;
     route.prefill_job.dp_rank = prefill.worker->dp_rank;
     job.phase = services::JobPhase::kDecode;
   } else {
+    route.attempt = Attempt::Colocated(job_id, out.worker->peer);
+    ledger_.Charge(job_id, AttemptSide::kOutput, *out.worker, prompt_tokens + static_cast<int64_t>(out.max_tokens),
+                   out.blocks);
+    route.prefill_job = {};
     job.phase = services::JobPhase::kColocated;
   }
   services::RequestLog("router", tag)
@@ -207,54 +244,32 @@ void RouterCore::Cancel(uint64_t request_id, std::string_view reason) {
   if (it != job_of_request_.end()) EndRouteLocked(it->second, reason);
 }
 
-bool RouterCore::NeedsPeer(const Route& r, const std::string& peer) const {
-  if (r.out_peer == peer) return true;
-  // Before the first token the prefill worker has the job or is about to get it.
-  return r.disaggregated && r.prefill_peer == peer && (r.prefill_live || !r.first_token_seen);
+void RouterCore::EndAttemptLocked(Route& r, AttemptState terminal, std::string_view abort_reason,
+                                  std::string_view released_peer) {
+  const uint64_t job_id = r.attempt.job_id();
+  for (const std::string& peer : r.attempt.End(terminal, released_peer))
+    SendLocked(peer, services::AbortMsg{job_id, std::string(abort_reason)});
+  ledger_.ReleaseAttempt(job_id);
 }
 
-void RouterCore::ReleaseLocked(Route& route) {
-  if (WorkerEntry* w = registry_.FindByPeer(route.out_peer)) {
-    w->outstanding_tokens -= route.out_tokens_charge;
-    w->outstanding_requests -= 1;  // freed KV shows in its next heartbeat
-  }
-  route.out_tokens_charge = 0;
-  if (route.disaggregated) {
-    if (WorkerEntry* w = registry_.FindByPeer(route.prefill_peer)) {
-      w->outstanding_tokens -= route.prefill_tokens_charge;
-      if (route.prefill_tokens_charge > 0 || route.prefill_live) w->outstanding_requests -= 1;
-    }
-    route.prefill_tokens_charge = 0;
-  }
-}
-
-void RouterCore::EndAttemptLocked(Route& r, std::string_view abort_reason) {
-  if (r.out_live) SendLocked(r.out_peer, services::AbortMsg{r.job_id, std::string(abort_reason)});
-  if (r.disaggregated && r.prefill_live)
-    SendLocked(r.prefill_peer, services::AbortMsg{r.job_id, std::string(abort_reason)});
-  r.out_live = false;
-  r.prefill_live = false;
-  ReleaseLocked(r);
-}
-
-void RouterCore::EndRouteLocked(uint64_t job_id, std::string_view abort_reason) {
+void RouterCore::EndRouteLocked(uint64_t job_id, std::string_view abort_reason, std::string_view released_peer) {
   auto it = routes_.find(job_id);
   if (it == routes_.end()) return;
-  EndAttemptLocked(it->second, abort_reason);
+  EndAttemptLocked(it->second, AttemptState::kFinished, abort_reason, released_peer);
   job_of_request_.erase(it->second.request->id());
   routes_.erase(it);
 }
 
-void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const Status& why,
-                               const std::string& failed_peer) {
+void RouterCore::MigrateLocked(uint64_t job_id, const Failure& failure) {
   auto node = routes_.extract(job_id);
   if (node.empty()) return;
   Route& r = node.mapped();
   job_of_request_.erase(r.request->id());
-  EndAttemptLocked(r, "the request moves to other workers");
+  EndAttemptLocked(r, AttemptState::kMigrating, "the request moves to other workers", failure.released_peer);
   if (r.request->ended()) return;  // the client's side already finished (e.g. a stop string)
+  const Status& why = failure.why;
   auto fail = [&](std::string_view outcome, const Status& status) {
-    metrics_->CountMigration(failed_role, outcome);
+    metrics_->CountMigration(failure.role, outcome);
     services::RequestLog("router", r.request->tag()).Warn("{}", status.message());
     r.request->Push({{}, {}, FinishReason::kError, status, {}});
   };
@@ -279,7 +294,7 @@ void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const St
   const uint64_t next = next_request_id_++;
   // A worker that failed the attempt but is still registered (it aborted, reported an error,
   // or stalled) is passed over while another worker of its role is ready.
-  WorkerEntry* avoid = failed_peer.empty() ? nullptr : registry_.FindByPeer(failed_peer);
+  WorkerEntry* avoid = failure.avoid_peer.empty() ? nullptr : registry_.FindByPeer(failure.avoid_peer);
   const bool avoid_it = avoid && !avoid->draining && registry_.ReadyCount(avoid->role) > 1;
   if (avoid_it) avoid->draining = true;
   auto dispatched = DispatchLocked(r, next, r.request->tag(), prompt, r.sampling.max_tokens - delivered);
@@ -290,7 +305,7 @@ void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const St
     return;
   }
   ++r.migrations;
-  metrics_->CountMigration(failed_role, "migrated");
+  metrics_->CountMigration(failure.role, "migrated");
   services::RequestLog("router", r.request->tag())
       .Info("{}: migrated (attempt {}, {} tokens already delivered, job {:x})", why.message(), r.migrations + 1,
             delivered, next);
@@ -302,17 +317,15 @@ void RouterCore::MigrateLocked(uint64_t job_id, WorkerRole failed_role, const St
 void RouterCore::WorkerGoneLocked(const WorkerEntry& worker, const std::string& reason) {
   metrics_->CountRemoval(worker.role, reason);
   metrics_->ForgetWorker(worker.id);
+  // Its entry is gone: its charges close with nothing to credit.
+  ledger_.ForgetWorker(worker);
   std::vector<uint64_t> affected;
-  for (auto& [id, r] : routes_) {
-    if (!NeedsPeer(r, worker.peer)) continue;
-    // The gone worker no longer holds the job: no abort to it.
-    if (r.out_peer == worker.peer) r.out_live = false;
-    if (r.disaggregated && r.prefill_peer == worker.peer) r.prefill_live = false;
-    affected.push_back(id);
-  }
+  for (const auto& [id, r] : routes_)
+    if (r.attempt.DependsOn(worker.peer)) affected.push_back(id);
   const Status why = Status::Unavailable(
       fmt::format("{} worker {} failed ({})", services::WorkerRoleName(worker.role), worker.id, reason));
-  for (uint64_t id : affected) MigrateLocked(id, worker.role, why);
+  // The gone worker no longer holds the job: no abort to it.
+  for (uint64_t id : affected) MigrateLocked(id, Failure{worker.role, why, worker.peer, {}});
   const bool expected = reason == "deregister" && affected.empty();  // a clean, drained exit
   GetLogger("router")->log(expected ? spdlog::level::info : spdlog::level::warn,
                            "{} worker {} removed ({}); {} requests affected", services::WorkerRoleName(worker.role),
@@ -326,11 +339,10 @@ void RouterCore::OnKvReservedLocked(const std::string& peer, services::KvReserve
     return;
   }
   Route& r = it->second;
-  if (!r.disaggregated || r.out_peer != peer || r.prefill_live || r.first_token_seen) return;  // stale or stray
+  if (!r.attempt.KvReserved(peer)) return;  // stale or stray
   r.prefill_job.kv_descriptor = std::move(msg.descriptor);
   r.prefill_job.decode_transfer_address = std::move(msg.transfer_address);
-  r.prefill_live = true;
-  SendLocked(r.prefill_peer, r.prefill_job);
+  SendLocked(r.attempt.prefill_peer(), r.prefill_job);
   r.prefill_job.prompt.clear();  // no longer needed
   r.prefill_job.kv_descriptor.clear();
 }
@@ -342,98 +354,91 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
     return;
   }
   Route& r = it->second;
-  const uint64_t id = ev.request_id;
-  const bool from_prefill = r.disaggregated && peer == r.prefill_peer && r.prefill_live;
-  const bool from_out = peer == r.out_peer && r.out_live;
-  if (!from_prefill && !from_out) return;  // not this request's worker (stale peer)
+  const std::optional<AttemptSide> side = r.attempt.SideOf(peer);
+  if (!side) return;  // not a worker holding a job of this attempt (a stale peer)
 
   // A failure the router did not ask for: a new attempt elsewhere when it is worth one.
   if (ev.finishing() && IsRetriableFailure(ev.finish, ev.error)) {
-    const WorkerRole role =
-        from_prefill ? WorkerRole::kPrefill : (r.disaggregated ? WorkerRole::kDecode : WorkerRole::kColocated);
-    if (from_prefill) r.prefill_live = false;
-    if (from_out) {
-      r.out_live = false;
-      if (!ev.tokens.empty()) {  // output before the failure still reaches the client
-        r.first_token_seen = true;
-        r.delivered.insert(r.delivered.end(), ev.tokens.begin(), ev.tokens.end());
-        r.request->Push({std::move(ev.tokens), std::move(ev.logprobs), FinishReason::kNone, Status::Ok(), {}});
-      }
+    const WorkerRole role = r.attempt.RoleOf(*side);
+    // Output before the failure still reaches the client.
+    if (*side == AttemptSide::kOutput && !ev.tokens.empty() &&
+        r.attempt.Output(ev.tokens.size(), std::chrono::steady_clock::now())) {
+      r.delivered.insert(r.delivered.end(), ev.tokens.begin(), ev.tokens.end());
+      r.request->Push({std::move(ev.tokens), std::move(ev.logprobs), FinishReason::kNone, Status::Ok(), {}});
     }
     const WorkerEntry* w = registry_.FindByPeer(peer);
     const Status& e = ev.error;
-    MigrateLocked(id, role,
-                  Status(e.ok() ? StatusCode::kAborted : e.code(),
-                         fmt::format("{} worker {} ended the request: {}", services::WorkerRoleName(role),
-                                     w ? w->id : std::string("?"), e.ok() ? std::string("aborted") : e.message())),
-                  peer);
+    MigrateLocked(ev.request_id,
+                  Failure{role,
+                          Status(e.ok() ? StatusCode::kAborted : e.code(),
+                                 fmt::format("{} worker {} ended the request: {}", services::WorkerRoleName(role),
+                                             w ? w->id : std::string("?"), e.ok() ? std::string("aborted") : e.message())),
+                          peer, peer});
     return;
   }
+  if (*side == AttemptSide::kPrefill) {
+    OnPrefillEventLocked(r, peer, std::move(ev));
+  } else {
+    OnOutputEventLocked(r, peer, std::move(ev));
+  }
+}
 
-  RequestEvent out_ev;
-  out_ev.tokens = std::move(ev.tokens);
-  out_ev.logprobs = std::move(ev.logprobs);
-  out_ev.finish = ev.finish;
-  out_ev.error = ev.error;
-
-  if (from_prefill) {
-    // The prefill worker's single event: the first token of this attempt (or an error).
-    r.prefill_live = false;
-    if (WorkerEntry* w = registry_.FindByPeer(r.prefill_peer)) {
-      w->outstanding_tokens -= r.prefill_tokens_charge;
-      w->outstanding_requests -= 1;
-    }
-    r.prefill_tokens_charge = 0;
-    const bool failed = !ev.error.ok() || ev.finish == FinishReason::kError || ev.finish == FinishReason::kAbort;
-    if (!failed && out_ev.tokens.size() != 1) {
-      out_ev.error = Status::Internal(fmt::format("prefill worker sent {} tokens, expected 1", out_ev.tokens.size()));
-      out_ev.finish = FinishReason::kError;
-    }
-    if (!out_ev.error.ok() && out_ev.finish == FinishReason::kNone) out_ev.finish = FinishReason::kError;
-    if (ev.finish == FinishReason::kAbort && out_ev.error.ok())
-      out_ev.error = Status::Aborted("the prefill worker aborted the request");
-    const bool ends_here = out_ev.finishing();
-    services::FirstTokenMsg first;
-    if (!ends_here) {
-      first.request_id = id;
-      first.token = out_ev.tokens[0];
-      if (!out_ev.logprobs.empty()) first.logprob = out_ev.logprobs[0];
-    }
-    r.first_token_seen = true;
-    r.last_output = std::chrono::steady_clock::now();
-    r.delivered.insert(r.delivered.end(), out_ev.tokens.begin(), out_ev.tokens.end());
+void RouterCore::OnPrefillEventLocked(Route& r, const std::string& peer, services::TokenEventMsg ev) {
+  // The prefill worker's single event: the first token of this attempt (or an error). Either
+  // way the prefill worker is done with the request.
+  const uint64_t id = r.attempt.job_id();
+  ledger_.Release(id, AttemptSide::kPrefill);
+  RequestEvent out_ev{std::move(ev.tokens), std::move(ev.logprobs), ev.finish, ev.error, {}};
+  const bool failed = !ev.error.ok() || ev.finish == FinishReason::kError || ev.finish == FinishReason::kAbort;
+  if (!failed && out_ev.tokens.size() != 1) {
+    out_ev.error = Status::Internal(fmt::format("prefill worker sent {} tokens, expected 1", out_ev.tokens.size()));
+    out_ev.finish = FinishReason::kError;
+  }
+  if (!out_ev.error.ok() && out_ev.finish == FinishReason::kNone) out_ev.finish = FinishReason::kError;
+  if (ev.finish == FinishReason::kAbort && out_ev.error.ok())
+    out_ev.error = Status::Aborted("the prefill worker aborted the request");
+  r.delivered.insert(r.delivered.end(), out_ev.tokens.begin(), out_ev.tokens.end());
+  if (out_ev.finishing()) {  // the request ends at its first token (or failed before it)
     r.request->Push(std::move(out_ev));
-    if (ends_here) {
-      EndRouteLocked(id, "finished at the first token");
-    } else {
-      SendLocked(r.out_peer, first);
-    }
+    EndRouteLocked(id, "finished at the first token", peer);
     return;
   }
+  services::FirstTokenMsg first;
+  first.request_id = id;
+  first.token = out_ev.tokens[0];
+  if (!out_ev.logprobs.empty()) first.logprob = out_ev.logprobs[0];
+  r.attempt.FirstTokenRelayed(std::chrono::steady_clock::now());
+  r.request->Push(std::move(out_ev));
+  SendLocked(r.attempt.output_peer(), first);
+}
 
+void RouterCore::OnOutputEventLocked(Route& r, const std::string& peer, services::TokenEventMsg ev) {
   // Tokens from the colocated / decode worker.
-  if (WorkerEntry* w = registry_.FindByPeer(r.out_peer)) {
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(out_ev.tokens.size()), r.out_tokens_charge);
-    w->outstanding_tokens -= n;
-    r.out_tokens_charge -= n;
+  const uint64_t id = r.attempt.job_id();
+  if (!r.attempt.Output(ev.tokens.size(), std::chrono::steady_clock::now())) {
+    // A decode worker streams only after the router relayed the first token: its worker is
+    // broken; the request moves on without these tokens.
+    const WorkerRole role = r.attempt.RoleOf(AttemptSide::kOutput);
+    const WorkerEntry* w = registry_.FindByPeer(peer);
+    MigrateLocked(id, Failure{role,
+                              Status::Internal(fmt::format("{} worker {} sent {} tokens before the first token",
+                                                           services::WorkerRoleName(role), w ? w->id : std::string("?"),
+                                                           ev.tokens.size())),
+                              ev.finishing() ? peer : std::string(), peer});
+    return;
   }
+  ledger_.Consume(id, AttemptSide::kOutput, static_cast<int64_t>(ev.tokens.size()));
+  RequestEvent out_ev{std::move(ev.tokens), std::move(ev.logprobs), ev.finish, ev.error, {}};
   if (out_ev.finish == FinishReason::kAbort && out_ev.error.ok())
     out_ev.error = Status::Aborted("the worker aborted the request");
   if (!out_ev.error.ok() && out_ev.finish == FinishReason::kNone) out_ev.finish = FinishReason::kError;
   const bool finishing = out_ev.finishing();
-  if (!out_ev.tokens.empty()) {
-    r.first_token_seen = true;
-    r.last_output = std::chrono::steady_clock::now();
-  }
   r.delivered.insert(r.delivered.end(), out_ev.tokens.begin(), out_ev.tokens.end());
   r.request->Push(std::move(out_ev));
-  if (finishing) {
-    r.out_live = false;
-    EndRouteLocked(id, "the decode side failed");  // aborts a prefill still running, if any
-  }
+  if (finishing) EndRouteLocked(id, "the decode side failed", peer);  // aborts a prefill still running, if any
 }
 
-void RouterCore::OnMessage(std::string_view peer_view, std::string_view payload) {
+void RouterCore::HandleMessage(std::string_view peer_view, std::string_view payload) {
   auto log = GetLogger("router");
   auto decoded = services::DecodeControlMessage(payload);
   if (!decoded.ok()) {
@@ -447,7 +452,7 @@ void RouterCore::OnMessage(std::string_view peer_view, std::string_view payload)
   ControlMessage& msg = decoded.value();
   if (auto* reg = std::get_if<services::RegisterMsg>(&msg)) {
     RegisterOutcome outcome = registry_.Register(peer, *reg, now);
-    if (outcome.replaced) WorkerGoneLocked(*outcome.replaced, "replaced");
+    for (const WorkerEntry& gone : outcome.replaced) WorkerGoneLocked(gone, "replaced");
     if (!outcome.refusal.ok()) {
       log->error("refused worker {} ({}): {}", reg->worker_id, services::WorkerRoleName(reg->role),
                  outcome.refusal.message());
@@ -488,21 +493,23 @@ void RouterCore::MigrateStalledLocked(std::chrono::steady_clock::time_point now)
   if (options_.stall_timeout.count() <= 0) return;
   std::vector<uint64_t> stalled;
   for (const auto& [id, r] : routes_)
-    if (r.first_token_seen && r.out_live && now - r.last_output > options_.stall_timeout) stalled.push_back(id);
+    if (r.attempt.Stalled(now, options_.stall_timeout)) stalled.push_back(id);
   for (uint64_t id : stalled) {
-    const Route& r = routes_.at(id);
-    const WorkerEntry* w = registry_.FindByPeer(r.out_peer);
-    const WorkerRole role = r.disaggregated ? WorkerRole::kDecode : WorkerRole::kColocated;
-    const std::string peer = r.out_peer;
-    MigrateLocked(id, role,
-                  Status::Unavailable(fmt::format("{} worker {} produced no token for {} ms",
-                                                  services::WorkerRoleName(role), w ? w->id : std::string("?"),
-                                                  options_.stall_timeout.count())),
-                  peer);
+    const Attempt& a = routes_.at(id).attempt;
+    const std::string peer = a.output_peer();
+    const WorkerEntry* w = registry_.FindByPeer(peer);
+    const WorkerRole role = a.RoleOf(AttemptSide::kOutput);
+    // The stalled worker still holds the job: it gets Abort, and is passed over.
+    MigrateLocked(id, Failure{role,
+                              Status::Unavailable(fmt::format("{} worker {} produced no token for {} ms",
+                                                              services::WorkerRoleName(role),
+                                                              w ? w->id : std::string("?"),
+                                                              options_.stall_timeout.count())),
+                              {}, peer});
   }
 }
 
-void RouterCore::OnTick(std::chrono::steady_clock::time_point now) {
+void RouterCore::HandleTick(std::chrono::steady_clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   // Liveness is judged on the workers' messages, not on this thread's lag: time this thread
   // did not run (a stalled or starved router) is not the workers' silence, and while messages
@@ -513,7 +520,7 @@ void RouterCore::OnTick(std::chrono::steady_clock::time_point now) {
       GetLogger("router")->warn("the control thread was stalled for {} ms; not counted against the workers",
                                 std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count());
   }
-  if (channel_ && channel_->caught_up())
+  if (!channel_ || channel_->caught_up())
     for (const WorkerEntry& gone : registry_.Expire(now)) WorkerGoneLocked(gone, "timeout");
   MigrateStalledLocked(now);
   for (auto role : {WorkerRole::kPrefill, WorkerRole::kDecode, WorkerRole::kColocated})

@@ -1,9 +1,10 @@
 // RouterCore: the router's control plane and request routing, without HTTP.
 //
-// It binds the ROUTER ControlChannel, keeps the WorkerRegistry, picks workers for each request
-// (routing_policy.h), sends the jobs, relays the disaggregated hand-offs and feeds each
-// request's token events to its ActiveRequest. HTTP handlers (RouterServer) call Submit() and
-// Cancel(); everything arriving from workers is handled on the channel's thread.
+// It keeps the WorkerRegistry, picks workers for each request (routing_policy.h), sends the
+// jobs, relays the disaggregated hand-offs and feeds each request's token events to its
+// ActiveRequest. HTTP handlers (RouterServer) call Submit() and Cancel(); everything arriving
+// from workers (HandleMessage) and the timer (HandleTick) run on the ROUTER ControlChannel's
+// thread (Start), or on the caller's for a core without a socket (CreateDetached).
 //
 // Request flows (proto/control.capnp has the full protocol):
 //   colocated      Job(colocated) -> C; C's token events -> the request.
@@ -11,6 +12,10 @@
 //                  event (the first token, TTFT) -> the request and FirstToken -> D; D's events
 //                  (from output index 1) -> the request. A request that ends at the first token
 //                  gets Abort -> D (frees the reservation).
+// Each try of a request on a set of workers is an Attempt (attempt.h: the state machine of
+// those flows); the work it puts on each worker is one charge per job in the ChargeLedger
+// (charge_ledger.h), opened when the attempt is placed and released exactly once when its job
+// ends, whichever way (finish, error, cancel, worker gone, migration).
 // Failures and migration (docs/router.md "Migration"): a worker that times out (no heartbeat
 // for heartbeat_timeout), deregisters or is replaced by a restart, or that ends an attempt with
 // a retriable failure (IsRetriableFailure), hands its requests to a new attempt: the request is
@@ -21,12 +26,13 @@
 // job id the router does not know (a finished request, or an earlier attempt) is answered with
 // Abort so a worker never computes for nobody.
 //
-// Thread-safety: Submit, Cancel, Health, WorkersJson, DrainWorker: any thread. One mutex
-// guards the registry and the route table; sends only queue to the channel.
+// Thread-safety: every public method may be called from any thread. One mutex guards the
+// registry, the ledger and the route table; sends only queue (to the channel, or SendFn).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,6 +48,8 @@
 #include "services/control/control_messages.h"
 #include "services/worker/agent/listening_clock.h"
 #include "services/router/active_request.h"
+#include "services/router/attempt.h"
+#include "services/router/charge_ledger.h"
 #include "services/router/router_metrics.h"
 #include "services/router/routing_policy.h"
 #include "services/router/worker_registry.h"
@@ -95,8 +103,17 @@ struct ClusterHealth {
 
 class RouterCore {
  public:
+  // Sends one control message to a worker. Called under the core's lock: it must only queue
+  // (never block, never call back into the core).
+  using SendFn = std::function<void(const std::string& peer, const services::ControlMessage& message)>;
+
+  // Binds the control endpoint and serves it on the ControlChannel's thread.
   // Errors: ControlChannel::Start's (the control endpoint cannot be bound).
   static Result<std::unique_ptr<RouterCore>> Start(RouterCoreOptions options, RouterMetrics* metrics);
+  // A core without a socket: messages to workers go to `send`, and the caller delivers the
+  // workers' messages (HandleMessage) and the timer (HandleTick). Everything else is the same
+  // as a started core (its unit test drives one; router_core_test.cc).
+  static std::unique_ptr<RouterCore> CreateDetached(RouterCoreOptions options, RouterMetrics* metrics, SendFn send);
   ~RouterCore();
   RouterCore(const RouterCore&) = delete;
   RouterCore& operator=(const RouterCore&) = delete;
@@ -110,6 +127,12 @@ class RouterCore {
   // forgotten. No-op for a finished request.
   void Cancel(uint64_t request_id, std::string_view reason);
 
+  // One control message from the worker at `peer` (encoded); malformed ones are counted and
+  // dropped. A started core's channel thread calls it; a detached core's owner does.
+  void HandleMessage(std::string_view peer, std::string_view payload);
+  // The periodic timer (every ~50 ms): worker expiry, stalled streams, worker gauges.
+  void HandleTick(std::chrono::steady_clock::time_point now);
+
   ClusterHealth Health() const;
   nlohmann::json WorkersJson() const;
   // A copy of every registered worker's entry (GET /v1/workers: workers_view.h).
@@ -117,11 +140,18 @@ class RouterCore {
   // Sends Drain to a worker and stops routing to it. Errors: NotFound.
   Status DrainWorker(const std::string& worker_id, uint32_t timeout_ms);
 
-  const std::string& control_endpoint() const { return channel_->endpoint(); }
+  // The bound control endpoint ("" for a detached core).
+  const std::string& control_endpoint() const;
   // CURVE handshakes refused by the allowed-clients list (control_channel.h).
-  uint64_t refused_handshakes() const { return channel_->refused_handshakes(); }
+  uint64_t refused_handshakes() const { return channel_ ? channel_->refused_handshakes() : 0; }
   uint64_t incarnation() const { return incarnation_; }
   size_t outstanding() const;
+  // The accounting check: OK when every worker's outstanding requests and tokens equal the sum
+  // of the open charges of the attempts placed on it (charge_ledger.h), and no attempt that
+  // ended still holds a charge.
+  Status AuditAccounting() const;
+  // Open charges (one per job of a live attempt).
+  size_t open_charges() const;
 
  private:
   // One request and its current attempt. The route table is keyed by the attempt's job id (the
@@ -135,51 +165,45 @@ class RouterCore {
     int64_t deadline_unix_ms = 0;
     std::vector<int32_t> delivered;
     uint32_t migrations = 0;
-    // The current attempt.
-    uint64_t job_id = 0;
-    bool disaggregated = false;
-    std::string out_peer;      // colocated or decode worker: produces the tokens
-    std::string prefill_peer;  // disaggregated only
-    bool out_live = false;     // that worker still holds the job
-    bool prefill_live = false;
-    bool first_token_seen = false;  // of this attempt
-    std::chrono::steady_clock::time_point last_output{};  // the attempt's latest token
-    services::JobMsg prefill_job;  // sent once the decode worker reserved KV
-    int64_t out_tokens_charge = 0;
-    int64_t out_blocks_charge = 0;
-    int64_t prefill_tokens_charge = 0;
+    Attempt attempt;               // the current one
+    services::JobMsg prefill_job;  // disaggregated: sent once the decode worker reserved KV
+  };
+  // Why the current attempt failed, for MigrateLocked.
+  struct Failure {
+    services::WorkerRole role;  // of the worker that failed
+    Status why;
+    std::string released_peer;  // let go of its job (ended it, or is gone): no Abort to it
+    std::string avoid_peer;     // still registered: passed over for the next attempt if possible
   };
 
-  RouterCore(RouterCoreOptions options, RouterMetrics* metrics);
-  void OnMessage(std::string_view peer, std::string_view payload);
-  void OnTick(std::chrono::steady_clock::time_point now);
+  RouterCore(RouterCoreOptions options, RouterMetrics* metrics, SendFn send);
   // Under mu_:
   void SendLocked(const std::string& peer, const services::ControlMessage& message);
   void OnTokenEventLocked(const std::string& peer, services::TokenEventMsg ev);
+  // An event of the attempt's prefill / output job (from `peer`), not a retriable failure.
+  void OnPrefillEventLocked(Route& route, const std::string& peer, services::TokenEventMsg ev);
+  void OnOutputEventLocked(Route& route, const std::string& peer, services::TokenEventMsg ev);
   void OnKvReservedLocked(const std::string& peer, services::KvReservedMsg msg);
   void WorkerGoneLocked(const WorkerEntry& worker, const std::string& reason);
   // Whether the request can be served at all now: disaggregated (true) or colocated (false).
   Result<bool> ChooseModeLocked() const;
   // Starts an attempt of `route` as job `job_id`: picks the workers for `prompt` with
-  // `max_tokens` (nullopt: the default / context limit) and sends the first job. Fills the
-  // route's attempt fields; returns the resolved max_tokens. Errors: Choose's.
+  // `max_tokens` (nullopt: the default / context limit), charges them (ledger_) and sends the
+  // first job. Sets route.attempt; returns the resolved max_tokens. Errors: Choose's (nothing
+  // charged, nothing sent).
   Result<uint32_t> DispatchLocked(Route& route, uint64_t job_id, const std::string& tag,
                                   const std::vector<int32_t>& prompt, std::optional<uint32_t> max_tokens);
   // Migrates every decoding attempt that produced nothing for options_.stall_timeout.
   void MigrateStalledLocked(std::chrono::steady_clock::time_point now);
-  // The current attempt of route `job_id` failed (`why`; `failed_role`: the worker that
-  // failed, `failed_peer` if it is still registered): ends it and starts the next one (on
-  // other workers than failed_peer when the role has any), or ends the request with an error.
-  void MigrateLocked(uint64_t job_id, services::WorkerRole failed_role, const Status& why,
-                     const std::string& failed_peer = {});
-  // Ends a route: releases charges, aborts its live workers, forgets it.
-  void EndRouteLocked(uint64_t job_id, std::string_view abort_reason);
-  // Ends the current attempt only (aborts its live workers, releases its charges).
-  void EndAttemptLocked(Route& route, std::string_view abort_reason);
-  void ReleaseLocked(Route& route);
-  // Whether the route still needs the worker at `peer` (a prefill worker is done with a
-  // request once it sent the first token).
-  bool NeedsPeer(const Route& route, const std::string& peer) const;
+  // The current attempt of route `job_id` failed: ends it and starts the next one (on other
+  // workers than failure.avoid_peer when its role has any), or ends the request with an error.
+  void MigrateLocked(uint64_t job_id, const Failure& failure);
+  // Ends a route: ends its attempt (kFinished) and forgets the route.
+  void EndRouteLocked(uint64_t job_id, std::string_view abort_reason, std::string_view released_peer = {});
+  // Ends the current attempt (-> `terminal`): Abort to the workers still holding its jobs
+  // (except `released_peer`), and its charges are released.
+  void EndAttemptLocked(Route& route, AttemptState terminal, std::string_view abort_reason,
+                        std::string_view released_peer);
 
   const RouterCoreOptions options_;
   RouterMetrics* const metrics_;
@@ -187,11 +211,13 @@ class RouterCore {
 
   mutable std::mutex mu_;
   WorkerRegistry registry_;
+  ChargeLedger ledger_{&registry_};                         // the registry's accounting
   std::unordered_map<uint64_t, Route> routes_;              // by the current attempt's job id
   std::unordered_map<uint64_t, uint64_t> job_of_request_;  // ActiveRequest id -> current job id
   uint64_t next_request_id_;
   uint64_t cursor_prefill_ = 0, cursor_decode_ = 0, cursor_colocated_ = 0;
-  services::ListeningClock listening_{std::chrono::milliseconds(250)};  // OnTick only
+  services::ListeningClock listening_{std::chrono::milliseconds(250)};  // HandleTick only
+  SendFn send_;  // a detached core's; a started core sends through channel_
 
   std::unique_ptr<services::ControlChannel> channel_;  // last: stopped before the rest
 };

@@ -2,7 +2,6 @@
 // limit, Retry-After on 429, and ZeroMQ CURVE on the control plane, with an in-process
 // RouterServer, real pdserve-echo-worker processes and real `pdserve keygen` key files.
 #include <fstream>
-#include <thread>
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -172,7 +171,11 @@ TEST(RouterSecurityE2eTest, CurveControlPlaneAllowList) {
   auto misled = StartEchoWorker(endpoint, "misled", dir, CurveArgs(dir, "good", "fake-router"));
   ASSERT_TRUE(intruder && plain && misled);
   ASSERT_TRUE(WaitFor([&] { return (*server)->core().refused_handshakes() >= 1; }, 10s)) << intruder->Log();
-  std::this_thread::sleep_for(1s);  // several registration attempts of each
+  // Each of them kept trying to register, unanswered, for a while (the agent warns after 1 s
+  // of attempts): the checks below see their repeated attempts, not a race with the first one.
+  for (ChildProcess* w : {intruder.get(), plain.get(), misled.get()})
+    ASSERT_TRUE(WaitFor([&] { return w->Log().find("registration attempts") != std::string::npos; }, 20s))
+        << w->Log();
   EXPECT_FALSE((*server)->core().Health().ready);
   EXPECT_EQ((*server)->core().WorkersJson().size(), 0u) << (*server)->core().WorkersJson().dump();
   EXPECT_TRUE(intruder->Running() && plain->Running() && misled->Running());

@@ -49,7 +49,8 @@ class HttpServer : public httplib::Server {
   bool RaiseBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
 };
 
-// Why a wait for output ended without output.
+// How a wait for output ended: with a step, or without one (the client left, the deadline
+// passed, the router is shutting down).
 enum class WaitEnd { kStep, kDisconnected, kTimeout, kShutdown };
 
 // Waits for the next session step, checking the client, the deadline and shutdown before every
@@ -77,6 +78,22 @@ WaitEnd WaitStep(GenerationSession& session, const ConnectionWatch& watch, Clock
   }
 }
 
+// The error a wait that ended without output answers with: 504 with `timeout_message`, or 503
+// for a router shutting down. nullopt for kDisconnected (nobody is left to answer) and kStep.
+std::optional<ApiError> WaitEndError(WaitEnd end, const std::string& timeout_message) {
+  switch (end) {
+    case WaitEnd::kTimeout: return ApiError::Timeout(timeout_message);
+    case WaitEnd::kShutdown: return ApiError::Unavailable("the router is shutting down", "shutting_down");
+    case WaitEnd::kStep:
+    case WaitEnd::kDisconnected: break;
+  }
+  return std::nullopt;
+}
+
+std::string RequestDeadlineMessage(const std::string& tag) {
+  return fmt::format("the request exceeded the router's deadline (request id {})", tag);
+}
+
 void Append(SessionStep* into, SessionStep&& step) {
   into->text += step.text;
   for (auto& t : step.tokens) into->tokens.push_back(std::move(t));
@@ -94,13 +111,82 @@ struct StreamState {
   std::optional<SessionStep> pending;  // output received before the reply started
   ConnectionWatch watch;
   Clock::time_point deadline;
+  RouterMetrics* metrics = nullptr;
+  std::chrono::milliseconds poll{};
+  const std::atomic<bool>* stopping = nullptr;
   bool chat = false;
   bool include_usage = false;
   bool logprobs = false;
   bool sent_role = false;
   bool done = false;
   bool counted = false;
+
+  void Count(RequestOutcome outcome) {
+    if (!counted) metrics->CountRequest(outcome);
+    counted = true;
+  }
 };
+
+// The chunked content provider of a streaming reply: writes the next SSE events (the role
+// chunk first for chat, then each step's text, then the finish or error event and [DONE]).
+// False closes the connection.
+bool WriteNextEvents(StreamState& state, httplib::DataSink& sink) {
+  if (state.done) {
+    sink.done();
+    return true;
+  }
+  std::string out;
+  if (state.chat && !state.sent_role) {
+    out += SseEvent(state.builder->RoleChunk());
+    state.sent_role = true;
+  }
+  SessionStep step;
+  if (state.pending) {
+    step = std::move(*state.pending);
+    state.pending.reset();
+  } else {
+    const WaitEnd end = WaitStep(*state.session, state.watch, state.deadline, state.poll, *state.stopping, &step);
+    if (end == WaitEnd::kDisconnected) {
+      state.Count(RequestOutcome::kCancelled);
+      return false;  // closes the connection
+    }
+    if (auto e = WaitEndError(end, RequestDeadlineMessage(state.builder->id()))) {
+      out += SseEvent(e->ToJson());
+      out += kSseDone;
+      state.Count(OutcomeFor(e->http_status));
+      state.done = true;
+      const bool ok = sink.write(out.data(), out.size());
+      sink.done();
+      return ok;
+    }
+  }
+  // Tokens that render no text (a skipped special token, a partial character) produce no
+  // chunk unless their logprobs were asked for.
+  if (!step.text.empty() || (state.logprobs && !step.tokens.empty()))
+    out += SseEvent(state.builder->Chunk(step.text, step.tokens, std::nullopt));
+  if (step.finished) {
+    if (!step.error.ok()) {
+      const ApiError e = ApiError::FromStatus(step.error, state.builder->id());
+      out += SseEvent(e.ToJson());
+      state.Count(RequestOutcome::kError);
+      services::RequestLog("router", state.builder->id()).Warn("failed mid-stream: {}", step.error.ToString());
+    } else {
+      out += SseEvent(state.builder->Chunk("", {}, step.finish_reason));
+      if (state.include_usage)
+        out += SseEvent(state.builder->UsageChunk(state.session->prompt_tokens(), state.session->completion_tokens()));
+      state.Count(RequestOutcome::kOk);
+    }
+    out += kSseDone;
+    state.done = true;
+  }
+  if (!out.empty() && !sink.write(out.data(), out.size())) {
+    state.session->Cancel("client disconnected");
+    state.Count(RequestOutcome::kCancelled);
+    return false;
+  }
+  if (state.done) sink.done();
+  return true;
+}
 
 }  // namespace
 
@@ -353,179 +439,148 @@ void RouterServer::HandleDrain(const httplib::Request& req, httplib::Response& r
   res.set_content(R"({"status":"draining"})", "application/json");
 }
 
-void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res) {
-  const auto arrival = Clock::now();
-  const bool chat = endpoint == ApiEndpoint::kChat;
-  const std::string tag = NewRequestTag(chat);
-  res.set_header("X-Request-Id", tag);
-  services::RequestLog rlog("router", tag);
+// One generation request on its way through HandleGenerate's phases.
+struct RouterServer::GenerateCall {
+  GenerateCall(ApiEndpoint endpoint_in, Clock::time_point arrival_in)
+      : endpoint(endpoint_in),
+        chat(endpoint_in == ApiEndpoint::kChat),
+        tag(NewRequestTag(chat)),
+        arrival(arrival_in),
+        log("router", tag) {}
 
-  ParsedRequest pr;
-  if (auto err = ParseRequest(endpoint, req.body, &pr)) {
-    rlog.Debug("rejected: {}", err->message);
-    return ReplyError(res, *err);
+  const ApiEndpoint endpoint;
+  const bool chat;
+  const std::string tag;
+  const Clock::time_point arrival;
+  const services::RequestLog log;
+  ParsedRequest request;
+  std::shared_ptr<GenerationSession> session;  // set by Admit
+  ConnectionWatch watch;
+  Clock::time_point deadline{};  // of the whole request
+};
+
+void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  GenerateCall call(endpoint, Clock::now());
+  res.set_header("X-Request-Id", call.tag);
+  if (!Admit(call, req, res)) return;
+  SessionStep first;
+  if (!AwaitFirstOutput(call, res, &first)) return;
+  // Built at the first output: its "created" time is the reply's.
+  auto builder = std::make_unique<ResponseBuilder>(call.endpoint, call.tag, config_.model_name,
+                                                   call.request.include_usage, call.request.logprobs, *tokenizer_);
+  if (call.request.stream) {
+    ReplyStream(call, std::move(first), std::move(builder), res);
+  } else {
+    ReplyWhole(call, std::move(first), *builder, res);
+  }
+}
+
+bool RouterServer::Admit(GenerateCall& call, const httplib::Request& req, httplib::Response& res) {
+  if (auto err = ParseRequest(call.endpoint, req.body, &call.request)) {
+    call.log.Debug("rejected: {}", err->message);
+    ReplyError(res, *err);
+    return false;
   }
   PreparedRequest prepared;
-  if (auto err = PrepareRequest(config_, *tokenizer_, *chat_template_, pr, tag, arrival, &prepared)) {
-    rlog.Debug("rejected: {}", err->message);
-    return ReplyError(res, *err);
+  if (auto err = PrepareRequest(config_, *tokenizer_, *chat_template_, call.request, call.tag, call.arrival, &prepared)) {
+    call.log.Debug("rejected: {}", err->message);
+    ReplyError(res, *err);
+    return false;
   }
   auto submitted = core_->Submit(prepared.spec);
   if (!submitted.ok()) {
-    rlog.Debug("not dispatched: {}", submitted.status().ToString());
-    return ReplyError(res, SubmitError(submitted.status(), tag, chat));
+    call.log.Debug("not dispatched: {}", submitted.status().ToString());
+    ReplyError(res, SubmitError(submitted.status(), call.tag, call.chat));
+    return false;
   }
-  metrics_->queue_time.Observe(std::chrono::duration<double>(Clock::now() - arrival).count());
+  metrics_->queue_time.Observe(std::chrono::duration<double>(Clock::now() - call.arrival).count());
   metrics_->prompt_tokens.Increment(prepared.prompt_tokens);
 
-  auto session = std::make_shared<GenerationSession>(core_.get(), std::move(submitted).value(), *tokenizer_,
+  call.session = std::make_shared<GenerationSession>(core_.get(), std::move(submitted).value(), *tokenizer_,
                                                      std::move(prepared.session), metrics_.get());
-  const ConnectionWatch watch = ConnectionWatch::ForRequest(req);
-  if (!watch.found())
-    rlog.Debug("client socket not found ({}:{} -> port {}): hang-ups are noticed at the next write", req.remote_addr,
-               req.remote_port, req.local_port);
-  const auto deadline = arrival + config_.request_timeout;
-  const auto first_deadline = std::min(deadline, arrival + config_.first_token_timeout);
+  call.watch = ConnectionWatch::ForRequest(req);
+  if (!call.watch.found())
+    call.log.Debug("client socket not found ({}:{} -> port {}): hang-ups are noticed at the next write",
+                   req.remote_addr, req.remote_port, req.local_port);
+  call.deadline = call.arrival + config_.request_timeout;
+  return true;
+}
 
-  // Wait for the first token or the first error before choosing the HTTP status.
-  SessionStep first;
-  while (!first.finished && !session->has_first_token()) {
+bool RouterServer::CollectOutput(GenerateCall& call, Clock::time_point deadline, bool until_first_token,
+                                 std::string_view phase, const std::string& timeout_message, SessionStep* into,
+                                 httplib::Response& res) {
+  while (!into->finished && !(until_first_token && call.session->has_first_token())) {
     SessionStep step;
-    switch (WaitStep(*session, watch, first_deadline, config_.disconnect_poll, stopping_, &step)) {
-      case WaitEnd::kStep: Append(&first, std::move(step)); break;
-      case WaitEnd::kDisconnected:
-        rlog.Info("client disconnected before the first token");
-        metrics_->CountRequest(RequestOutcome::kCancelled);
-        return;
-      case WaitEnd::kTimeout:
-        rlog.Warn("no first token within {} ms", config_.first_token_timeout.count());
-        return ReplyError(res, ApiError::Timeout(fmt::format("no first token within the router's deadline (request id {})", tag)));
-      case WaitEnd::kShutdown:
-        return ReplyError(res, ApiError::Unavailable("the router is shutting down", "shutting_down"));
+    const WaitEnd end = WaitStep(*call.session, call.watch, deadline, config_.disconnect_poll, stopping_, &step);
+    if (end == WaitEnd::kStep) {
+      Append(into, std::move(step));
+      continue;
     }
+    if (end == WaitEnd::kDisconnected) {
+      call.log.Info("client disconnected{}", phase);
+      metrics_->CountRequest(RequestOutcome::kCancelled);
+    } else {
+      if (end == WaitEnd::kTimeout) call.log.Warn("{}", timeout_message);
+      ReplyError(res, *WaitEndError(end, timeout_message));
+    }
+    return false;
   }
-  if (first.finished && !first.error.ok()) {
-    rlog.Warn("failed before the first token: {}", first.error.ToString());
-    return ReplyError(res, ApiError::FromStatus(first.error, tag));
-  }
+  return true;
+}
 
-  auto builder = std::make_unique<ResponseBuilder>(endpoint, tag, config_.model_name, pr.include_usage, pr.logprobs,
-                                                   *tokenizer_);
-  if (!pr.stream) {
-    SessionStep all = std::move(first);
-    while (!all.finished) {
-      SessionStep step;
-      switch (WaitStep(*session, watch, deadline, config_.disconnect_poll, stopping_, &step)) {
-        case WaitEnd::kStep: Append(&all, std::move(step)); break;
-        case WaitEnd::kDisconnected:
-          rlog.Info("client disconnected");
-          metrics_->CountRequest(RequestOutcome::kCancelled);
-          return;
-        case WaitEnd::kTimeout:
-          return ReplyError(res, ApiError::Timeout(fmt::format("the request exceeded the router's deadline (request id {})", tag)));
-        case WaitEnd::kShutdown:
-          return ReplyError(res, ApiError::Unavailable("the router is shutting down", "shutting_down"));
-      }
-    }
-    if (!all.error.ok()) {
-      rlog.Warn("failed: {}", all.error.ToString());
-      return ReplyError(res, ApiError::FromStatus(all.error, tag));
-    }
-    res.set_content(DumpJson(builder->Full(all.text, all.tokens, all.finish_reason, session->prompt_tokens(),
-                                           session->completion_tokens())),
-                    "application/json");
-    metrics_->CountRequest(RequestOutcome::kOk);
-    rlog.Debug("done: {} prompt + {} completion tokens, {}", session->prompt_tokens(), session->completion_tokens(),
-               all.finish_reason);
-    return;
+bool RouterServer::AwaitFirstOutput(GenerateCall& call, httplib::Response& res, SessionStep* first) {
+  // The first token or the first error decides the HTTP status.
+  const auto first_deadline = std::min(call.deadline, call.arrival + config_.first_token_timeout);
+  if (!CollectOutput(call, first_deadline, true, " before the first token",
+                     fmt::format("no first token within the router's deadline (request id {})", call.tag), first,
+                     res))
+    return false;
+  if (first->finished && !first->error.ok()) {
+    call.log.Warn("failed before the first token: {}", first->error.ToString());
+    ReplyError(res, ApiError::FromStatus(first->error, call.tag));
+    return false;
   }
+  return true;
+}
 
+void RouterServer::ReplyWhole(GenerateCall& call, SessionStep first, ResponseBuilder& builder,
+                              httplib::Response& res) {
+  SessionStep all = std::move(first);
+  if (!CollectOutput(call, call.deadline, false, "", RequestDeadlineMessage(call.tag), &all, res)) return;
+  if (!all.error.ok()) {
+    call.log.Warn("failed: {}", all.error.ToString());
+    return ReplyError(res, ApiError::FromStatus(all.error, call.tag));
+  }
+  const GenerationSession& session = *call.session;
+  res.set_content(DumpJson(builder.Full(all.text, all.tokens, all.finish_reason, session.prompt_tokens(),
+                                        session.completion_tokens())),
+                  "application/json");
+  metrics_->CountRequest(RequestOutcome::kOk);
+  call.log.Debug("done: {} prompt + {} completion tokens, {}", session.prompt_tokens(), session.completion_tokens(),
+                 all.finish_reason);
+}
+
+void RouterServer::ReplyStream(GenerateCall& call, SessionStep first, std::unique_ptr<ResponseBuilder> builder,
+                               httplib::Response& res) {
   auto state = std::make_shared<StreamState>();
-  state->session = session;
+  state->session = call.session;
   state->builder = std::move(builder);
   state->pending = std::move(first);
-  state->watch = watch;
-  state->deadline = deadline;
-  state->chat = chat;
-  state->include_usage = pr.include_usage;
-  state->logprobs = pr.logprobs;
-  RouterMetrics* metrics = metrics_.get();
-  const std::chrono::milliseconds poll = config_.disconnect_poll;
-  const std::atomic<bool>* stopping = &stopping_;
+  state->watch = call.watch;
+  state->deadline = call.deadline;
+  state->metrics = metrics_.get();
+  state->poll = config_.disconnect_poll;
+  state->stopping = &stopping_;
+  state->chat = call.chat;
+  state->include_usage = call.request.include_usage;
+  state->logprobs = call.request.logprobs;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [state, metrics, poll, stopping](size_t, httplib::DataSink& sink) -> bool {
-        if (state->done) {
-          sink.done();
-          return true;
-        }
-        std::string out;
-        if (state->chat && !state->sent_role) {
-          out += SseEvent(state->builder->RoleChunk());
-          state->sent_role = true;
-        }
-        SessionStep step;
-        if (state->pending) {
-          step = std::move(*state->pending);
-          state->pending.reset();
-        } else {
-          const WaitEnd end = WaitStep(*state->session, state->watch, state->deadline, poll, *stopping, &step);
-          if (end == WaitEnd::kDisconnected) {
-            metrics->CountRequest(RequestOutcome::kCancelled);
-            state->counted = true;
-            return false;  // closes the connection
-          }
-          if (end != WaitEnd::kStep) {
-            const ApiError e = end == WaitEnd::kTimeout
-                                   ? ApiError::Timeout("the request exceeded the router's deadline (request id " +
-                                                       state->builder->id() + ")")
-                                   : ApiError::Unavailable("the router is shutting down", "shutting_down");
-            out += SseEvent(e.ToJson());
-            out += kSseDone;
-            metrics->CountRequest(OutcomeFor(e.http_status));
-            state->counted = true;
-            state->done = true;
-            const bool ok = sink.write(out.data(), out.size());
-            sink.done();
-            return ok;
-          }
-        }
-        // Tokens that render no text (a skipped special token, a partial character) produce no
-        // chunk unless their logprobs were asked for.
-        if (!step.text.empty() || (state->logprobs && !step.tokens.empty()))
-          out += SseEvent(state->builder->Chunk(step.text, step.tokens, std::nullopt));
-        if (step.finished) {
-          if (!step.error.ok()) {
-            const ApiError e = ApiError::FromStatus(step.error, state->builder->id());
-            out += SseEvent(e.ToJson());
-            metrics->CountRequest(RequestOutcome::kError);
-            services::RequestLog("router", state->builder->id()).Warn("failed mid-stream: {}", step.error.ToString());
-          } else {
-            out += SseEvent(state->builder->Chunk("", {}, step.finish_reason));
-            if (state->include_usage)
-              out += SseEvent(state->builder->UsageChunk(state->session->prompt_tokens(),
-                                                         state->session->completion_tokens()));
-            metrics->CountRequest(RequestOutcome::kOk);
-          }
-          out += kSseDone;
-          state->counted = true;
-          state->done = true;
-        }
-        if (!out.empty() && !sink.write(out.data(), out.size())) {
-          state->session->Cancel("client disconnected");
-          if (!state->counted) metrics->CountRequest(RequestOutcome::kCancelled);
-          state->counted = true;
-          return false;
-        }
-        if (state->done) sink.done();
-        return true;
-      },
-      [state, metrics](bool) {
+      "text/event-stream", [state](size_t, httplib::DataSink& sink) { return WriteNextEvents(*state, sink); },
+      [state](bool) {
         // The response is gone (written, or the connection dropped before the provider ran).
         if (!state->session->finished()) state->session->Cancel("client disconnected");
-        if (!state->counted) metrics->CountRequest(RequestOutcome::kCancelled);
-        state->counted = true;
+        state->Count(RequestOutcome::kCancelled);
       });
 }
 

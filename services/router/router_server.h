@@ -31,9 +31,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <prometheus/registry.h>
@@ -57,6 +59,8 @@ namespace pdserve::router {
 enum class ApiEndpoint;
 struct ApiError;
 class RequestApiServer;
+class ResponseBuilder;
+struct SessionStep;
 
 class RouterServer {
  public:
@@ -79,7 +83,23 @@ class RouterServer {
  private:
   explicit RouterServer(RouterConfig config);
   void InstallRoutes();
+  // A generation request, in phases (router_server.cc): Admit (parse, prepare, submit),
+  // AwaitFirstOutput (the first token or error picks the HTTP status), then ReplyWhole or
+  // ReplyStream. Each phase that fails has answered in `res` (or the client is gone).
+  struct GenerateCall;
   void HandleGenerate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  bool Admit(GenerateCall& call, const httplib::Request& req, httplib::Response& res);
+  bool AwaitFirstOutput(GenerateCall& call, httplib::Response& res, SessionStep* first);
+  void ReplyWhole(GenerateCall& call, SessionStep first, ResponseBuilder& builder, httplib::Response& res);
+  void ReplyStream(GenerateCall& call, SessionStep first, std::unique_ptr<ResponseBuilder> builder,
+                   httplib::Response& res);
+  // The one wait of the non-streaming phases: appends output to *into until it finished (or,
+  // `until_first_token`, has its first token). False when the wait ended without output first:
+  // the client left (counted, `phase` in the log), `deadline` passed (504 `timeout_message`) or
+  // the router is stopping (503).
+  bool CollectOutput(GenerateCall& call, std::chrono::steady_clock::time_point deadline, bool until_first_token,
+                     std::string_view phase, const std::string& timeout_message, SessionStep* into,
+                     httplib::Response& res);
   void HandleHealth(httplib::Response& res);
   void HandleModels(httplib::Response& res);
   void HandleDrain(const httplib::Request& req, httplib::Response& res);

@@ -55,12 +55,10 @@ RegisterOutcome WorkerRegistry::Register(const std::string& peer, const services
     return out;
   }
   // Replacement of the same worker id (restart, or a re-registration after we forgot it).
-  std::optional<WorkerEntry> old;
-  if (auto it = peer_by_id_.find(msg.worker_id); it != peer_by_id_.end()) old = Remove(it->second);
-  if (auto* e = FindByPeer(peer)) {  // this peer carried another worker id: drop that one too
-    auto other = Remove(e->peer);
-    if (!old) old = std::move(other);
-  }
+  if (auto it = peer_by_id_.find(msg.worker_id); it != peer_by_id_.end())
+    if (auto old = Remove(it->second)) out.replaced.push_back(std::move(*old));
+  if (auto* e = FindByPeer(peer))  // this peer carried another worker id: drop that one too
+    if (auto other = Remove(e->peer)) out.replaced.push_back(std::move(*other));
   if (Pairs(msg.role)) {
     const uint64_t want = CurrentCompatHash();
     if (want != 0 && msg.compat_hash != want) {
@@ -68,13 +66,13 @@ RegisterOutcome WorkerRegistry::Register(const std::string& peer, const services
           "compatibility hash {:016x} differs from the cluster's {:016x}: this worker's model or KV layout "
           "cannot pair with the registered prefill/decode workers",
           msg.compat_hash, want));
-      out.replaced = std::move(old);
       return out;
     }
   }
   auto e = std::make_unique<WorkerEntry>();
   e->id = msg.worker_id;
   e->peer = peer;
+  e->registration = next_registration_++;
   e->role = msg.role;
   e->incarnation = msg.incarnation;
   e->http_address = msg.http_address;
@@ -91,7 +89,6 @@ RegisterOutcome WorkerRegistry::Register(const std::string& peer, const services
   e->last_seen = now;
   peer_by_id_[e->id] = peer;
   by_peer_[peer] = std::move(e);
-  out.replaced = std::move(old);
   return out;
 }
 

@@ -37,6 +37,9 @@ using Clock = std::chrono::steady_clock;
 struct WorkerEntry {
   std::string id;
   std::string peer;  // ZeroMQ routing id of its DEALER
+  // This registration's number, unique for the registry's life: tells a worker entry from a
+  // later one at the same peer or with the same id (charge_ledger.h).
+  uint64_t registration = 0;
   services::WorkerRole role = services::WorkerRole::kColocated;
   uint64_t incarnation = 0;
   std::string http_address;
@@ -51,7 +54,8 @@ struct WorkerEntry {
   bool drain_requested = false;  // the router sent Drain: draining whatever heartbeats say
   Clock::time_point registered_at{};
   Clock::time_point last_seen{};
-  // Router-side accounting.
+  // Router-side accounting, written only by ChargeLedger (charge_ledger.h): the open charges
+  // of the attempts placed here. kv_free_estimate is also reset by every heartbeat.
   int64_t outstanding_tokens = 0;
   int64_t outstanding_requests = 0;
   int64_t kv_free_estimate = 0;
@@ -59,7 +63,9 @@ struct WorkerEntry {
 
 struct RegisterOutcome {
   Status refusal;                       // non-OK: refuse with this
-  std::optional<WorkerEntry> replaced;  // an older entry of the same worker id, now removed
+  // Entries this registration removed: an older entry of the same worker id, and one of
+  // another worker id at the same peer. The caller fails their requests.
+  std::vector<WorkerEntry> replaced;
   bool duplicate = false;               // a retry of an accepted registration
 };
 
@@ -115,6 +121,7 @@ class WorkerRegistry {
   const Options options_;
   std::map<std::string, std::unique_ptr<WorkerEntry>> by_peer_;
   std::map<std::string, std::string> peer_by_id_;
+  uint64_t next_registration_ = 1;
 };
 
 }  // namespace pdserve::router

@@ -56,12 +56,12 @@ TEST(WorkerRegistryTest, RestartReplacesAndRetryIsIdempotent) {
   ASSERT_TRUE(reg.Register("a", Reg("w", WorkerRole::kColocated), now).refusal.ok());
   auto retry = reg.Register("a", Reg("w", WorkerRole::kColocated), now);
   EXPECT_TRUE(retry.duplicate);
-  EXPECT_FALSE(retry.replaced);
+  EXPECT_TRUE(retry.replaced.empty());
   RegisterMsg restarted = Reg("w", WorkerRole::kColocated);
   restarted.incarnation = 2;
   auto out = reg.Register("b", restarted, now);
-  ASSERT_TRUE(out.replaced.has_value());
-  EXPECT_EQ(out.replaced->peer, "a");
+  ASSERT_EQ(out.replaced.size(), 1u);
+  EXPECT_EQ(out.replaced[0].peer, "a");
   EXPECT_EQ(reg.size(), 1u);
   EXPECT_EQ(reg.FindById("w")->peer, "b");
 }

@@ -237,22 +237,73 @@ TEST(WorkerAgentTest, ForgottenWorkerRegistersAgainAndAbortsItsJobs) {
   for (const auto& ev : router.Received<TokenEventMsg>()) EXPECT_NE(ev.request_id, 5u);
 }
 
+// Stamps every load it reports (heartbeats carry it) with the number of loads taken so far,
+// and adds up, while unhealthy, the time the agent's thread spent listening: the gaps between
+// its Health() checks, each capped at the agent's ListeningClock step (listening_clock.h).
+class StampingHandler : public RecordingHandler {
+ public:
+  WorkerLoad CurrentLoad() override {
+    WorkerLoad load = RecordingHandler::CurrentLoad();
+    load.queued_tokens = ++loads;
+    return load;
+  }
+  Status Health() override {
+    const Status health = RecordingHandler::Health();
+    if (!health.ok()) {
+      const auto now = std::chrono::steady_clock::now();
+      // Called on the agent's thread, before it would send anything in this tick: no load is
+      // taken (no heartbeat sent) once an unhealthy answer was given.
+      if (stamp_at_silence == 0) stamp_at_silence = loads.load();
+      if (last_check != std::chrono::steady_clock::time_point{})
+        listened_ns.store(listened_ns.load() +
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::min<std::chrono::steady_clock::duration>(now - last_check, kListeningStep))
+                              .count());
+      last_check = now;
+    }
+    return health;
+  }
+  static constexpr std::chrono::milliseconds kListeningStep{250};  // the agent's ListeningClock step
+  std::atomic<uint64_t> loads{0};
+  std::atomic<uint64_t> stamp_at_silence{0};
+  std::atomic<int64_t> listened_ns{0};  // written by the agent's thread only
+  std::chrono::steady_clock::time_point last_check{};  // agent thread only
+};
+
 // A worker whose handler reports it cannot make progress goes silent (no heartbeat, so the
 // router times it out and moves its jobs); healthy again, it finds the router lost, drops its
 // jobs and registers anew.
+//
+// Synchronised on what the agent did, not on sleeps: every heartbeat carries a stamp (the
+// number of CurrentLoad calls so far), so the test knows which heartbeat was the last one sent
+// before the agent saw the flag, and the silent period lasts until the agent's own thread has
+// listened (ticks at most ListeningClock's step apart, as the agent counts silence) for longer
+// than the router timeout, however slowly the machine runs.
 TEST(WorkerAgentTest, UnhealthyWorkerGoesSilentThenRegistersAgain) {
-  FakeRouter router("tcp://127.0.0.1:*");
-  RecordingHandler handler;
+  StampingHandler handler;
+  constexpr auto kRouterTimeout = 400ms;  // what FakeRouter's RegisterAck sets
+  FakeRouter router("tcp://127.0.0.1:*", 1, kRouterTimeout.count());
   auto agent = WorkerAgent::Start(Options(router.endpoint()), &handler);
   ASSERT_TRUE(agent.ok());
   ASSERT_TRUE(WaitFor([&] { return (*agent)->registered(); }, 5s));
   router.Send(Job(7));
   ASSERT_TRUE(WaitFor([&] { return (*agent)->live_jobs() == 1; }, 5s));
+  ASSERT_TRUE(WaitFor([&] { return !router.Received<HeartbeatMsg>().empty(); }, 5s));
   handler.healthy = false;
-  std::this_thread::sleep_for(300ms);  // a heartbeat sent before the flag may still arrive
+  ASSERT_TRUE(WaitFor([&] { return handler.stamp_at_silence.load() != 0; }, 5s)) << "the agent never checked health";
+  // The last heartbeat sent before the agent saw the flag (it may still be in flight).
+  const uint64_t last_stamp = handler.stamp_at_silence.load();
+  ASSERT_TRUE(WaitFor([&] {
+    const auto hbs = router.Received<HeartbeatMsg>();
+    return !hbs.empty() && hbs.back().load.queued_tokens == last_stamp;
+  }, 5s)) << "the heartbeat stamped " << last_stamp << " never arrived";
   const size_t heartbeats = router.Received<HeartbeatMsg>().size();
-  std::this_thread::sleep_for(600ms);  // 12 heartbeat intervals, past the router timeout
+  // Silent past the router timeout as the agent counts it, with a margin for the ack of that
+  // last heartbeat.
+  ASSERT_TRUE(WaitFor([&] { return std::chrono::nanoseconds(handler.listened_ns.load()) > kRouterTimeout + 300ms; },
+                      20s));
   EXPECT_EQ(router.Received<HeartbeatMsg>().size(), heartbeats) << "an unhealthy worker kept heartbeating";
+  EXPECT_EQ(handler.loads.load(), last_stamp) << "an unhealthy worker reported its load";
   EXPECT_EQ((*agent)->registrations(), 1);
   handler.healthy = true;
   ASSERT_TRUE(WaitFor([&] { return handler.Aborted().size() == 1; }, 5s)) << "the job of the silent period was kept";
