@@ -19,7 +19,7 @@ namespace {
 
 using services::AbortMsg;
 using services::ControlMessage;
-using services::FinishReason;
+using pdserve::FinishReason;
 using services::FirstTokenMsg;
 using services::JobMsg;
 using services::JobPhase;
