@@ -176,7 +176,7 @@ TEST(CheckpointTest, Fp8WithoutScaleIsRefused) {
   MakeTiny(d.path(), "fp8");
   RemoveTensor(d.path(), "model.layers.2.self_attn.o_proj.weight_scale_inv");
   const std::string e = LoadError(d.path());
-  EXPECT_NE(e.find("FP8 tensor 'model.layers.2.self_attn.o_proj.weight' has no 'model.layers.2.self_attn.o_proj.weight_scale_inv'"),
+  EXPECT_NE(e.find("F8_E4M3 tensor 'model.layers.2.self_attn.o_proj.weight' has no 'model.layers.2.self_attn.o_proj.weight_scale_inv'"),
             std::string::npos) << e;
 }
 

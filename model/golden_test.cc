@@ -13,9 +13,9 @@
 
 #include "common/mapped_file.h"
 #include "common/npy.h"
-#include "model/dump_compare.h"
-#include "model/greedy_run.h"
-#include "model/make_model.h"
+#include "model/tools/dump_compare.h"
+#include "model/tools/greedy_run.h"
+#include "model/tools/make_model.h"
 #include "model/test_hooks.h"
 #include "model/test_util.h"
 

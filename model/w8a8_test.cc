@@ -13,8 +13,8 @@
 
 #include "kernels/quantize.h"
 #include "kernels/ref/gemm_int8_ref.h"
-#include "model/convert.h"
-#include "model/convert_accuracy.h"
+#include "model/tools/convert.h"
+#include "model/tools/convert_accuracy.h"
 #include "model/model.h"
 #include "model/test_hooks.h"
 #include "model/test_util.h"

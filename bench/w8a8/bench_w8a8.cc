@@ -28,10 +28,10 @@
 #include "kernels/gemm_int8_internal.h"
 #include "kernels/quantize.h"
 #include "model/checkpoint.h"
-#include "model/convert.h"
-#include "model/convert_accuracy.h"
+#include "model/tools/convert.h"
+#include "model/tools/convert_accuracy.h"
 #include "model/test_hooks.h"
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "model/model.h"
 
 namespace pdserve::bench {

@@ -1,8 +1,8 @@
-// Tests of the streaming converter (model/convert.h), the incremental safetensors writer and the
+// Tests of the streaming converter (model/tools/convert.h), the incremental safetensors writer and the
 // W8A8 / expert-parallel loading paths of ModelWeights: FP8 block-scaled tensors built here
 // with exactly representable values, EP-split conversions loaded rank by rank on 2 and 4 ranks
 // (their union equals the unsplit conversion), and malformed inputs refused with clear errors.
-#include "model/convert.h"
+#include "model/tools/convert.h"
 
 #include <gtest/gtest.h>
 
