@@ -308,6 +308,8 @@ TEST(ConvertTest, MalformedInputsAreRefusedClearly) {
   ExpectError(ConvertTensors(d, "expert", {Bf16Tensor("model.layers.1.mlp.experts.9.up_proj.weight", {2, 2}, {1, 2, 3, 4})},
                              "bf16"),
               "names expert 9 outside [0, 8)");
+  ExpectError(ConvertTensors(d, "badname", {Bf16Tensor("model.layers.x.mlp.gate.weight", {2, 2}, {1, 2, 3, 4})}, "bf16"),
+              "tensor 'model.layers.x.mlp.gate.weight': expected a decimal layer index");
   ExpectError(ConvertTensors(d, "already", {Bf16Tensor("model.norm.weight", {2}, {1, 2})}, "w8a8_int8"),
               "already a W8A8 checkpoint");
   // Bad options.
