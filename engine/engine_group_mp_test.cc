@@ -19,8 +19,8 @@
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "engine/rank_group.h"
-#include "model/make_model.h"
-#include "model/parallel_launch.h"
+#include "model/tools/make_model.h"
+#include "model/parallel_instance.h"
 #include "model/test_util.h"
 
 namespace pdserve::engine {

@@ -17,15 +17,15 @@
 #include "model/model.h"
 #include "model/parallel.h"
 #include "model/profile_ops.h"
-#include "model/test_hooks.h"
+#include "model/forward_variants.h"
 
 namespace pdserve::model {
 
 namespace {
-// The indexer's RoPE (half-split pairs); the interleaved layout only under a test fault.
+// The indexer's RoPE (half-split pairs), or a test's variant (model/forward_variants.h).
 void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs) {
-  if (TEST_numerics_fault() == NumericsFault::kIndexerRopeInterleaved) [[unlikely]] {
-    kernels::ApplyRopeInterleaved(x, dr, pos, freqs);
+  if (const RopeFn variant = indexer_rope_variant(); variant != nullptr) [[unlikely]] {
+    variant(x, dr, pos, freqs);
     return;
   }
   kernels::ApplyRopeHalfSplit(x, dr, pos, freqs);

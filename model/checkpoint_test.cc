@@ -169,6 +169,15 @@ TEST(CheckpointTest, MissingAndUnexpectedTensorsAreListed) {
            [](nlohmann::json& j) { j["weight_map"]["model.layers.0.mlp.bogus.weight"] = "extra.safetensors"; });
   e = LoadError(d2.path());
   EXPECT_NE(e.find("unexpected tensors: model.layers.0.mlp.bogus.weight"), std::string::npos) << e;
+
+  // A malformed layer / expert index (model/tensor_names.h) is named as such.
+  TempDir d3("ckpt_badname");
+  MakeTiny(d3.path());
+  const std::string bad = "model.layers.1.mlp.experts.03.up_proj.weight";
+  ASSERT_TRUE(WriteSafetensors(d3 / "extra.safetensors", {{bad, DType::kF32, {2}, std::vector<uint8_t>(8)}}).ok());
+  EditJson(d3 / "model.safetensors.index.json", [&](nlohmann::json& j) { j["weight_map"][bad] = "extra.safetensors"; });
+  e = LoadError(d3.path());
+  EXPECT_NE(e.find("tensor '" + bad + "': expert index has a leading zero"), std::string::npos) << e;
 }
 
 TEST(CheckpointTest, Fp8WithoutScaleIsRefused) {
@@ -176,7 +185,7 @@ TEST(CheckpointTest, Fp8WithoutScaleIsRefused) {
   MakeTiny(d.path(), "fp8");
   RemoveTensor(d.path(), "model.layers.2.self_attn.o_proj.weight_scale_inv");
   const std::string e = LoadError(d.path());
-  EXPECT_NE(e.find("FP8 tensor 'model.layers.2.self_attn.o_proj.weight' has no 'model.layers.2.self_attn.o_proj.weight_scale_inv'"),
+  EXPECT_NE(e.find("F8_E4M3 tensor 'model.layers.2.self_attn.o_proj.weight' has no 'model.layers.2.self_attn.o_proj.weight_scale_inv'"),
             std::string::npos) << e;
 }
 

@@ -10,7 +10,7 @@
 #include "model/model.h"
 #include "model/parallel.h"
 #include "model/profile_ops.h"
-#include "model/test_hooks.h"
+#include "model/forward_variants.h"
 
 namespace pdserve::model {
 
@@ -183,7 +183,7 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
 }
 
 void Model::RunExperts(std::span<const ExpertJob> jobs) const {
-  if (TEST_per_expert_moe()) {
+  if (per_expert_moe_variant()) {
     for (const ExpertJob& j : jobs)
       ForEachGemmPath(j.x, j.mlp->gate.n_in(), j.y, j.mlp->down.n_out(), j.tiled, j.m,
                       [this, &j](const float* xs, int64_t n, float* ys) { Mlp(*j.mlp, xs, n, ys); });

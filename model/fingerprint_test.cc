@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "model/test_util.h"
 
 namespace pdserve::model {

@@ -13,11 +13,12 @@
 
 #include "common/mapped_file.h"
 #include "common/npy.h"
-#include "model/dump_compare.h"
-#include "model/greedy_run.h"
-#include "model/make_model.h"
-#include "model/test_hooks.h"
+#include "kernels/rope.h"
+#include "model/forward_variants.h"
 #include "model/test_util.h"
+#include "model/tools/dump_compare.h"
+#include "model/tools/greedy_run.h"
+#include "model/tools/make_model.h"
 
 namespace pdserve::model {
 namespace {
@@ -117,9 +118,9 @@ TEST(GoldenFaultTest, IndexerRopeLayoutBugIsCaughtAtLayerZero) {
   ThreadPool pool(2);
   auto model = MakeAndLoad(g, tmp, &pool);
   ASSERT_TRUE(model);
-  TEST_SetNumericsFault(NumericsFault::kIndexerRopeInterleaved);
+  SetIndexerRopeVariant(kernels::ApplyRopeInterleaved);  // the bug: MLA's layout in the indexer
   auto run = RunGreedy(*model, g.prompt, 20);
-  TEST_SetNumericsFault(NumericsFault::kNone);
+  SetIndexerRopeVariant(nullptr);
   ASSERT_TRUE(run.ok()) << run.status().ToString();
   ASSERT_TRUE(WriteDump(tmp / "dump", model->config(), *run).ok());
   auto report = CompareDumps(tmp / "dump", g.dir, CompareThresholds{});

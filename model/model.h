@@ -169,8 +169,9 @@ class Model {
   // then all gate and up projections run as one grouped call (one parallel region, tasks over
   // (call, output block); ApplyLinearGrouped), the activations per job, and all down
   // projections as a second grouped call: two parallel regions per layer whatever the number
-  // of experts, and no synchronisation per expert. TEST_per_expert_moe() runs one Mlp per job
-  // instead (the reference the pass is compared against bit for bit).
+  // of experts, and no synchronisation per expert. per_expert_moe_variant()
+  // (model/forward_variants.h) runs one Mlp per job instead (the reference the pass is
+  // compared against bit for bit).
   void RunExperts(std::span<const ExpertJob> jobs) const;
   // ApplyLinear over the plan's rows, each with its group's GEMM path.
   void PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const;

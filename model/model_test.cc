@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "model/model.h"
 #include "model/test_util.h"
 

@@ -24,9 +24,9 @@
 #include "comm/testing/mpi_test_util.h"
 #include "common/dtype.h"
 #include "common/mapped_file.h"
-#include "model/convert.h"
+#include "model/tools/convert.h"
 #include "model/parallel.h"
-#include "model/parallel_greedy.h"
+#include "model/tools/parallel_greedy.h"
 #include "model/test_util.h"
 
 namespace pdserve::model {

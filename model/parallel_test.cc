@@ -7,7 +7,7 @@
 #include "kernels/gemm.h"
 #include "model/batch_plan.h"
 #include "model/parallel.h"
-#include "model/parallel_launch.h"
+#include "model/model.h"
 
 namespace pdserve::model {
 namespace {

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 
 namespace pdserve::model::testing {
 

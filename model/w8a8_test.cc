@@ -13,10 +13,10 @@
 
 #include "kernels/quantize.h"
 #include "kernels/ref/gemm_int8_ref.h"
-#include "model/convert.h"
-#include "model/convert_accuracy.h"
+#include "model/tools/convert.h"
+#include "model/tools/convert_accuracy.h"
 #include "model/model.h"
-#include "model/test_hooks.h"
+#include "model/forward_variants.h"
 #include "model/test_util.h"
 #include "model/weights.h"
 
@@ -144,7 +144,7 @@ TEST(W8A8MoeTest, GroupedExpertsEqualThePerExpertPath) {
     ASSERT_EQ((*m)->weights().layer(1).experts[0].gate.is_int8(), w8);
     const int64_t V = (*m)->config().vocab_size;
     auto run = [&](bool per_expert, ForwardTrace* trace) {
-      TEST_SetPerExpertMoe(per_expert);
+      SetPerExpertMoeVariant(per_expert);
       std::vector<int32_t> prompt;
       for (int i = 0; i < 70; ++i) prompt.push_back((i * 37 + 5) % 900);
       SequenceKvCache cache((*m)->config());
@@ -158,7 +158,7 @@ TEST(W8A8MoeTest, GroupedExpertsEqualThePerExpertPath) {
         EXPECT_TRUE((*m)->Forward(&t, 1, &cache, logits.data()).ok());
         all.insert(all.end(), logits.begin(), logits.end());
       }
-      TEST_SetPerExpertMoe(false);
+      SetPerExpertMoeVariant(false);
       return all;
     };
     ForwardTrace grouped_trace, per_expert_trace;

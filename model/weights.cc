@@ -1,17 +1,18 @@
 #include "model/weights.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/shard.h"
 #include "common/dtype.h"
 #include "common/mapped_file.h"
+#include "model/fp8_blocks.h"
+#include "model/mapped_pages.h"
+#include "model/tensor_names.h"
 
 namespace pdserve::model {
 
@@ -80,11 +81,10 @@ class Loader {
   Status CheckNoneUnused(const ModelConfig& cfg, int64_t e_begin, int64_t e_end, bool rank_index,
                          const std::string& rank_label, bool foreign_only) {
     std::vector<std::string> unexpected, foreign;
-    const std::string mtp_prefix = "model.layers." + std::to_string(cfg.num_hidden_layers) + ".";
     for (const auto& name : ckpt_.UnusedNames()) {
-      if (name.rfind(mtp_prefix, 0) == 0) continue;  // the MTP layer: inference ignores it
-      const int64_t e = ExpertOf(name);
-      if (e >= 0 && (e < e_begin || e >= e_end)) {
+      PDSERVE_ASSIGN_OR_RETURN(const TensorName parsed, ParseTensorName(name));
+      if (parsed.layer == cfg.num_hidden_layers) continue;  // the MTP layer: inference ignores it
+      if (parsed.expert >= 0 && (parsed.expert < e_begin || parsed.expert >= e_end)) {
         if (rank_index) foreign.push_back(name);
         continue;
       }
@@ -96,18 +96,6 @@ class Loader {
                                      ckpt_.dir());
     if (unexpected.empty() || foreign_only) return Status::Ok();
     return Status::InvalidArgument("unexpected tensors: " + List(unexpected), ckpt_.dir());
-  }
-
-  // The routed expert id of "model.layers.L.mlp.experts.E.*", -1 for any other name.
-  static int64_t ExpertOf(const std::string& name) {
-    static const std::string kKey = ".mlp.experts.";
-    const size_t at = name.find(kKey);
-    if (at == std::string::npos) return -1;
-    size_t i = at + kKey.size();
-    int64_t e = 0;
-    const size_t digits_begin = i;
-    while (i < name.size() && name[i] >= '0' && name[i] <= '9') e = e * 10 + (name[i++] - '0');
-    return i > digits_begin && i < name.size() && name[i] == '.' ? e : -1;
   }
 
   static std::string List(const std::vector<std::string>& names) {
@@ -165,32 +153,21 @@ class Loader {
   }
 
   Status DequantFp8(const std::string& name, const TensorInfo& t, Linear* out) {
-    std::string scale_name = name + "_scale_inv";  // "...weight" -> "...weight_scale_inv"
-    const TensorInfo* s = ckpt_.Find(scale_name);
+    const TensorInfo* s = ckpt_.Find(Fp8ScaleName(name));
+    PDSERVE_RETURN_IF_ERROR(CheckFp8BlockScales(name, t, s));
     const int64_t n_out = t.shape[0], n_in = t.shape[1];
-    const int64_t rb = (n_out + 127) / 128, cb = (n_in + 127) / 128;
-    if (!s) return Status::InvalidArgument("FP8 tensor '" + name + "' has no '" + scale_name + "'", t.file);
-    if (s->dtype != DType::kF32 || s->shape != std::vector<int64_t>{rb, cb})
-      return Status::InvalidArgument("tensor '" + scale_name + "' must be F32 [" + std::to_string(rb) + ", " +
-                                         std::to_string(cb) + "], got " + std::string(DTypeName(s->dtype)) + " " +
-                                         s->ShapeString(),
-                                     s->file);
     const float* scale = reinterpret_cast<const float*>(s->data);
     out->owned_bf16.resize(static_cast<size_t>(n_out * n_in));
-    const float* table = Fp8E4M3DecodeTable();
+    std::vector<float> row(static_cast<size_t>(n_in));
     for (int64_t i = 0; i < n_out; ++i) {
-      const float* srow = scale + (i / 128) * cb;
-      for (int64_t j = 0; j < n_in; ++j) {
-        const float v = table[t.data[i * n_in + j]] * srow[j / 128];
-        out->owned_bf16[static_cast<size_t>(i * n_in + j)] = F32ToBf16Bits(v);
-      }
+      DequantFp8Rows(t.data, scale, n_in, i, i + 1, row.data());
+      uint16_t* o = out->owned_bf16.data() + i * n_in;
+      for (int64_t j = 0; j < n_in; ++j) o[j] = F32ToBf16Bits(row[static_cast<size_t>(j)]);
     }
     out->view = {DType::kBF16, out->owned_bf16.data(), n_out, n_in, n_in};
-    // The FP8 bytes are no longer needed: drop their page-cache pages from this process.
-    const long page = sysconf(_SC_PAGESIZE);
-    uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) & ~static_cast<uintptr_t>(page - 1);
-    uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.n_bytes) & ~static_cast<uintptr_t>(page - 1);
-    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+    // The FP8 bytes are no longer needed: drop their pages from this process (only pages wholly
+    // inside the tensor: its neighbours may be used in place).
+    DropPages(t.data, t.n_bytes, PagesInside(t.data, t.n_bytes));
     return Status::Ok();
   }
 

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 
 namespace pdserve::planner {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "planner/plan.h"
 
 namespace pdserve::planner {

@@ -38,7 +38,7 @@
 
 #include "engine/engine.h"
 #include "bench/engine/engine_figures.h"
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "model/profile_ops.h"
 
 namespace pdserve {

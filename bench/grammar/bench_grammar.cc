@@ -23,7 +23,7 @@
 #include "grammar/bitmask.h"
 #include "grammar/constraint.h"
 #include "grammar/matcher.h"
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "tokenizer/token_table.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_paths.h"

@@ -8,7 +8,7 @@
 
 #include "bench/common/bench_util.h"
 #include "common/cpu_features.h"
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "model/model.h"
 
 namespace pdserve::bench {

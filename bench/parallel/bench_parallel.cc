@@ -34,7 +34,7 @@
 #include "comm/process_groups.h"
 #include "comm/tensor_parallel.h"
 #include "model/parallel.h"
-#include "model/parallel_launch.h"
+#include "model/model.h"
 
 namespace pdserve::bench {
 namespace {

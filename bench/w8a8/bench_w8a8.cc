@@ -28,10 +28,10 @@
 #include "kernels/gemm_int8_internal.h"
 #include "kernels/quantize.h"
 #include "model/checkpoint.h"
-#include "model/convert.h"
-#include "model/convert_accuracy.h"
-#include "model/test_hooks.h"
-#include "model/make_model.h"
+#include "model/tools/convert.h"
+#include "model/tools/convert_accuracy.h"
+#include "model/forward_variants.h"
+#include "model/tools/make_model.h"
 #include "model/model.h"
 
 namespace pdserve::bench {
@@ -280,7 +280,7 @@ nlohmann::json TimeDecodeSteps(const Opts& o, ThreadPool* pool, const std::strin
   const int32_t token = 42;
   for (int round = 0; round < 4 * o.rounds; ++round)
     for (Run& r : runs) {
-      model::TEST_SetPerExpertMoe(r.spec.per_expert);
+      model::SetPerExpertMoeVariant(r.spec.per_expert);
       std::vector<double> t;
       for (int s = 0; s < 8; ++s) {
         const auto t0 = Clock::now();
@@ -289,7 +289,7 @@ nlohmann::json TimeDecodeSteps(const Opts& o, ThreadPool* pool, const std::strin
       }
       std::sort(t.begin(), t.end());
       r.best = std::min(r.best, t[t.size() / 2]);
-      model::TEST_SetPerExpertMoe(false);
+      model::SetPerExpertMoeVariant(false);
     }
   nlohmann::json out;
   *md += "\n## Decode step, " + title + ", batch 1, context " + std::to_string(o.context) + ", " +

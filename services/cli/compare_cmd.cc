@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "model/dump_compare.h"
+#include "model/tools/dump_compare.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {

@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "common/thread_pool.h"
-#include "model/convert.h"
+#include "model/tools/convert.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {

@@ -10,7 +10,7 @@
 // the single-process command needs no MPI launcher. A bad plan stops every rank at start with
 // "rank r/n: generate: ..." and exit status 1. --dump-dir works under a plan too: the dumps are
 // gathered to rank 0, which writes DIR (one prompt) or DIR/prompt-<i> (several), in the
-// single-process layout (model/greedy_run.h); --dump-logits and --force-topk are single-process.
+// single-process layout (model/tools/greedy_run.h); --dump-logits and --force-topk are single-process.
 // --kv-format / --index-format pick the KV cache's latent and indexer-key storage (int8 = the
 // C8 latent cache / the A8C8 indexer, docs/quantization.md). The accuracy tests' deliberately
 // broken forward is not reachable from here: the test-only pdserve-numerics-fault binary
@@ -25,9 +25,9 @@
 #include "comm/mpi_environment.h"
 #include "comm/mpi_status.h"
 #include "common/npy.h"
-#include "model/greedy_run.h"
+#include "model/tools/greedy_run.h"
 #include "model/kv_layout.h"
-#include "model/parallel_launch.h"
+#include "model/tools/parallel_generate.h"
 #include "model/profile_ops.h"
 #include "services/cli/command.h"
 #include "tokenizer/tokenizer.h"

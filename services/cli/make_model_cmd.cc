@@ -1,7 +1,7 @@
 // `pdserve make-model --preset tiny|tiny2|small|v32-slice --out DIR [--seed N] [--vocab N] [--dtype bf16|fp8]`
 #include <cstdio>
 
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {

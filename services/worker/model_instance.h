@@ -22,7 +22,7 @@
 #include "common/thread_pool.h"
 #include "engine/rank_group.h"
 #include "model/model.h"
-#include "model/parallel_launch.h"
+#include "model/parallel_instance.h"
 #include "services/worker/worker_config.h"
 
 namespace pdserve::services::worker {

@@ -3,7 +3,7 @@
 // (a colocated worker over the tiny model; no router needed to call the handler).
 #include <gtest/gtest.h>
 
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 #include "model/test_util.h"
 #include "services/worker/engine_worker.h"
 #include "services/worker/model_instance.h"

@@ -1,7 +1,8 @@
 // pdserve-numerics-fault: TEST ONLY. The `pdserve` command line with a deliberately broken
-// forward switched on (model/test_hooks.h), so the accuracy tooling's tests can prove that
-// `pdserve compare` catches a real numerics bug and names the first layer it breaks
-// (model/dump_plans_cli_test.sh). The fault comes from the environment:
+// forward installed (model/forward_variants.h: the indexer's RoPE in MLA's interleaved layout),
+// so the accuracy tooling's tests can prove that `pdserve compare` catches a real numerics bug
+// and names the first layer it breaks (model/dump_plans_cli_test.sh). The fault comes from the
+// environment:
 //
 //   PDSERVE_TEST_NUMERICS_FAULT=indexer-rope-interleaved[@RANK]
 //
@@ -11,7 +12,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "model/test_hooks.h"
+#include "kernels/rope.h"
+#include "model/forward_variants.h"
 #include "services/cli/command.h"
 
 int main(int argc, char** argv) {
@@ -34,7 +36,7 @@ int main(int argc, char** argv) {
     const char* world = std::getenv("OMPI_COMM_WORLD_RANK");
     const long world_rank = world ? std::strtol(world, nullptr, 10) : 0;
     if (rank < 0 || rank == world_rank)
-      pdserve::model::TEST_SetNumericsFault(pdserve::model::NumericsFault::kIndexerRopeInterleaved);
+      pdserve::model::SetIndexerRopeVariant(pdserve::kernels::ApplyRopeInterleaved);
   }
   return pdserve::cli::Main(argc, argv);
 }

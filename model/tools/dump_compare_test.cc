@@ -1,13 +1,13 @@
 // CompareDumps on synthetic dumps: the decode-step selections (topk_decode.npy) and the
 // min_agreeing_steps tolerance (the golden tests and model_dump_plans_cli cover real dumps).
-#include "model/dump_compare.h"
+#include "model/tools/dump_compare.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "model/greedy_run.h"
-#include "model/make_model.h"
+#include "model/tools/greedy_run.h"
+#include "model/tools/make_model.h"
 #include "model/test_util.h"
 
 namespace pdserve::model {

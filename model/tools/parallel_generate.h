@@ -1,12 +1,12 @@
 // ParallelGenerate: greedy generation of a list of prompts by one model instance spread over
 // the MPI world by a parallel plan: the body of `pdserve generate --plan ...` under mpirun.
 //
-// Every rank builds the process groups (a plan that does not fit the world or the model fails
-// here, on every rank, with the reason), loads its share of the model, and runs RunGreedyDp
-// (model/parallel_greedy.h): prompt i belongs to DP unit i % dp; a unit with cp > 1 prefills
+// Every rank loads its share of the model (model/parallel_instance.h: a plan that does not fit
+// the world or the model fails there, on every rank, with the reason) and runs RunGreedyDp
+// (model/tools/parallel_greedy.h): prompt i belongs to DP unit i % dp; a unit with cp > 1 prefills
 // each of its prompts with a CP prefill. The outputs are then collected so that every rank
 // holds every prompt's tokens, in prompt order (rank 0 prints them). With `dumps`, every rank
-// records what an accuracy dump needs (model/greedy_run.h) and each prompt's run is sent from
+// records what an accuracy dump needs (model/tools/greedy_run.h) and each prompt's run is sent from
 // its unit's leader (cp 0, tp 0) to world rank 0, which returns them in `runs`: the same shapes
 // and layout as the single-process RunGreedy (a CP prefill's trace is gathered over the CP
 // ranks first, model.h ForwardCp).
@@ -22,12 +22,10 @@
 #include <vector>
 
 #include "comm/parallel_plan.h"
-#include "comm/process_groups.h"
 #include "common/status.h"
-#include "common/thread_pool.h"
-#include "model/model.h"
-#include "model/parallel.h"
-#include "model/parallel_greedy.h"
+#include "model/parallel_instance.h"
+#include "model/tools/greedy_run.h"
+#include "model/tools/parallel_greedy.h"
 
 namespace pdserve::model {
 
@@ -55,17 +53,5 @@ struct ParallelGenerateResult {
 };
 
 Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& options);
-
-// This rank's share of a model instance under `plan`: its process groups, parallel context,
-// compute threads and weights (members in construction order; destroyed in reverse). The load
-// is agreed on: a rank that cannot load makes every rank fail (kAborted elsewhere) before
-// anyone waits in a collective. Collective over MPI_COMM_WORLD (REQUIRES: MPI initialized).
-struct ParallelInstance {
-  std::unique_ptr<comm::ProcessGroups> groups;
-  std::unique_ptr<ParallelContext> context;
-  std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<Model> model;
-};
-Result<ParallelInstance> LoadParallelInstance(const std::string& model_dir, const comm::ParallelPlan& plan, int threads);
 
 }  // namespace pdserve::model

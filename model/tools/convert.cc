@@ -1,7 +1,4 @@
-#include "model/convert.h"
-
-#include <sys/mman.h>
-#include <unistd.h>
+#include "model/tools/convert.h"
 
 #include <atomic>
 #include <chrono>
@@ -23,7 +20,10 @@
 #include "common/mapped_file.h"
 #include "kernels/quantize.h"
 #include "model/checkpoint.h"
+#include "model/fp8_blocks.h"
+#include "model/mapped_pages.h"
 #include "model/safetensors_writer.h"
+#include "model/tensor_names.h"
 #include "model/weights.h"
 
 namespace pdserve::model {
@@ -52,66 +52,6 @@ struct Job {
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// N of "model.layers.N.<...>", -1 otherwise.
-int64_t LayerOf(const std::string& name) {
-  static const std::string kPrefix = "model.layers.";
-  if (name.rfind(kPrefix, 0) != 0) return -1;
-  int64_t l = 0;
-  size_t i = kPrefix.size();
-  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
-  while (i < name.size() && name[i] >= '0' && name[i] <= '9') l = l * 10 + (name[i++] - '0');
-  return i < name.size() && name[i] == '.' ? l : -1;
-}
-
-// E of "<...>.mlp.experts.E.<...>", -1 otherwise.
-int64_t ExpertOf(const std::string& name) {
-  static const std::string kKey = ".mlp.experts.";
-  const size_t at = name.find(kKey);
-  if (at == std::string::npos) return -1;
-  size_t i = at + kKey.size();
-  const size_t begin = i;
-  int64_t e = 0;
-  while (i < name.size() && name[i] >= '0' && name[i] <= '9') e = e * 10 + (name[i++] - '0');
-  return i > begin && i < name.size() && name[i] == '.' ? e : -1;
-}
-
-// Pages of one input file's mapping that hold tensor bytes: [lo, hi), page-aligned (the
-// mapping starts at the file's first byte and ends on a page boundary, so it contains them).
-struct FileSpan {
-  uintptr_t lo = ~uintptr_t{0}, hi = 0;
-};
-
-// Drops this process's mapping of the pages around [p, p + n) (consumed bytes), widened to
-// 64 KiB-aligned windows: touching one page makes the kernel map its in-cache neighbours in
-// such a window ("fault-around"), and those would otherwise stay resident -- with the ~45K
-// small scale_inv tensors of a real FP8 checkpoint, gigabytes. Dropping too much of the file
-// mapping is harmless (read-only and private: a later touch maps the page again), but the
-// range must never leave it: MADV_DONTNEED on neighbouring anonymous memory zeroes it. Hence
-// the clamp to the file's span.
-void DropPages(const uint8_t* p, size_t n, const FileSpan& span) {
-  constexpr uintptr_t kWindow = 64 << 10;
-  const uintptr_t begin = std::max(reinterpret_cast<uintptr_t>(p) & ~(kWindow - 1), span.lo);
-  const uintptr_t end = std::min((reinterpret_cast<uintptr_t>(p) + n + kWindow - 1) & ~(kWindow - 1), span.hi);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
-// True if any of the n fp8 codes is a NaN (0x7f or 0xff).
-bool HasFp8Nan(const uint8_t* p, int64_t n) {
-  int64_t k = 0;
-#if defined(__AVX2__)
-  const __m256i m = _mm256_set1_epi8(0x7f);
-  __m256i any = _mm256_setzero_si256();
-  for (; k + 32 <= n; k += 32) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + k));
-    any = _mm256_or_si256(any, _mm256_cmpeq_epi8(_mm256_and_si256(v, m), m));
-  }
-  if (_mm256_movemask_epi8(any) != 0) return true;
-#endif
-  for (; k < n; ++k)
-    if ((p[k] & 0x7f) == 0x7f) return true;
-  return false;
 }
 
 // True if every value is finite: x * 0 is 0 for finite x and NaN for inf or NaN, and a NaN
@@ -193,24 +133,22 @@ class Converter {
   Status Plan() {
     const ModelConfig& c = ckpt_->config();
     const std::vector<std::string> names = ckpt_->UnusedNames();  // all of them, sorted
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    for (const std::string& name : names) {
+    for (const std::string& name : names) {  // pages of each input file's mapping that hold tensor bytes
       const TensorInfo* t = ckpt_->Find(name);
-      FileSpan& span = spans_[t->file];
-      span.lo = std::min(span.lo, reinterpret_cast<uintptr_t>(t->data) & ~(page - 1));
-      span.hi = std::max(span.hi, (reinterpret_cast<uintptr_t>(t->data) + t->n_bytes + page - 1) & ~(page - 1));
+      Extend(&spans_[t->file], PagesAround(t->data, t->n_bytes));
     }
     for (const std::string& name : names) {
       const TensorInfo* t = ckpt_->Find(name);
       ++stats_.tensors_in;
       stats_.bytes_in += static_cast<int64_t>(t->n_bytes);
-      if (EndsWith(name, "_scale_inv")) {
-        const TensorInfo* w = ckpt_->Find(name.substr(0, name.size() - 10));
+      if (EndsWith(name, Fp8ScaleName(""))) {
+        const TensorInfo* w = ckpt_->Find(name.substr(0, name.size() - Fp8ScaleName("").size()));
         if (!w || w->dtype != DType::kF8E4M3)
           return Status::InvalidArgument("'" + name + "' scales no F8_E4M3 tensor", t->file);
         continue;  // converted with its weight
       }
-      const int64_t layer = LayerOf(name);
+      PDSERVE_ASSIGN_OR_RETURN(const TensorName parsed, ParseTensorName(name));
+      const int64_t layer = parsed.layer, e = parsed.expert;
       if (layer >= c.num_hidden_layers) {  // MTP layer(s)
         ++stats_.dropped_mtp;  // (its scale_inv, if any, is skipped by the branch above)
         continue;
@@ -244,8 +182,7 @@ class Converter {
         job.out.push_back({name, t->dtype, t->shape});
       }
       for (const auto& d : job.out) job.out_bytes += d.n_bytes();
-      const int64_t e = ExpertOf(name);
-      if (e >= 0 && (e >= c.n_routed_experts || layer < 0))
+      if (e >= c.n_routed_experts)
         return Status::InvalidArgument("tensor '" + name + "' names expert " + std::to_string(e) + " outside [0, " +
                                            std::to_string(c.n_routed_experts) + ")",
                                        t->file);
@@ -268,17 +205,8 @@ class Converter {
   }
 
   Status CheckFp8Scale(const std::string& name, const TensorInfo& t, const TensorInfo** out) {
-    const std::string sname = name + "_scale_inv";
-    const TensorInfo* s = ckpt_->Find(sname);
-    if (t.shape.size() != 2)
-      return Status::InvalidArgument("F8_E4M3 tensor '" + name + "' is not a matrix: " + t.ShapeString(), t.file);
-    if (!s) return Status::InvalidArgument("F8_E4M3 tensor '" + name + "' has no '" + sname + "'", t.file);
-    const int64_t rb = (t.shape[0] + 127) / 128, cb = (t.shape[1] + 127) / 128;
-    if (s->dtype != DType::kF32 || s->shape != std::vector<int64_t>{rb, cb})
-      return Status::InvalidArgument("tensor '" + sname + "' must be F32 [" + std::to_string(rb) + ", " +
-                                         std::to_string(cb) + "], got " + std::string(DTypeName(s->dtype)) + " " +
-                                         s->ShapeString(),
-                                     s->file);
+    const TensorInfo* s = ckpt_->Find(Fp8ScaleName(name));
+    PDSERVE_RETURN_IF_ERROR(CheckFp8BlockScales(name, t, s));
     *out = s;  // values are checked when the weight is converted (planning reads headers only)
     return Status::Ok();
   }
@@ -331,23 +259,9 @@ class Converter {
         for (int64_t k = 0; k < n_in; ++k) o[k] = Bf16ToF32(p[k]);
       } else if (j.src->dtype == DType::kF32) {
         std::memcpy(o, j.src->data + r * n_in * 4, static_cast<size_t>(n_in) * 4);
-      } else {  // F8_E4M3: w = fp8 * scale_inv[r/128][k/128], one 128-column block at a time
-        const float* table = Fp8E4M3DecodeTable();
+      } else {  // F8_E4M3 (model/fp8_blocks.h)
         const uint8_t* p = j.src->data + r * n_in;
-        const float* srow = reinterpret_cast<const float*>(j.scale_inv->data) + (r / 128) * ((n_in + 127) / 128);
-        for (int64_t k0 = 0; k0 < n_in; k0 += 128) {
-          const int64_t k1 = std::min(n_in, k0 + 128);
-          const float sc = srow[k0 / 128];
-          int64_t k = k0;
-#if defined(__AVX2__)
-          const __m256 vs = _mm256_set1_ps(sc);
-          for (; k + 8 <= k1; k += 8) {
-            const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k)));
-            _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), vs));
-          }
-#endif
-          for (; k < k1; ++k) o[k] = table[p[k]] * sc;
-        }
+        DequantFp8Rows(j.src->data, reinterpret_cast<const float*>(j.scale_inv->data), n_in, r, r + 1, o);
         if (bad < 0 && HasFp8Nan(p, n_in)) bad = r;
       }
     }
@@ -474,7 +388,7 @@ class Converter {
   ConvertOptions opt_;
   std::unique_ptr<Checkpoint> ckpt_;
   std::vector<Job> jobs_;
-  std::map<std::string, FileSpan> spans_;  // input file -> pages holding its tensors
+  std::map<std::string, PageSpan> spans_;  // input file -> pages holding its tensors
   std::vector<int64_t> shard_count_;
   std::map<std::string, std::pair<std::string, int64_t>> weight_map_;  // name -> (shard, group)
   std::vector<float> f32_, scales_;
@@ -486,12 +400,13 @@ class Converter {
 }  // namespace
 
 bool IsW8A8Target(const std::string& name) {
-  if (!EndsWith(name, ".weight") || LayerOf(name) < 0) return false;
+  const Result<TensorName> parsed = ParseTensorName(name);
+  if (!parsed.ok() || !EndsWith(name, ".weight") || parsed->layer < 0) return false;
   static const char* kTargets[] = {".self_attn.q_b_proj.weight", ".self_attn.o_proj.weight",
                                    ".self_attn.indexer.wq_b.weight"};
   for (const char* t : kTargets)
     if (EndsWith(name, t)) return true;
-  const bool expert = ExpertOf(name) >= 0 || name.find(".mlp.shared_experts.") != std::string::npos;
+  const bool expert = parsed->expert >= 0 || name.find(".mlp.shared_experts.") != std::string::npos;
   return expert && (EndsWith(name, ".gate_proj.weight") || EndsWith(name, ".up_proj.weight") ||
                     EndsWith(name, ".down_proj.weight"));
 }

@@ -1,4 +1,4 @@
-#include "model/convert_accuracy.h"
+#include "model/tools/convert_accuracy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// CompareDumps: layer-by-layer comparison of two dump directories (model/greedy_run.h layout;
+// CompareDumps: layer-by-layer comparison of two dump directories (model/tools/greedy_run.h layout;
 // the Python reference writes the same), for `pdserve compare` and the golden tests.
 //
 // Reports, per layer, the cos-sim and max |a-b| of the hidden states, the cos-sim of the

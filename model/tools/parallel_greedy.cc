@@ -1,4 +1,4 @@
-#include "model/parallel_greedy.h"
+#include "model/tools/parallel_greedy.h"
 
 #include <chrono>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "model/greedy_run.h"
+#include "model/tools/greedy_run.h"
 
 #include <algorithm>
 #include <chrono>

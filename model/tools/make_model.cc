@@ -1,4 +1,4 @@
-#include "model/make_model.h"
+#include "model/tools/make_model.h"
 
 #include <array>
 #include <cmath>

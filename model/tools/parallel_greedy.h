@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "comm/dp_coordinator.h"
-#include "model/greedy_run.h"
+#include "model/tools/greedy_run.h"
 
 namespace pdserve::model {
 
@@ -38,7 +38,7 @@ struct DpRunStats {
 };
 
 struct DpRunOptions {
-  // Record what a dump needs (GreedyRun::prefill and topk_decode, model/greedy_run.h) on every
+  // Record what a dump needs (GreedyRun::prefill and topk_decode, model/tools/greedy_run.h) on every
   // rank of the unit. Must be the same on every rank of the instance (the CP prefill gathers
   // its trace collectively).
   bool trace = false;

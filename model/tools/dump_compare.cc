@@ -1,4 +1,4 @@
-#include "model/dump_compare.h"
+#include "model/tools/dump_compare.h"
 
 #include <algorithm>
 #include <cmath>

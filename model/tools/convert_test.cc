@@ -1,8 +1,8 @@
-// Tests of the streaming converter (model/convert.h), the incremental safetensors writer and the
+// Tests of the streaming converter (model/tools/convert.h), the incremental safetensors writer and the
 // W8A8 / expert-parallel loading paths of ModelWeights: FP8 block-scaled tensors built here
 // with exactly representable values, EP-split conversions loaded rank by rank on 2 and 4 ranks
 // (their union equals the unsplit conversion), and malformed inputs refused with clear errors.
-#include "model/convert.h"
+#include "model/tools/convert.h"
 
 #include <gtest/gtest.h>
 
@@ -308,6 +308,8 @@ TEST(ConvertTest, MalformedInputsAreRefusedClearly) {
   ExpectError(ConvertTensors(d, "expert", {Bf16Tensor("model.layers.1.mlp.experts.9.up_proj.weight", {2, 2}, {1, 2, 3, 4})},
                              "bf16"),
               "names expert 9 outside [0, 8)");
+  ExpectError(ConvertTensors(d, "badname", {Bf16Tensor("model.layers.x.mlp.gate.weight", {2, 2}, {1, 2, 3, 4})}, "bf16"),
+              "tensor 'model.layers.x.mlp.gate.weight': expected a decimal layer index");
   ExpectError(ConvertTensors(d, "already", {Bf16Tensor("model.norm.weight", {2}, {1, 2})}, "w8a8_int8"),
               "already a W8A8 checkpoint");
   // Bad options.
