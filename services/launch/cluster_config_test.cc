@@ -68,6 +68,54 @@ TEST(ClusterConfigTest, PlanGivesTheRanksAndTheRegistrations) {
   EXPECT_EQ(c->workers[1].registrations(), 1u);
 }
 
+TEST(ClusterConfigTest, Autoscaler) {
+  const std::string base = R"(
+cluster: {model_dir: /tmp/m, generate_model: {enabled: false}}
+router: {port: 0, control_endpoint: "tcp://127.0.0.1:7100"}
+workers:
+  - {name: p, role: prefill, count: 2}
+  - {name: d, role: decode}
+)";
+  auto c = ClusterConfig::Parse(base + R"(autoscaler:
+  interval_ms: 500
+  window_ms: 4000
+  slo: {ttft_ms: 1500, tpot_ms: 40}
+  scale_down_after: 6
+  pools:
+    prefill: {group: p, min: 1, max: 4}
+    decode: {group: d, max: 3}
+)");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const AutoscalerSettings& a = c->autoscaler;
+  EXPECT_TRUE(a.enabled);
+  EXPECT_EQ(a.interval.count(), 500);
+  EXPECT_EQ(a.window.count(), 4000);
+  EXPECT_DOUBLE_EQ(a.policy.slo_ttft_s, 1.5);
+  EXPECT_DOUBLE_EQ(a.policy.slo_tpot_s, 0.04);
+  EXPECT_EQ(a.policy.scale_down_after, 6);
+  ASSERT_EQ(a.policy.pools.size(), 2u);
+  EXPECT_EQ(a.policy.pools[0].kind, planner::PoolKind::kPrefill);
+  EXPECT_EQ(a.policy.pools[0].max, 4u);
+  EXPECT_EQ(a.policy.pools[1].group, "d");
+  EXPECT_EQ(a.policy.pools[1].min, 1u);
+  // Without the section nothing scales.
+  EXPECT_FALSE(ClusterConfig::Parse(base)->autoscaler.enabled);
+  // Errors name the key.
+  for (const auto& [yaml, want] : std::vector<std::pair<std::string, std::string>>{
+           {"autoscaler: {pools: {prefill: {group: x}}}", "no worker group 'x'"},
+           {"autoscaler: {pools: {decode: {group: p}}}", "has role prefill, not decode"},
+           {"autoscaler: {pools: {prefill: {group: p, max: 1}}}", "outside [min, max]"},
+           {"autoscaler: {pools: {}}", "no pool to scale"},
+           {"autoscaler: {window_ms: 100, pools: {prefill: {group: p, max: 2}}}", "window_ms >= interval_ms"},
+           {"autoscaler: {slo: {ttft_ms: 0}, pools: {prefill: {group: p, max: 2}}}", "ttft_ms and tpot_ms must be > 0"},
+           {"autoscaler: {colour: red}", "colour"},
+       }) {
+    auto bad = ClusterConfig::Parse(base + yaml);
+    ASSERT_FALSE(bad.ok()) << yaml;
+    EXPECT_NE(bad.status().ToString().find(want), std::string::npos) << bad.status().ToString() << " wants " << want;
+  }
+}
+
 TEST(ClusterConfigTest, ShippedTopologiesParse) {
   for (const char* f : {"/deploy/local/cluster.yaml", "/deploy/local/echo-cluster.yaml"}) {
     auto c = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + f);

@@ -1,0 +1,182 @@
+// The SLO autoscaler in pdserve-launch against a real cluster (router + engine prefill / decode
+// workers of the tiny model, KV over UCX tcp) and a load step:
+//
+//   1. a trickle of four streams keeps both decode workers busy while TPOT stays far under its SLO:
+//      the decode pool shrinks 2 -> 1 by draining its least loaded worker, which holds a stream
+//      at that moment and finishes it;
+//   2. a burst of long prompts pushes TTFT over its SLO: the prefill pool grows 1 -> 2;
+//   3. the burst ends, TTFT falls back under half its SLO: the prefill pool shrinks 2 -> 1.
+//
+// Every request of the run (trickle and burst) must complete whole: status 200, every token,
+// [DONE]; the router counts no other outcome than ok. Decisions are read from the launcher's
+// pdserve_planner_decisions_total and its log, pool sizes from the router's /admin/workers.
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "services/common/testing/child_process.h"
+#include "services/common/testing/http_test_client.h"
+
+namespace pdserve::launch {
+namespace {
+
+using namespace std::chrono_literals;
+using services::testing::ChildProcess;
+using services::testing::WaitFor;
+
+struct Tally {
+  std::atomic<int> ok{0}, failed{0};
+  std::mutex mu;
+  std::string first_error;
+  void Fail(const std::string& e) {
+    ++failed;
+    std::lock_guard<std::mutex> lock(mu);
+    if (first_error.empty()) first_error = e;
+  }
+};
+
+// One streamed completion of `prompt_len` token ids and exactly `max_tokens` tokens; a stream
+// that ends early, errors or misses [DONE] is a failure.
+void Stream(int port, int prompt_len, int max_tokens, int seed, Tally* tally) {
+  nlohmann::json prompt = nlohmann::json::array();
+  for (int i = 0; i < prompt_len; ++i) prompt.push_back(100 + (seed * 131 + i * 7) % 900);
+  const nlohmann::json body = {{"model", "pdserve"},   {"prompt", prompt},          {"max_tokens", max_tokens},
+                               {"temperature", 0},     {"ignore_eos", true},        {"stream", true},
+                               {"stream_options", {{"include_usage", true}}}};
+  const auto r = services::testing::HttpPostSse(port, "/v1/completions", body.dump(), 120s);
+  int completion = -1;
+  const bool done = r.done;
+  for (const auto& e : r.events) {
+    const auto j = nlohmann::json::parse(e, nullptr, false);
+    if (j.is_discarded() || j.contains("error")) return tally->Fail("error event: " + e);
+    if (j.contains("usage") && j["usage"].is_object()) completion = j["usage"]["completion_tokens"].get<int>();
+  }
+  if (r.status != 200 || !done || completion != max_tokens)
+    return tally->Fail("status " + std::to_string(r.status) + ", done " + std::to_string(done) + ", tokens " +
+                       std::to_string(completion) + " of " + std::to_string(max_tokens) + " " + r.error + r.raw.substr(0, 200));
+  ++tally->ok;
+}
+
+double Metric(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  return -1;
+}
+
+int Workers(int port, const std::string& role) {
+  const auto j = nlohmann::json::parse(services::testing::HttpGet(port, "/admin/workers").body, nullptr, false);
+  if (j.is_discarded() || !j.contains("workers")) return -1;
+  int n = 0;
+  for (const auto& w : j["workers"])
+    if (w.value("role", "") == role && w.value("state", "") == "ready") ++n;
+  return n;
+}
+
+TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
+  if (!std::filesystem::exists("/sys/class/net")) GTEST_SKIP() << "no /sys/class/net: UCX tcp has no device";
+  const std::string bin = PDSERVE_BIN_DIR;
+  // The router's tokenizer has 128815 ids: a larger random vocabulary would sample ids the
+  // router refuses to stream.
+  const std::string model = services::testing::CachedTestModel(bin, "tiny", 128815, 3);
+  ASSERT_FALSE(model.empty());
+  const std::string dir = services::testing::MakeTempDir("pdserve-autoscaler");
+  const std::string cfg = dir + "/cluster.yaml";
+  const std::string worker =
+      "type: engine, args: [--threads, '1', --kv-gib, '0.25'], "
+      "env: {UCX_TLS: tcp, UCX_NET_DEVICES: lo, PDSERVE_NUM_THREADS: '1'}";
+  std::ofstream(cfg) << "cluster:\n  name: autoscaler-test\n  bin_dir: " << bin << "\n  model_dir: " << model
+                     << "\n  generate_model: {enabled: false}\n  stop_grace_ms: 8000\n  ready_timeout_ms: 90000\n"
+                     << "router:\n  port: 0\n  control_endpoint: tcp://127.0.0.1:" << services::testing::FreeTcpPort()
+                     << "\n  model_name: pdserve\n"
+                     << "workers:\n"
+                     << "  - {name: prefill, role: prefill, count: 1, " << worker << "}\n"
+                     << "  - {name: decode, role: decode, count: 2, " << worker << "}\n"
+                     << "autoscaler:\n  interval_ms: 250\n  window_ms: 2000\n  percentile: 0.9\n"
+                     << "  slo: {ttft_ms: 1500, tpot_ms: 200}\n  scale_up_after: 2\n  scale_down_after: 4\n"
+                     << "  low_water: 0.5\n  cooldown_ms: 3000\n  min_requests: 2\n  drain_timeout_ms: 120000\n"
+                     << "  pools:\n    prefill: {group: prefill, min: 1, max: 2}\n"
+                     << "    decode: {group: decode, min: 1, max: 2}\n";
+  const std::string ready = dir + "/launch.ready";
+  auto launch = ChildProcess::Spawn({bin + "/pdserve-launch", cfg, "--ready-file", ready}, dir + "/launch.log");
+  ASSERT_TRUE(launch.ok());
+  auto r = services::testing::WaitForReadyFile(ready, launch->get(), 120s);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const int port = (*r)["http_port"];
+  const int planner_port = (*r)["planner_metrics_port"];
+  auto decisions = [&](const std::string& pool, const std::string& action) {
+    return Metric(services::testing::HttpGet(planner_port, "/metrics").body,
+                  "pdserve_planner_decisions_total{action=\"" + action + "\",pool=\"" + pool + "\"}");
+  };
+  ASSERT_TRUE(WaitFor([&] { return Workers(port, "decode") == 2 && Workers(port, "prefill") == 1; }, 30s));
+
+  // The trickle: four streams at a time, for the whole run.
+  Tally trickle, burst;
+  std::atomic<bool> stop_trickle{false}, stop_burst{false};
+  std::vector<std::jthread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; !stop_trickle; ++i) Stream(port, 32, 300, t * 1000 + i, &trickle);
+    });
+
+  // 1. Both decode workers hold streams; TPOT is far under 200 ms: one of them is drained.
+  EXPECT_TRUE(WaitFor([&] { return decisions("decode", "scale_down") >= 1; }, 60s)) << (*launch)->Log();
+  EXPECT_TRUE(WaitFor([&] { return Workers(port, "decode") == 1; }, 60s)) << (*launch)->Log();
+
+  // 2. The load step: six clients sending 1500-token prompts back to back.
+  for (int t = 0; t < 6; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; !stop_burst; ++i) Stream(port, 1500, 4, 500 + t * 100 + i, &burst);
+    });
+  EXPECT_TRUE(WaitFor([&] { return decisions("prefill", "scale_up") >= 1; }, 90s)) << (*launch)->Log();
+  EXPECT_TRUE(WaitFor([&] { return Workers(port, "prefill") == 2; }, 60s)) << (*launch)->Log();
+  stop_burst = true;
+  for (size_t i = 4; i < threads.size(); ++i) threads[i].join();
+
+  // 3. Back to the trickle: the prefill pool shrinks again.
+  EXPECT_TRUE(WaitFor([&] { return decisions("prefill", "scale_down") >= 1; }, 90s)) << (*launch)->Log();
+  EXPECT_TRUE(WaitFor([&] { return Workers(port, "prefill") == 1; }, 60s)) << (*launch)->Log();
+  stop_trickle = true;
+  threads.clear();
+
+  // No request failed; the drained decode worker had streams in flight and finished them.
+  EXPECT_EQ(trickle.failed, 0) << trickle.first_error;
+  EXPECT_EQ(burst.failed, 0) << burst.first_error;
+  EXPECT_GT(trickle.ok, 10);
+  EXPECT_GT(burst.ok, 6);
+  const std::string router_metrics = services::testing::HttpGet(port, "/metrics").body;
+  for (const char* outcome : {"client_error", "rejected", "unavailable", "timeout", "cancelled", "error"})
+    EXPECT_LE(Metric(router_metrics, std::string("pdserve_router_requests_total{outcome=\"") + outcome + "\"}"), 0)
+        << outcome;
+  const std::string log = (*launch)->Log();
+  const size_t drain = log.find("autoscaler: decode pool (group 'decode') scale_down 2 -> 1: draining decode-");
+  ASSERT_NE(drain, std::string::npos) << log;
+  const size_t load = log.find(" (the least loaded: ", drain);
+  ASSERT_NE(load, std::string::npos);
+  EXPECT_GE(std::stoi(log.substr(load + 20)), 1) << "the drained decode worker held no stream: "
+                                                 << log.substr(drain, 200);
+  EXPECT_NE(log.find("left the pool"), std::string::npos);
+  EXPECT_NE(log.find("autoscaler: prefill pool (group 'prefill') scale_up 1 -> 2"), std::string::npos);
+
+  // The run's decisions, for the test log.
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);)
+    if ((line.find("autoscaler:") != std::string::npos && line.find("hold") == std::string::npos) ||
+        line.find("left the pool") != std::string::npos || line.find("scaling group") != std::string::npos)
+      std::printf("%s\n", line.c_str());
+  std::printf("requests: trickle %d, burst %d, none failed\n", trickle.ok.load(), burst.ok.load());
+  (*launch)->Signal(SIGTERM);
+  EXPECT_EQ((*launch)->WaitExit(30s), std::optional<int>(0)) << (*launch)->Log();
+}
+
+}  // namespace
+}  // namespace pdserve::launch
