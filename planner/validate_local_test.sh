@@ -15,7 +15,7 @@
 #
 # Usage: validate_local_test.sh BIN_DIR MODEL_DIR [RESULTS_MD]
 #   MODEL_DIR: the `small` preset, made there (pdserve make-model) when absent and kept (CTest
-#   passes <build>/test-models/small-v128815-s1, the cache of services/common/testing
+#   passes <build>/test-models/small-v128815-s1, the cache of services/testing
 #   CachedTestModel). The router refuses models with a vocabulary smaller than its tokenizer
 #   and stops streams at ids past it, so the preset gets exactly the tokenizer's 128815 ids.
 # Knobs (environment): RATES_PD ("1.25 2.5"), RATES_COLOCATED ("1.25 2.5"), NUM_REQUESTS (12),

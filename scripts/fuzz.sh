@@ -3,7 +3,7 @@
 # runs each for SECONDS, starting from the seed corpora committed under tests/fuzz/corpus/ (and
 # the dictionary tests/fuzz/TARGET.dict when there is one).
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]      default: 60 s each, all four targets
+#   scripts/fuzz.sh [SECONDS] [TARGET...]      default: 60 s each, all five targets
 #   FUZZ_BUILD_DIR=DIR (default build-fuzz)    FUZZ_JOBS=N (default 2)
 #
 # New interesting inputs go to FUZZ_BUILD_DIR/corpus/TARGET (the committed seeds are never
@@ -16,7 +16,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors tokenizer openai_request control_codec)
+[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors tokenizer openai_request control_codec grammar)
 build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
 jobs="${FUZZ_JOBS:-2}"
 

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "tokenizer/deepseek_markers.h"
+
 namespace pdserve::tokenizer {
 
 namespace {
@@ -9,20 +11,7 @@ namespace {
 // FNV-1a 64 of the chat_template shipped in DeepSeek-V3's tokenizer_config.json.
 constexpr uint64_t kDeepSeekV3Fingerprint = 0xebe3604156dc466aULL;
 
-constexpr std::string_view kUser = "<｜User｜>";
-constexpr std::string_view kAssistant = "<｜Assistant｜>";
-constexpr std::string_view kEos = "<｜end▁of▁sentence｜>";
-constexpr std::string_view kThinkOpen = "<think>";
-constexpr std::string_view kThinkClose = "</think>";
-constexpr std::string_view kToolCallsBegin = "<｜tool▁calls▁begin｜>";
-constexpr std::string_view kToolCallsEnd = "<｜tool▁calls▁end｜>";
-constexpr std::string_view kToolCallBegin = "<｜tool▁call▁begin｜>";
-constexpr std::string_view kToolCallEnd = "<｜tool▁call▁end｜>";
-constexpr std::string_view kToolSep = "<｜tool▁sep｜>";
-constexpr std::string_view kToolOutputsBegin = "<｜tool▁outputs▁begin｜>";
-constexpr std::string_view kToolOutputsEnd = "<｜tool▁outputs▁end｜>";
-constexpr std::string_view kToolOutputBegin = "<｜tool▁output▁begin｜>";
-constexpr std::string_view kToolOutputEnd = "<｜tool▁output▁end｜>";
+using namespace markers;  // NOLINT: the marker names read as the template does
 
 // An earlier assistant turn keeps only its answer: the text after its last </think>.
 std::string_view DropReasoning(std::string_view content) {
@@ -63,8 +52,82 @@ Result<ChatTemplate> ChatTemplate::FromConfig(const TokenizerConfig& config) {
   return ChatTemplate(config.bos_token);
 }
 
+bool ChatTemplate::OpensReasoning(std::string_view prompt) {
+  return prompt.size() >= kThinkOpen.size() && prompt.substr(prompt.size() - kThinkOpen.size()) == kThinkOpen;
+}
+
 Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                          const ChatTemplateOptions& options) const {
+  if (options.format == ChatFormat::kDeepSeekV31) return RenderV31(messages, options);
+  if (!options.tools.empty())
+    return Status::InvalidArgument("tools need the DeepSeek-V3.1 chat format (the V3 template does not render them)");
+  return RenderV3(messages, options);
+}
+
+Result<std::string> ChatTemplate::RenderV31(const std::vector<ChatMessage>& messages,
+                                            const ChatTemplateOptions& options) const {
+  std::string out = bos_token_;
+  bool first_system = true;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "system") continue;
+    if (!m.content) return Status::InvalidArgument("system message needs string content", Where(i));
+    if (!first_system) out += "\n\n";
+    out += *m.content;
+    first_system = false;
+  }
+  if (!options.tools.empty() && options.tool_choice.mode != ToolChoiceMode::kNone) {
+    PDSERVE_ASSIGN_OR_RETURN(const std::string tools, RenderToolsPrompt(options.tools));
+    out.append("\n\n").append(tools);
+  }
+  bool is_last_user = false;  // the previous turn was the user's: an assistant turn opens
+  bool is_tool = false;       // the previous turn was a tool result
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      if (!m.content) return Status::InvalidArgument("user message needs string content", Where(i));
+      is_tool = false;
+      is_last_user = true;
+      out.append(kUser).append(*m.content);
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      if (is_last_user) out.append(kAssistant).append(kThinkClose);
+      is_last_user = false;
+      is_tool = false;
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        const ToolCall& call = m.tool_calls[k];
+        if (k == 0) out.append(m.content.value_or("")).append(kToolCallsBegin);
+        out.append(kToolCallBegin).append(call.name).append(kToolSep).append(call.arguments).append(kToolCallEnd);
+      }
+      out.append(kToolCallsEnd).append(kEos);
+    } else if (m.role == "assistant") {
+      if (!m.content) return Status::InvalidArgument("assistant message needs content or tool_calls", Where(i));
+      if (is_last_user) out.append(kAssistant).append(kThinkClose);
+      is_last_user = false;
+      if (is_tool) {
+        out.append(*m.content);
+        is_tool = false;
+      } else {
+        // Only the answer after the first </think> stays in the history.
+        std::string_view answer = *m.content;
+        if (const size_t at = answer.find(kThinkClose); at != std::string_view::npos)
+          answer = answer.substr(at + kThinkClose.size());
+        out.append(answer);
+      }
+      out.append(kEos);
+    } else if (m.role == "tool") {
+      if (!m.content) return Status::InvalidArgument("tool message needs string content", Where(i));
+      is_last_user = false;
+      is_tool = true;
+      out.append(kToolOutputBegin).append(*m.content).append(kToolOutputEnd);
+    }
+  }
+  if (options.add_generation_prompt && is_last_user && !is_tool)
+    out.append(kAssistant).append(options.thinking.value_or(false) ? kThinkOpen : kThinkClose);
+  return out;
+}
+
+Result<std::string> ChatTemplate::RenderV3(const std::vector<ChatMessage>& messages,
+                                           const ChatTemplateOptions& options) const {
   const bool thinking_mode = options.thinking.has_value();
   std::string out;
   // Pass 1: system prompts, joined by blank lines, right after BOS.

@@ -32,11 +32,16 @@ struct CommandRegistrar {
                    std::function<int(const CommandLine&)> run);
 };
 
+// The whole `pdserve` command line: dispatch on argv[1] (entry.cc's main calls it; so does the
+// test-only pdserve-numerics-fault after switching its fault on). Returns the exit code.
+int Main(int argc, char** argv);
+
 // "1,2,3" -> token ids (non-negative int32). Errors: InvalidArgument naming --prompt-ids.
 Result<std::vector<int32_t>> ParseTokenIds(const std::string& s);
 
-// Prints "pdserve <cmd>: <status>" to stderr and returns the exit code: 0 for OK, 1 otherwise.
-// (Bad usage is caught before the command runs, by its CommandSpec: exit 2.)
+// Prints "pdserve <cmd>: <status>" to stderr and returns the exit code: 0 for OK, 2 for bad
+// usage (services::IsUsageError: an option's value out of range, a missing argument), 1 for
+// every other failure.
 int ReportStatus(const std::string& command, const Status& status);
 
 }  // namespace pdserve::cli

@@ -15,7 +15,7 @@ namespace {
 
 int RunCompare(const CommandLine& args) {
   if (args.positionals().size() != 2)
-    return ReportStatus("compare", Status::InvalidArgument("wants two dump directories, DIR_A and DIR_B"));
+    return ReportStatus("compare", Status::InvalidArgument("missing argument: wants two dump directories, DIR_A and DIR_B"));
   const std::string& dir_a = args.positionals()[0];
   const std::string& dir_b = args.positionals()[1];
   model::CompareThresholds th;

@@ -4,6 +4,7 @@
 
 #include "common/cpu_features.h"
 #include "common/logging.h"
+#include "kernels/isa.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {
@@ -45,14 +46,17 @@ Result<std::vector<int32_t>> ParseTokenIds(const std::string& s) {
 
 int ReportStatus(const std::string& command, const Status& status) {
   if (status.ok()) return 0;
-  std::fprintf(stderr, "pdserve %s: %s\n", command.c_str(), status.ToString().c_str());
-  return 1;
+  const bool usage = services::IsUsageError(status);
+  std::fprintf(stderr, "pdserve %s: %s%s\n", command.c_str(), status.ToString().c_str(),
+               usage ? (" (see pdserve " + command + " --help)").c_str() : "");
+  return usage ? 2 : 1;
 }
 
 }  // namespace pdserve::cli
 
-int main(int argc, char** argv) {
+int pdserve::cli::Main(int argc, char** argv) {
   pdserve::RequireCpuFeatures();
+  pdserve::kernels::RequireIsa();  // a bad PDSERVE_ISA is reported before any command runs
   auto& registry = pdserve::cli::CommandRegistry();
   const std::string first = argc >= 2 ? argv[1] : "";
   if (argc < 2 || first == "help" || first == "--help" || first == "-h") {

@@ -162,6 +162,14 @@ std::optional<int> ParseCommandLineOrExit(int argc, char** argv, const CommandSp
   return ParseCommandLineOrExit(std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc), spec, out);
 }
 
+bool IsUsageError(const Status& status) {
+  if (status.code() != StatusCode::kInvalidArgument) return false;
+  for (const char* prefix : {"option --", "missing required option", "unknown option", "unexpected argument", "flag --",
+                             "missing argument"})
+    if (status.message().rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 int ReportCommandError(const CommandSpec& spec, const Status& status) {
   if (status.ok()) return 0;
   const bool usage = status.code() == StatusCode::kInvalidArgument;

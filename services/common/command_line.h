@@ -85,6 +85,10 @@ std::optional<int> ParseCommandLineOrExit(const std::vector<std::string>& args, 
                                           CommandLine* out);
 std::optional<int> ParseCommandLineOrExit(int argc, char** argv, const CommandSpec& spec, CommandLine* out);
 
+// True for the errors of CommandLine itself (an unknown, missing, repeated or malformed option,
+// a missing argument): bad usage, exit 2.
+bool IsUsageError(const Status& status);
+
 // Prints "PROGRAM: <status>" (and the --help hint for InvalidArgument) on stderr; returns the
 // exit code: 2 for InvalidArgument (bad usage or configuration), 1 otherwise.
 int ReportCommandError(const CommandSpec& spec, const Status& status);

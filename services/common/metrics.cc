@@ -1,6 +1,14 @@
 #include "services/common/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <exception>
+#include <thread>
 
 #include <prometheus/text_serializer.h>
 
@@ -33,6 +41,33 @@ Result<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(const std::string&
   }
   m->address_ = bind_address.substr(0, colon) + ":" + std::to_string(m->port_);
   return m;
+}
+
+MetricsExposer::~MetricsExposer() {
+  if (!exposer_) return;
+  // civetweb's listener thread polls its sockets with a 2 s timeout and notices the stop flag only
+  // when it wakes, so every worker took ~2 s to exit. A connection wakes it at once: knock until
+  // the exposer is gone.
+  std::string host = address_.substr(0, address_.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "*") host = "127.0.0.1";
+  std::atomic<bool> stopped{false};
+  std::thread knock([&] {
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port_));
+    if (inet_pton(AF_INET, host.c_str(), &to.sin_addr) != 1) return;
+    while (!stopped.load()) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
+        close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  exposer_.reset();
+  stopped = true;
+  knock.join();
 }
 
 std::string SerializeMetrics(prometheus::Registry& registry) {

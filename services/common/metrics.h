@@ -28,6 +28,10 @@ class MetricsExposer {
   // one (see port()). Errors: Unavailable (cannot listen there).
   static Result<std::unique_ptr<MetricsExposer>> Start(const std::string& bind_address,
                                                        std::shared_ptr<prometheus::Registry> registry);
+  // Stops serving. Takes milliseconds, not civetweb's 2 s listener poll (see metrics.cc).
+  ~MetricsExposer();
+  MetricsExposer(const MetricsExposer&) = delete;
+  MetricsExposer& operator=(const MetricsExposer&) = delete;
   int port() const { return port_; }
   // "HOST:PORT" with the resolved port.
   const std::string& address() const { return address_; }

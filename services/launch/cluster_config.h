@@ -33,7 +33,7 @@
 
 #include "common/status.h"
 #include "planner/autoscaler.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 #include "services/router/router_config.h"
 
 namespace pdserve::launch {
@@ -64,9 +64,13 @@ struct RestartConfig {
 struct WorkerGroupConfig {
   std::string name;              // instance ids are <name>-<i>
   services::WorkerRole role = services::WorkerRole::kColocated;
-  std::string type = "engine";   // engine | echo (pdserve-echo-worker: protocol test worker)
+  // engine: pdserve-<role>, given --model; custom: any executable speaking the worker protocol
+  // (docs/control-plane.md), named by `binary`, given the standard flags without --model.
+  std::string type = "engine";
   uint32_t count = 1;
-  std::string binary;            // empty: pdserve-<role> (engine) or pdserve-echo-worker (echo)
+  // A file name in cluster.bin_dir or an absolute path; required with type: custom, empty:
+  // pdserve-<role>.
+  std::string binary;
   int metrics_port = 0;          // of instance 0; instance i uses +i (+ i * dp + k for DP rank k); 0: ephemeral
   uint32_t mpi_ranks = 1;
   std::optional<comm::ParallelPlan> plan;  // engine groups: a multi-rank instance

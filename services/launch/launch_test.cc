@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "services/common/process_util.h"
-#include "services/common/testing/child_process.h"
-#include "services/common/testing/http_test_client.h"
+#include "services/testing/child_process.h"
+#include "services/testing/http_test_client.h"
 
 namespace pdserve::launch {
 namespace {
@@ -99,6 +99,9 @@ TEST(LaunchTest, MultiRankDecodeInstance) {
   EXPECT_EQ((*launch)->WaitExit(30s), std::optional<int>(0)) << (*launch)->Log();
   EXPECT_TRUE(WaitFor([] { return std::system("pgrep -f '[p]dserve-decode .*--plan' > /dev/null") != 0; }, 10s))
       << "a decode rank outlived the launcher";
+  // The ranks drained and exited 0, and so did mpirun (it turns a signal of its own into an
+  // abort with status 1: the launcher stops an instance through its ranks).
+  EXPECT_EQ((*launch)->Log().find("while stopping"), std::string::npos) << (*launch)->Log();
 }
 
 TEST(LaunchTest, ADyingWorkerStopsTheClusterLoudly) {

@@ -31,9 +31,10 @@ std::string SelfDir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
-std::string DescribeStatus(int status) {
-  if (status > 128 && status < 128 + 65) return fmt::format("killed by signal {} (status {})", status - 128, status);
-  return fmt::format("status {}", status);
+// "exited with status 3" / "was killed by signal 9".
+std::string DescribeExit(int status) {
+  if (status > 128 && status < 128 + 65) return fmt::format("was killed by signal {}", status - 128);
+  return fmt::format("exited with status {}", status);
 }
 
 std::string Millis(std::chrono::milliseconds d) { return fmt::format("{:.1f} s", d.count() / 1000.0); }
@@ -79,7 +80,7 @@ bool Launcher::PollOnce(std::chrono::milliseconds timeout) {
   bool sig_ready = false;
   for (const auto& e : supervisor_.Poll(timeout, signal_fd_, &sig_ready)) {
     if (!ready_) {
-      if (failure_.empty()) failure_ = fmt::format("{} (pid {}) exited with {}", e.name, e.pid, DescribeStatus(e.status));
+      if (failure_.empty()) failure_ = fmt::format("{} (pid {}) {}", e.name, e.pid, DescribeExit(e.status));
     } else {
       OnExit(e);
     }
@@ -100,11 +101,11 @@ void Launcher::OnExit(const ProcessExit& e) {
   const RestartConfig& rc = RestartOf(*in);
   const bool clean = e.status == 0;
   if (in->state == InstanceState::kDraining) {
-    Say(fmt::format("{} left the pool ({} after a scale-down)", in->name, DescribeStatus(e.status)));
+    Say(fmt::format("{} left the pool (it {} after a scale-down)", in->name, DescribeExit(e.status)));
     in->state = InstanceState::kLeft;
   } else if (rc.policy == RestartPolicy::kNever || (clean && rc.policy == RestartPolicy::kOnFailure)) {
-    Say(fmt::format("{} (pid {}) exited with {} after {}; restart policy '{}': it stays down{}", in->name, e.pid,
-                    DescribeStatus(e.status), Millis(ran), RestartPolicyName(rc.policy),
+    Say(fmt::format("{} (pid {}) {} after {}; restart policy '{}': it stays down{}", in->name, e.pid,
+                    DescribeExit(e.status), Millis(ran), RestartPolicyName(rc.policy),
                     clean ? " (drained: it left the pool)" : ""));
     in->state = InstanceState::kLeft;
   } else {
@@ -112,9 +113,9 @@ void Launcher::OnExit(const ProcessExit& e) {
     if (ran >= rc.reset_after) in->consecutive_failures = 0;
     if (!clean) ++in->consecutive_failures;
     if (rc.max_restarts > 0 && in->consecutive_failures > rc.max_restarts) {
-      Say(fmt::format("error: {} (pid {}) exited with {} after {}: {} failed runs in a row, the cap "
+      Say(fmt::format("error: {} (pid {}) {} after {}: {} failed runs in a row, the cap "
                       "(max_restarts {}); giving up on it, the rest of the cluster keeps serving",
-                      in->name, e.pid, DescribeStatus(e.status), Millis(ran), in->consecutive_failures,
+                      in->name, e.pid, DescribeExit(e.status), Millis(ran), in->consecutive_failures,
                       rc.max_restarts));
       in->state = InstanceState::kGaveUp;
       if (in->group < 0) failure_ = "the router failed " + std::to_string(in->consecutive_failures) + " times in a row";
@@ -122,8 +123,8 @@ void Launcher::OnExit(const ProcessExit& e) {
       auto delay = rc.backoff;
       for (uint32_t k = 1; k < std::max<uint32_t>(1, in->consecutive_failures) && delay < rc.max_backoff; ++k) delay *= 2;
       delay = std::min(delay, rc.max_backoff);
-      Say(fmt::format("{} (pid {}) exited with {} after {}; restarting in {} (policy '{}', failure {} in a row{})",
-                      in->name, e.pid, DescribeStatus(e.status), Millis(ran), Millis(delay),
+      Say(fmt::format("{} (pid {}) {} after {}; restarting in {} (policy '{}', failure {} in a row{})",
+                      in->name, e.pid, DescribeExit(e.status), Millis(ran), Millis(delay),
                       RestartPolicyName(rc.policy), in->consecutive_failures,
                       rc.max_restarts > 0 ? fmt::format(" of at most {}", rc.max_restarts) : std::string()));
       in->state = InstanceState::kRestartPending;
@@ -166,7 +167,7 @@ Status Launcher::EnsureModel() {
   while (supervisor_.Running("make-model")) {
     bool sig = false;
     for (const auto& e : supervisor_.Poll(std::chrono::milliseconds(200), signal_fd_, &sig))
-      if (e.status != 0) return Status::Internal(fmt::format("pdserve make-model failed ({})", DescribeStatus(e.status)));
+      if (e.status != 0) return Status::Internal(fmt::format("pdserve make-model failed (it {})", DescribeExit(e.status)));
     if (sig) {
       signalfd_siginfo info;
       if (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) signal_ = static_cast<int>(info.ssi_signo);
@@ -211,6 +212,7 @@ Status Launcher::StartInstance(Instance& in) {
     const WorkerGroupConfig& g = config_.workers[in.group];
     spec.argv = WorkerArgv(g, in.index);
     spec.env = g.env;
+    spec.stop_through_children = g.mpi_ranks > 1 || g.plan.has_value();
   }
   PDSERVE_RETURN_IF_ERROR(supervisor_.Start(spec).status());
   in.state = InstanceState::kRunning;
@@ -271,7 +273,7 @@ Status Launcher::ScaleGroup(const std::string& group, uint32_t count) {
     } else {
       Say(fmt::format("scaling group '{}' down: draining {}", group, in->name));
       in->state = InstanceState::kDraining;
-      supervisor_.Signal(in->name, SIGTERM);
+      supervisor_.RequestStop(in->name);
     }
   }
   for (uint32_t k = static_cast<uint32_t>(live.size()); k < count; ++k) {
@@ -384,8 +386,12 @@ int Launcher::Shutdown(int code) {
   std::vector<std::string> workers;
   for (const Instance& in : instances_)
     if (in.group >= 0) workers.push_back(in.name);
-  supervisor_.Stop(workers, config_.stop_grace);
-  supervisor_.Stop({"router", "make-model"}, config_.stop_grace);
+  std::vector<ProcessExit> exits = supervisor_.Stop(workers, config_.stop_grace);
+  for (ProcessExit& e : supervisor_.Stop({"router", "make-model"}, config_.stop_grace)) exits.push_back(std::move(e));
+  // A clean stop ends every process with status 0 (a worker drains, then exits): say so when one
+  // did not, e.g. a drain cut short by the SIGKILL after cluster.stop_grace_ms.
+  for (const ProcessExit& e : exits)
+    if (e.status != 0) Say(fmt::format("warning: {} (pid {}) {} while stopping", e.name, e.pid, DescribeExit(e.status)));
   Say(code == 0 ? "all processes stopped" : fmt::format("all processes stopped; exit {}", code));
   if (!ready_file_.empty()) std::remove(ready_file_.c_str());
   std::error_code ec;

@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace pdserve::launch {
 
@@ -64,6 +67,7 @@ Result<pid_t> ProcessSupervisor::Start(const ProcessSpec& spec) {
   c->name = spec.name;
   c->pid = pid;
   c->out_fd = fds[0];
+  c->stop_through_children = spec.stop_through_children;
   if (!log_dir_.empty()) c->log_fd = open((log_dir_ + "/" + spec.name + ".log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   children_.push_back(std::move(c));
   return pid;
@@ -160,7 +164,7 @@ std::vector<ProcessExit> ProcessSupervisor::Stop(const std::vector<std::string>&
   std::vector<ProcessExit> exits;
   for (auto& c : children_)
     for (const auto& n : names)
-      if (c->name == n && c->running) kill(-c->pid, SIGTERM);
+      if (c->name == n && c->running) SendStop(*c);
   const auto deadline = Clock::now() + grace;
   auto any_running = [&] {
     for (const auto& n : names)
@@ -205,10 +209,44 @@ std::optional<pid_t> ProcessSupervisor::Pid(const std::string& name) const {
   return std::nullopt;
 }
 
-bool ProcessSupervisor::Signal(const std::string& name, int signo, bool whole_group) {
+namespace {
+// The pids whose parent is `parent` (from /proc).
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses, so parse after the last ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    char state = 0;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+}  // namespace
+
+void ProcessSupervisor::SendStop(const Child& c) {
+  if (c.stop_through_children) {
+    const std::vector<pid_t> ranks = ChildrenOf(c.pid);
+    for (pid_t r : ranks) kill(r, SIGTERM);
+    if (!ranks.empty()) return;
+  }
+  kill(-c.pid, SIGTERM);
+}
+
+bool ProcessSupervisor::RequestStop(const std::string& name) {
   for (const auto& c : children_) {
     if (c->name != name || !c->running) continue;
-    return kill(whole_group ? -c->pid : c->pid, signo) == 0;
+    SendStop(*c);
+    return true;
   }
   return false;
 }

@@ -24,6 +24,11 @@ struct ProcessSpec {
   std::string name;
   std::vector<std::string> argv;           // argv[0]: a path
   std::map<std::string, std::string> env;  // added to the launcher's environment
+  // An MPI launcher (mpirun): its ranks sit in process groups of their own, and mpirun turns a
+  // SIGTERM of its own into a job abort (exit 1) even when every rank stops cleanly. Stopping
+  // it therefore sends SIGTERM to its child processes (the ranks, which drain and exit 0, after
+  // which mpirun exits 0), and to mpirun only when it has none.
+  bool stop_through_children = false;
 };
 
 struct ProcessExit {
@@ -46,13 +51,14 @@ class ProcessSupervisor {
   // `extra_fd` >= 0 becomes readable; *extra_ready says which). Returns the exits seen.
   std::vector<ProcessExit> Poll(std::chrono::milliseconds timeout, int extra_fd = -1, bool* extra_ready = nullptr);
 
-  // SIGTERM to the process groups of `names`, then waits up to `grace` for them (forwarding
-  // their last words), then SIGKILLs what is left. Returns their exits.
+  // SIGTERM to the process groups of `names` (to an MPI launcher's ranks, see ProcessSpec), then
+  // waits up to `grace` for them (forwarding their last words), then SIGKILLs what is left.
+  // Returns their exits.
   std::vector<ProcessExit> Stop(const std::vector<std::string>& names, std::chrono::milliseconds grace);
 
-  // Sends `signo` to the running child `name` (its whole process group, or the child alone).
-  // False when no such child runs.
-  bool Signal(const std::string& name, int signo, bool whole_group = true);
+  // Asks the running child `name` to stop (SIGTERM, as Stop does, without waiting). False when
+  // no such child runs.
+  bool RequestStop(const std::string& name);
 
   bool Running(const std::string& name) const;
   std::vector<std::string> RunningNames() const;
@@ -67,7 +73,9 @@ class ProcessSupervisor {
     std::string partial;  // output not yet ending in a newline
     int log_fd = -1;
     bool running = true;
+    bool stop_through_children = false;
   };
+  static void SendStop(const Child& c);
   void Forward(Child& c, const char* data, size_t n);
   void FlushAndClose(Child& c);
   std::vector<ProcessExit> Reap();
