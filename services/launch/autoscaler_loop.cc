@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "services/common/process_util.h"
 
 namespace pdserve::launch {
 
@@ -27,6 +29,18 @@ double Window(const std::optional<planner::HistogramCounts>& now, const std::opt
 Result<std::unique_ptr<AutoscalerLoop>> AutoscalerLoop::Create(const ClusterConfig& config, std::string router_host,
                                                                 int router_port, Hooks hooks) {
   std::unique_ptr<AutoscalerLoop> loop(new AutoscalerLoop(config, std::move(router_host), router_port, std::move(hooks)));
+  if (!config.router.api_keys_file.empty()) {
+    // The key file's format (api_auth.h): one key a line, '#' comments, whitespace trimmed.
+    PDSERVE_ASSIGN_OR_RETURN(std::string keys, services::ReadFile(config.router.api_keys_file));
+    std::istringstream in(keys);
+    for (std::string line; loop->api_key_.empty() && std::getline(in, line);) {
+      const size_t b = line.find_first_not_of(" \t\r");
+      if (b == std::string::npos || line[b] == '#') continue;
+      loop->api_key_ = line.substr(b, line.find_last_not_of(" \t\r") - b + 1);
+    }
+    if (loop->api_key_.empty())
+      return Status::InvalidArgument("autoscaler: router.api_keys_file '" + config.router.api_keys_file + "' holds no key");
+  }
   const std::string bind = (loop->host_ == "0.0.0.0" ? std::string("0.0.0.0") : loop->host_) + ":" +
                            std::to_string(config.autoscaler.metrics_port);
   PDSERVE_ASSIGN_OR_RETURN(loop->exposer_, services::MetricsExposer::Start(bind, loop->registry_));
@@ -67,11 +81,16 @@ AutoscalerLoop::AutoscalerLoop(const ClusterConfig& config, std::string router_h
   }
 }
 
+std::unique_ptr<httplib::Client> AutoscalerLoop::RouterClient() const {
+  auto cli = std::make_unique<httplib::Client>(host_ == "0.0.0.0" ? "127.0.0.1" : host_, port_);
+  cli->set_connection_timeout(std::chrono::seconds(1));
+  cli->set_read_timeout(std::chrono::seconds(2));
+  if (!api_key_.empty()) cli->set_bearer_token_auth(api_key_);
+  return cli;
+}
+
 std::optional<AutoscalerLoop::Scrape> AutoscalerLoop::ScrapeRouter(Clock::time_point now) {
-  httplib::Client cli(host_ == "0.0.0.0" ? "127.0.0.1" : host_, port_);
-  cli.set_connection_timeout(std::chrono::seconds(1));
-  cli.set_read_timeout(std::chrono::seconds(2));
-  auto r = cli.Get("/metrics");
+  auto r = RouterClient()->Get("/metrics");
   if (!r || r->status != 200) {
     scrape_failures_->Increment();
     return std::nullopt;
@@ -121,9 +140,7 @@ void AutoscalerLoop::Poll(Clock::time_point now) {
 }
 
 std::pair<std::string, int64_t> AutoscalerLoop::LeastLoaded(const std::string& group) {
-  httplib::Client cli(host_ == "0.0.0.0" ? "127.0.0.1" : host_, port_);
-  cli.set_connection_timeout(std::chrono::seconds(1));
-  auto r = cli.Get("/admin/workers");
+  auto r = RouterClient()->Get("/admin/workers");
   if (!r || r->status != 200) return {};
   const nlohmann::json j = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array()) return {};
@@ -174,11 +191,9 @@ void AutoscalerLoop::Apply(const planner::ScaleDecision& d) {
         hooks_.say(fmt::format("{}: no ready worker of the group to drain (router unreachable?)", head));
         return;
       }
-      httplib::Client cli(host_ == "0.0.0.0" ? "127.0.0.1" : host_, port_);
-      cli.set_connection_timeout(std::chrono::seconds(1));
       const nlohmann::json body = {{"worker_id", id},
                                    {"timeout_ms", static_cast<uint64_t>(settings_.drain_timeout.count())}};
-      auto r = cli.Post("/admin/drain", body.dump(), "application/json");
+      auto r = RouterClient()->Post("/admin/drain", body.dump(), "application/json");
       if (!r || r->status != 200) {
         hooks_.say(fmt::format("{}: draining {} failed ({})", head, id, r ? r->body : std::string("no answer")));
         return;

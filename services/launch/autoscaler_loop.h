@@ -35,6 +35,10 @@
 #include "services/common/metrics.h"
 #include "services/launch/cluster_config.h"
 
+namespace httplib {
+class Client;
+}
+
 namespace pdserve::launch {
 
 class AutoscalerLoop {
@@ -48,7 +52,9 @@ class AutoscalerLoop {
     std::function<void(const std::string& line)> say;  // the launcher's output
   };
 
-  // Starts the metrics exposer on host:settings.metrics_port. Errors: Unavailable (cannot listen).
+  // Starts the metrics exposer on host:settings.metrics_port. With router.api_keys_file set, the
+  // loop calls the router with the file's first key. Errors: Unavailable (cannot listen),
+  // NotFound / InvalidArgument (the key file).
   static Result<std::unique_ptr<AutoscalerLoop>> Create(const ClusterConfig& config, std::string router_host,
                                                         int router_port, Hooks hooks);
 
@@ -69,12 +75,15 @@ class AutoscalerLoop {
   // The ready worker of `group` with the fewest outstanding requests (id "" when none), and
   // that number.
   std::pair<std::string, int64_t> LeastLoaded(const std::string& group);
+  // A client of the router's HTTP front (timeouts set, the API key when there is one).
+  std::unique_ptr<httplib::Client> RouterClient() const;
 
   // Immutable after construction.
   AutoscalerSettings settings_;
   std::map<std::string, bool> multi_rank_;  // group -> runs a plan (drained by ScaleGroup)
   std::string host_;
   int port_ = 0;
+  std::string api_key_;  // "" without router.api_keys_file
   Hooks hooks_;
   // Owned by the main thread.
   planner::AutoscalerPolicy policy_;

@@ -99,6 +99,8 @@ Status ReadAutoscaler(const services::YamlSection& root, ClusterConfig* c) {
                                      std::to_string(g->count) + ", outside [min, max]");
     p.pools.push_back(pool);
   }
+  if (s.enabled && !c->router.admin_api)
+    return Status::InvalidArgument(a.path() + ": needs router.admin_api (a scale-down drains through POST /admin/drain)");
   if (s.enabled) PDSERVE_RETURN_IF_ERROR(p.Validate());
   return Status::Ok();
 }
@@ -146,12 +148,14 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
     w.role = services::ParseWorkerRole(role).value();
     w.name = role;
     PDSERVE_RETURN_IF_ERROR(g.Get("name", &w.name));
-    PDSERVE_RETURN_IF_ERROR(g.GetEnum("type", {"engine", "echo"}, &w.type));
+    PDSERVE_RETURN_IF_ERROR(g.GetEnum("type", {"engine", "custom"}, &w.type));
     PDSERVE_RETURN_IF_ERROR(g.Get("count", &w.count));
     if (w.count == 0)
       return Status::InvalidArgument(g.path() + ".count must be >= 1 (leave the group out to run none)");
     PDSERVE_RETURN_IF_ERROR(ReadRestart(g, "", &w.restart));
     PDSERVE_RETURN_IF_ERROR(g.Get("binary", &w.binary));
+    if (w.type == "custom" && w.binary.empty())
+      return Status::InvalidArgument(g.path() + ".binary is required with type: custom (the worker executable)");
     int64_t port = 0;
     PDSERVE_RETURN_IF_ERROR(g.Get("metrics_port", &port));
     PDSERVE_RETURN_IF_ERROR(g.Get("mpi_ranks", &w.mpi_ranks));
@@ -198,7 +202,6 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view yaml, const std::str
 
 std::string ClusterConfig::BinaryName(const WorkerGroupConfig& g) {
   if (!g.binary.empty()) return g.binary;
-  if (g.type == "echo") return "pdserve-echo-worker";
   return std::string("pdserve-") + services::WorkerRoleName(g.role);
 }
 

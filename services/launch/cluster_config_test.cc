@@ -24,20 +24,27 @@ workers:
     env: {OMP_NUM_THREADS: "1"}
   - name: e
     role: colocated
-    type: echo
+    type: custom
+    binary: my-worker
+  - name: abs
+    role: decode
+    type: custom
+    binary: /opt/w/bin/worker
 )");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->model_dir, "/tmp/m");
   EXPECT_FALSE(c->generate_model.enabled);
   EXPECT_EQ(c->router.model_name, "x");
-  ASSERT_EQ(c->workers.size(), 3u);
+  ASSERT_EQ(c->workers.size(), 4u);
   EXPECT_EQ(c->workers[0].name, "prefill");
   EXPECT_EQ(ClusterConfig::BinaryName(c->workers[0]), "pdserve-prefill");
   EXPECT_EQ(c->workers[1].count, 2u);
   EXPECT_EQ(c->workers[1].metrics_port, 9200);
   EXPECT_EQ(c->workers[1].args, (std::vector<std::string>{"--threads", "1"}));
   EXPECT_EQ(c->workers[1].env.at("OMP_NUM_THREADS"), "1");
-  EXPECT_EQ(ClusterConfig::BinaryName(c->workers[2]), "pdserve-echo-worker");
+  EXPECT_EQ(c->workers[2].type, "custom");
+  EXPECT_EQ(ClusterConfig::BinaryName(c->workers[2]), "my-worker");
+  EXPECT_EQ(ClusterConfig::BinaryName(c->workers[3]), "/opt/w/bin/worker");
   EXPECT_EQ(c->stop_grace.count(), 10000);
 }
 
@@ -53,7 +60,12 @@ TEST(ClusterConfigTest, Errors) {
   EXPECT_NE(err("workers: [{role: decode, plan: 'dp=two'}]").message().find("workers[0].plan"), std::string::npos);
   EXPECT_NE(err("workers: [{role: decode, plan: 'dp=2', mpi_ranks: 3}]").message().find("cp * dp * tp = 2"),
             std::string::npos);
-  EXPECT_FALSE(err("workers: [{role: decode, type: echo, plan: 'dp=2'}]").ok());
+  EXPECT_NE(err("workers: [{role: decode, type: custom, binary: w, plan: 'dp=2'}]").message().find("only engine"),
+            std::string::npos);
+  // A custom worker names its executable; no test worker type is built in.
+  EXPECT_NE(err("workers: [{role: decode, type: custom}]").message().find("workers[0].binary is required"),
+            std::string::npos);
+  EXPECT_NE(err("workers: [{role: decode, type: echo}]").message().find("workers[0].type"), std::string::npos);
   // Two processes of two DP ranks need 4 metrics ports.
   EXPECT_FALSE(err("workers: [{role: decode, plan: 'dp=2', count: 2, metrics_port: 65533}]").ok());
   EXPECT_TRUE(ClusterConfig::Parse("workers: [{role: decode, plan: 'dp=2', count: 2, metrics_port: 65532}]").ok());
@@ -114,6 +126,12 @@ workers:
     ASSERT_FALSE(bad.ok()) << yaml;
     EXPECT_NE(bad.status().ToString().find(want), std::string::npos) << bad.status().ToString() << " wants " << want;
   }
+  // A scale-down drains through the router's admin API.
+  std::string no_admin = base;
+  no_admin.replace(no_admin.find("port: 0,"), 8, "port: 0, admin_api: false,");
+  auto bad = ClusterConfig::Parse(no_admin + "autoscaler: {pools: {prefill: {group: p, max: 2}}}");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("needs router.admin_api"), std::string::npos) << bad.status().ToString();
 }
 
 TEST(ClusterConfigTest, ShippedTopologiesParse) {

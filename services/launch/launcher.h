@@ -92,7 +92,8 @@ class Launcher {
   // child exited (sets failure_).
   bool PollOnce(std::chrono::milliseconds timeout);
   int Shutdown(int code);
-  std::string Bin(const std::string& name) const { return bin_dir_ + "/" + name; }
+  // `name` in bin_dir_, or `name` itself when it is an absolute path (a custom worker's binary).
+  std::string Bin(const std::string& name) const { return !name.empty() && name[0] == '/' ? name : bin_dir_ + "/" + name; }
 
   ClusterConfig config_;
   const std::string config_path_;
