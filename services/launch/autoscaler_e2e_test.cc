@@ -1,15 +1,19 @@
 // The SLO autoscaler in pdserve-launch against a real cluster (router + engine prefill / decode
-// workers of the tiny model, KV over UCX tcp) and a load step:
+// workers of the tiny model, KV over UCX tcp) and a load step. Both pools start at 1 (bounds
+// [1, 2]); four trickle streams run the whole time:
 //
-//   1. a trickle of four streams keeps both decode workers busy while TPOT stays far under its SLO:
-//      the decode pool shrinks 2 -> 1 by draining its least loaded worker, which holds a stream
-//      at that moment and finishes it;
-//   2. a burst of long prompts pushes TTFT over its SLO: the prefill pool grows 1 -> 2;
-//   3. the burst ends, TTFT falls back under half its SLO: the prefill pool shrinks 2 -> 1.
+//   1. the load step: clients sending 1500-token prompts push TTFT over its SLO, and two dozen
+//      concurrent streams push the decode batch, hence TPOT (the tiny model's step is its
+//      128815-row LM head, linear in the batch), over its SLO: both pools grow 1 -> 2;
+//   2. the step ends, the trickle alone is far under both SLOs: both pools shrink 2 -> 1, each
+//      by draining its least loaded worker through the router; the decode worker drained holds
+//      trickle streams at that moment and finishes them.
 //
-// Every request of the run (trickle and burst) must complete whole: status 200, every token,
-// [DONE]; the router counts no other outcome than ok. Decisions are read from the launcher's
-// pdserve_planner_decisions_total and its log, pool sizes from the router's /admin/workers.
+// Every request of the run must complete whole: status 200, every token, [DONE]; the router
+// counts no other outcome than ok. The scale-ups and scale-downs are proved before anything is
+// asserted about them: the launcher's pdserve_planner_decisions_total{pool,action} counts them,
+// the router's GET /admin/workers shows the pools' sizes, the launcher's log the drained worker's
+// load.
 #include <signal.h>
 
 #include <atomic>
@@ -100,9 +104,9 @@ TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
                      << "\n  model_name: pdserve\n"
                      << "workers:\n"
                      << "  - {name: prefill, role: prefill, count: 1, " << worker << "}\n"
-                     << "  - {name: decode, role: decode, count: 2, " << worker << "}\n"
+                     << "  - {name: decode, role: decode, count: 1, " << worker << "}\n"
                      << "autoscaler:\n  interval_ms: 250\n  window_ms: 2000\n  percentile: 0.9\n"
-                     << "  slo: {ttft_ms: 1500, tpot_ms: 200}\n  scale_up_after: 2\n  scale_down_after: 4\n"
+                     << "  slo: {ttft_ms: 1500, tpot_ms: 40}\n  scale_up_after: 2\n  scale_down_after: 4\n"
                      << "  low_water: 0.5\n  cooldown_ms: 3000\n  min_requests: 2\n  drain_timeout_ms: 120000\n"
                      << "  pools:\n    prefill: {group: prefill, min: 1, max: 2}\n"
                      << "    decode: {group: decode, min: 1, max: 2}\n";
@@ -117,42 +121,61 @@ TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
     return Metric(services::testing::HttpGet(planner_port, "/metrics").body,
                   "pdserve_planner_decisions_total{action=\"" + action + "\",pool=\"" + pool + "\"}");
   };
-  ASSERT_TRUE(WaitFor([&] { return Workers(port, "decode") == 2 && Workers(port, "prefill") == 1; }, 30s));
+  ASSERT_TRUE(WaitFor([&] { return Workers(port, "decode") == 1 && Workers(port, "prefill") == 1; }, 30s));
+  // Every series exists from the start, at zero.
+  ASSERT_EQ(decisions("prefill", "scale_up"), 0);
+  ASSERT_EQ(decisions("decode", "scale_down"), 0);
 
   // The trickle: four streams at a time, for the whole run.
-  Tally trickle, burst;
-  std::atomic<bool> stop_trickle{false}, stop_burst{false};
-  std::vector<std::jthread> threads;
+  Tally trickle, step;
+  std::atomic<bool> stop_trickle{false}, stop_step{false};
+  std::vector<std::jthread> trickle_threads, step_threads;
+  struct StopAll {  // destroyed before the threads: a failed assertion does not hang the joins
+    std::atomic<bool>*a, *b;
+    ~StopAll() { *a = *b = true; }
+  } stop_all{&stop_trickle, &stop_step};
   for (int t = 0; t < 4; ++t)
-    threads.emplace_back([&, t] {
+    trickle_threads.emplace_back([&, t] {
       for (int i = 0; !stop_trickle; ++i) Stream(port, 32, 300, t * 1000 + i, &trickle);
     });
 
-  // 1. Both decode workers hold streams; TPOT is far under 200 ms: one of them is drained.
-  EXPECT_TRUE(WaitFor([&] { return decisions("decode", "scale_down") >= 1; }, 60s)) << (*launch)->Log();
-  EXPECT_TRUE(WaitFor([&] { return Workers(port, "decode") == 1; }, 60s)) << (*launch)->Log();
-
-  // 2. The load step: six clients sending 1500-token prompts back to back.
+  // 1. The load step: six clients sending 1500-token prompts back to back (prefill), 24 clients
+  //    holding 200-token streams (decode).
   for (int t = 0; t < 6; ++t)
-    threads.emplace_back([&, t] {
-      for (int i = 0; !stop_burst; ++i) Stream(port, 1500, 4, 500 + t * 100 + i, &burst);
+    step_threads.emplace_back([&, t] {
+      for (int i = 0; !stop_step; ++i) Stream(port, 1500, 4, 500 + t * 100 + i, &step);
     });
-  EXPECT_TRUE(WaitFor([&] { return decisions("prefill", "scale_up") >= 1; }, 90s)) << (*launch)->Log();
-  EXPECT_TRUE(WaitFor([&] { return Workers(port, "prefill") == 2; }, 60s)) << (*launch)->Log();
-  stop_burst = true;
-  for (size_t i = 4; i < threads.size(); ++i) threads[i].join();
+  for (int t = 0; t < 24; ++t)
+    step_threads.emplace_back([&, t] {
+      for (int i = 0; !stop_step; ++i) Stream(port, 32, 200, 9000 + t * 100 + i, &step);
+    });
+  const bool grew = WaitFor([&] {
+    return decisions("prefill", "scale_up") >= 1 && decisions("decode", "scale_up") >= 1 &&
+           Workers(port, "prefill") == 2 && Workers(port, "decode") == 2;
+  }, 120s);
+  stop_step = true;
+  step_threads.clear();  // joins: each client finishes the request it is in
+  ASSERT_TRUE(grew) << "the pools did not grow under the load step: prefill scale_up "
+                    << decisions("prefill", "scale_up") << ", decode scale_up " << decisions("decode", "scale_up")
+                    << ", ready prefill " << Workers(port, "prefill") << ", decode " << Workers(port, "decode") << "\n"
+                    << (*launch)->Log();
 
-  // 3. Back to the trickle: the prefill pool shrinks again.
-  EXPECT_TRUE(WaitFor([&] { return decisions("prefill", "scale_down") >= 1; }, 90s)) << (*launch)->Log();
-  EXPECT_TRUE(WaitFor([&] { return Workers(port, "prefill") == 1; }, 60s)) << (*launch)->Log();
+  // 2. Back to the trickle: both pools shrink, by draining.
+  const bool shrank = WaitFor([&] {
+    return decisions("prefill", "scale_down") >= 1 && decisions("decode", "scale_down") >= 1 &&
+           Workers(port, "prefill") == 1 && Workers(port, "decode") == 1;
+  }, 120s);
   stop_trickle = true;
-  threads.clear();
+  trickle_threads.clear();
+  ASSERT_TRUE(shrank) << "the pools did not shrink after the load step: prefill scale_down "
+                      << decisions("prefill", "scale_down") << ", decode scale_down "
+                      << decisions("decode", "scale_down") << "\n" << (*launch)->Log();
 
   // No request failed; the drained decode worker had streams in flight and finished them.
   EXPECT_EQ(trickle.failed, 0) << trickle.first_error;
-  EXPECT_EQ(burst.failed, 0) << burst.first_error;
+  EXPECT_EQ(step.failed, 0) << step.first_error;
   EXPECT_GT(trickle.ok, 10);
-  EXPECT_GT(burst.ok, 6);
+  EXPECT_GT(step.ok, 24);
   const std::string router_metrics = services::testing::HttpGet(port, "/metrics").body;
   for (const char* outcome : {"client_error", "rejected", "unavailable", "timeout", "cancelled", "error"})
     EXPECT_LE(Metric(router_metrics, std::string("pdserve_router_requests_total{outcome=\"") + outcome + "\"}"), 0)
@@ -166,6 +189,9 @@ TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
                                                  << log.substr(drain, 200);
   EXPECT_NE(log.find("left the pool"), std::string::npos);
   EXPECT_NE(log.find("autoscaler: prefill pool (group 'prefill') scale_up 1 -> 2"), std::string::npos);
+  EXPECT_NE(log.find("autoscaler: decode pool (group 'decode') scale_up 1 -> 2"), std::string::npos);
+  EXPECT_NE(log.find("autoscaler: prefill pool (group 'prefill') scale_down 2 -> 1: draining prefill-"),
+            std::string::npos);
 
   // The run's decisions, for the test log.
   std::istringstream lines(log);
@@ -173,7 +199,7 @@ TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
     if ((line.find("autoscaler:") != std::string::npos && line.find("hold") == std::string::npos) ||
         line.find("left the pool") != std::string::npos || line.find("scaling group") != std::string::npos)
       std::printf("%s\n", line.c_str());
-  std::printf("requests: trickle %d, burst %d, none failed\n", trickle.ok.load(), burst.ok.load());
+  std::printf("requests: trickle %d, load step %d, none failed\n", trickle.ok.load(), step.ok.load());
   (*launch)->Signal(SIGTERM);
   EXPECT_EQ((*launch)->WaitExit(30s), std::optional<int>(0)) << (*launch)->Log();
 }
