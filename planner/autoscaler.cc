@@ -13,6 +13,16 @@ std::string Fmt(const char* f, double a, double b) {
   return buf;
 }
 
+// "<name> p <v> s (SLO <slo> s)", or "no <name> sample (SLO ...)" for a window without one.
+std::string Signal(const char* name, double v, double slo, int digits) {
+  char buf[160];
+  if (std::isfinite(v))
+    std::snprintf(buf, sizeof(buf), "%s p %.*f s (SLO %.*f s)", name, digits, v, digits, slo);
+  else
+    std::snprintf(buf, sizeof(buf), "no %s sample (SLO %.*f s)", name, digits, slo);
+  return buf;
+}
+
 }  // namespace
 
 const char* PoolKindName(PoolKind k) {
@@ -93,19 +103,18 @@ std::vector<ScaleDecision> AutoscalerPolicy::Tick(const WindowObservation& obs, 
       case PoolKind::kPrefill:
         pressure = ttft_over;
         relief = idle || ttft_low;
-        why = Fmt("TTFT p %.3f s (SLO %.3f s)", obs.ttft_s, c.slo_ttft_s);
-        if (c.slo_queue_s > 0) why += Fmt(", queue p %.3f s (SLO %.3f s)", obs.queue_s, c.slo_queue_s);
+        why = Signal("TTFT", obs.ttft_s, c.slo_ttft_s, 3);
+        if (c.slo_queue_s > 0) why += ", " + Signal("queue", obs.queue_s, c.slo_queue_s, 3);
         break;
       case PoolKind::kDecode:
         pressure = tpot_over;
         relief = idle || tpot_low;
-        why = Fmt("TPOT p %.4f s (SLO %.4f s)", obs.tpot_s, c.slo_tpot_s);
+        why = Signal("TPOT", obs.tpot_s, c.slo_tpot_s, 4);
         break;
       case PoolKind::kColocated:
         pressure = ttft_over || tpot_over;
         relief = idle || (ttft_low && tpot_low);
-        why = Fmt("TTFT p %.3f s (SLO %.3f s)", obs.ttft_s, c.slo_ttft_s) +
-              Fmt(", TPOT p %.4f s (SLO %.4f s)", obs.tpot_s, c.slo_tpot_s);
+        why = Signal("TTFT", obs.ttft_s, c.slo_ttft_s, 3) + ", " + Signal("TPOT", obs.tpot_s, c.slo_tpot_s, 4);
         break;
     }
     if (idle) why = "no traffic in the window";

@@ -99,6 +99,12 @@ TEST(AutoscalerPolicyTest, IdleShrinksAndThinWindowsJudgeNothing) {
   EXPECT_EQ(ActionOf(ds, "prefill"), ScaleAction::kScaleDown);
   EXPECT_EQ(ActionOf(ds, "decode"), ScaleAction::kScaleDown);
   EXPECT_NE(ds[0].reason.find("no traffic"), std::string::npos);
+  // Traffic, but no request started in the window: no TTFT sample, which relieves prefill.
+  AutoscalerPolicy p1(Config());
+  for (int i = 0; i < 2; ++i) p1.Tick(Obs(NAN, 0.01, 2, 1), t += milliseconds(1000));
+  ds = p1.Tick(Obs(NAN, 0.01, 2, 1), t += milliseconds(1000));
+  EXPECT_EQ(ActionOf(ds, "prefill"), ScaleAction::kScaleDown);
+  EXPECT_NE(ds[0].reason.find("no TTFT sample"), std::string::npos) << ds[0].reason;
   // One request finished, others still running: no judgement, however slow it was.
   AutoscalerPolicy p2(Config());
   for (int i = 0; i < 5; ++i)

@@ -131,7 +131,8 @@ TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
   std::atomic<bool> stop_trickle{false}, stop_step{false};
   std::vector<std::jthread> trickle_threads, step_threads;
   struct StopAll {  // destroyed before the threads: a failed assertion does not hang the joins
-    std::atomic<bool>*a, *b;
+    std::atomic<bool>* a;
+    std::atomic<bool>* b;
     ~StopAll() { *a = *b = true; }
   } stop_all{&stop_trickle, &stop_step};
   for (int t = 0; t < 4; ++t)
