@@ -44,7 +44,7 @@ assert len(j["ratio_sweep"]) == 2
 PY
 
 # 3. Bad inputs: a message naming the problem; exit 2 for what the command line parser refuses
-#    (unknown options, missing values), 1 for everything else.
+#    (unknown options, missing or malformed values), 1 for everything else.
 expect_error() {
   local want=$1 code=1
   shift
@@ -58,7 +58,7 @@ expect_error "missing --model" --hardware local
 expect_error "no model config" --model /no/such/dir
 expect_error "unknown KV latent format" --model "$data/deepseek-v3.2-exp" --kv-format fp4
 expect_error "no hardware profile" --model "$data/deepseek-v3.2-exp" --hardware tpu9
-expect_error "wants a number" --model "$data/deepseek-v3.2-exp" --rate fast
+expect_error "wants a number" --exit 2 --model "$data/deepseek-v3.2-exp" --rate fast
 expect_error "colour" --exit 2 --model "$data/deepseek-v3.2-exp" --colour red
 expect_error "ep=5" --model "$data/deepseek-v3.2-exp" --hardware h800 --prefill-plan cp=16,ep=16 --prefill-nodes 2 \
   --decode-plan dp=5,ep=5 --decode-instances 1

@@ -106,8 +106,8 @@ TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
                      << "  - {name: prefill, role: prefill, count: 1, " << worker << "}\n"
                      << "  - {name: decode, role: decode, count: 1, " << worker << "}\n"
                      << "autoscaler:\n  interval_ms: 250\n  window_ms: 2000\n  percentile: 0.9\n"
-                     << "  slo: {ttft_ms: 1500, tpot_ms: 40}\n  scale_up_after: 2\n  scale_down_after: 4\n"
-                     << "  low_water: 0.5\n  cooldown_ms: 3000\n  min_requests: 2\n  drain_timeout_ms: 120000\n"
+                     << "  slo: {ttft_ms: 1500, tpot_ms: 120}\n  scale_up_after: 2\n  scale_down_after: 4\n"
+                     << "  low_water: 0.6\n  cooldown_ms: 3000\n  min_requests: 2\n  drain_timeout_ms: 120000\n"
                      << "  pools:\n    prefill: {group: prefill, min: 1, max: 2}\n"
                      << "    decode: {group: decode, min: 1, max: 2}\n";
   const std::string ready = dir + "/launch.ready";
