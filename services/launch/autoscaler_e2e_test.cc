@@ -113,6 +113,16 @@ TEST(AutoscalerE2eTest, PoolsFollowALoadStepAndDrainsFinishTheirStreams) {
   const std::string ready = dir + "/launch.ready";
   auto launch = ChildProcess::Spawn({bin + "/pdserve-launch", cfg, "--ready-file", ready}, dir + "/launch.log");
   ASSERT_TRUE(launch.ok());
+  // The launcher's children run in process groups of their own: a failed assertion must stop
+  // the launcher with SIGTERM (it stops them), never leave them to the SIGKILL of ~ChildProcess.
+  struct StopLauncher {
+    ChildProcess* p;
+    ~StopLauncher() {
+      if (p->WaitExit(0ms)) return;
+      p->Signal(SIGTERM);
+      p->WaitExit(60s);
+    }
+  } stop_launcher{launch->get()};
   auto r = services::testing::WaitForReadyFile(ready, launch->get(), 120s);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const int port = (*r)["http_port"];
