@@ -44,7 +44,7 @@ assert len(j["ratio_sweep"]) == 2
 PY
 
 # 3. Bad inputs: a message naming the problem; exit 2 for what the command line parser refuses
-#    (unknown options, missing values), 1 for everything else.
+#    (unknown options, missing or malformed values), 1 for everything else.
 expect_error() {
   local want=$1 code=1
   shift

@@ -15,9 +15,9 @@
 #
 # Usage: validate_local_test.sh BIN_DIR MODEL_DIR [RESULTS_MD]
 #   MODEL_DIR: the `small` preset, made there (pdserve make-model) when absent and kept (CTest
-#   passes <build>/test-models/small-v129280-s1, the cache of services/common/testing
-#   CachedTestModel). The router refuses models with a vocabulary smaller than its tokenizer,
-#   so the preset gets DeepSeek-V3's 129280-token vocabulary.
+#   passes <build>/test-models/small-v128815-s1, the cache of services/testing
+#   CachedTestModel). The router refuses models with a vocabulary smaller than its tokenizer
+#   and stops streams at ids past it, so the preset gets exactly the tokenizer's 128815 ids.
 # Knobs (environment): RATES_PD ("1.25 2.5"), RATES_COLOCATED ("1.25 2.5"), NUM_REQUESTS (12),
 #   INPUT_LEN (32), OUTPUT_LEN (8), TOLERANCE (0.25), ATTEMPTS (2).
 #
@@ -59,7 +59,7 @@ fail() {
 if [ ! -f "$model/config.json" ]; then
   mkdir -p "$(dirname "$model")"
   tmp_model="$model.tmp.$$"
-  "$bin/pdserve" make-model --preset small --vocab 129280 --seed 1 --out "$tmp_model" >"$work/make-model.log" 2>&1 ||
+  "$bin/pdserve" make-model --preset small --vocab 128815 --seed 1 --out "$tmp_model" >"$work/make-model.log" 2>&1 ||
     fail "make-model failed"
   mv "$tmp_model" "$model" 2>/dev/null || rm -rf "$tmp_model"  # a concurrent run may have won
 fi

@@ -1,5 +1,6 @@
 #include "services/launch/cluster_config.h"
 
+#include <algorithm>
 #include <set>
 
 namespace pdserve::launch {
@@ -33,9 +34,80 @@ Status ReadRestart(const services::YamlSection& s, const std::string& prefix, Re
   return Status::Ok();
 }
 
+// The `autoscaler` section; its pools must name groups of the matching role, whose count lies
+// within the pool's bounds.
+Status ReadAutoscaler(const services::YamlSection& root, ClusterConfig* c) {
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection a, root.Section("autoscaler"));
+  if (!root.Has("autoscaler")) return Status::Ok();
+  PDSERVE_RETURN_IF_ERROR(a.CheckKeys({"enabled", "interval_ms", "window_ms", "percentile", "slo", "scale_up_after",
+                                       "scale_down_after", "low_water", "cooldown_ms", "min_requests",
+                                       "drain_timeout_ms", "metrics_port", "pools"}));
+  AutoscalerSettings& s = c->autoscaler;
+  planner::AutoscalerConfig& p = s.policy;
+  s.enabled = true;
+  PDSERVE_RETURN_IF_ERROR(a.Get("enabled", &s.enabled));
+  PDSERVE_RETURN_IF_ERROR(a.Get("interval_ms", &s.interval));
+  PDSERVE_RETURN_IF_ERROR(a.Get("window_ms", &s.window));
+  PDSERVE_RETURN_IF_ERROR(a.Get("drain_timeout_ms", &s.drain_timeout));
+  PDSERVE_RETURN_IF_ERROR(a.Get("percentile", &p.percentile));
+  int64_t up = p.scale_up_after, down = p.scale_down_after, port = 0;
+  PDSERVE_RETURN_IF_ERROR(a.Get("scale_up_after", &up));
+  PDSERVE_RETURN_IF_ERROR(a.Get("scale_down_after", &down));
+  p.scale_up_after = static_cast<int>(std::clamp<int64_t>(up, 0, 1000));
+  p.scale_down_after = static_cast<int>(std::clamp<int64_t>(down, 0, 1000));
+  PDSERVE_RETURN_IF_ERROR(a.Get("low_water", &p.low_water));
+  PDSERVE_RETURN_IF_ERROR(a.Get("cooldown_ms", &p.cooldown));
+  PDSERVE_RETURN_IF_ERROR(a.Get("min_requests", &p.min_requests));
+  PDSERVE_RETURN_IF_ERROR(a.Get("metrics_port", &port));
+  if (port < 0 || port > 65535) return Status::InvalidArgument(a.path() + ".metrics_port must be in [0, 65535]");
+  s.metrics_port = static_cast<int>(port);
+  if (s.interval.count() < 10 || s.window < s.interval)
+    return Status::InvalidArgument(a.path() + ": interval_ms must be >= 10 and window_ms >= interval_ms");
+  if (s.drain_timeout.count() <= 0) return Status::InvalidArgument(a.path() + ".drain_timeout_ms must be > 0");
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection slo, a.Section("slo"));
+  PDSERVE_RETURN_IF_ERROR(slo.CheckKeys({"ttft_ms", "tpot_ms", "queue_ms"}));
+  double ttft = p.slo_ttft_s * 1e3, tpot = p.slo_tpot_s * 1e3, queue = p.slo_queue_s * 1e3;
+  PDSERVE_RETURN_IF_ERROR(slo.Get("ttft_ms", &ttft));
+  PDSERVE_RETURN_IF_ERROR(slo.Get("tpot_ms", &tpot));
+  PDSERVE_RETURN_IF_ERROR(slo.Get("queue_ms", &queue));
+  p.slo_ttft_s = ttft * 1e-3;
+  p.slo_tpot_s = tpot * 1e-3;
+  p.slo_queue_s = queue * 1e-3;
+  PDSERVE_ASSIGN_OR_RETURN(services::YamlSection pools, a.Section("pools"));
+  PDSERVE_RETURN_IF_ERROR(pools.CheckKeys({"prefill", "decode", "colocated"}));
+  for (const char* kind : {"prefill", "decode", "colocated"}) {
+    if (!pools.Has(kind)) continue;
+    PDSERVE_ASSIGN_OR_RETURN(services::YamlSection ps, pools.Section(kind));
+    PDSERVE_RETURN_IF_ERROR(ps.CheckKeys({"group", "min", "max"}));
+    planner::AutoscalerConfig::Pool pool;
+    pool.kind = std::string(kind) == "prefill" ? planner::PoolKind::kPrefill
+                : std::string(kind) == "decode" ? planner::PoolKind::kDecode
+                                                : planner::PoolKind::kColocated;
+    pool.group = kind;
+    PDSERVE_RETURN_IF_ERROR(ps.Get("group", &pool.group));
+    PDSERVE_RETURN_IF_ERROR(ps.Get("min", &pool.min));
+    PDSERVE_RETURN_IF_ERROR(ps.Get("max", &pool.max));
+    const WorkerGroupConfig* g = nullptr;
+    for (const auto& w : c->workers)
+      if (w.name == pool.group) g = &w;
+    if (g == nullptr) return Status::InvalidArgument(ps.path() + ".group: no worker group '" + pool.group + "'");
+    if (services::WorkerRoleName(g->role) != std::string(kind))
+      return Status::InvalidArgument(ps.path() + ".group: group '" + pool.group + "' has role " +
+                                     services::WorkerRoleName(g->role) + ", not " + kind);
+    if (g->count < pool.min || g->count > pool.max)
+      return Status::InvalidArgument(ps.path() + ": group '" + pool.group + "' starts with count " +
+                                     std::to_string(g->count) + ", outside [min, max]");
+    p.pools.push_back(pool);
+  }
+  if (s.enabled && !c->router.admin_api)
+    return Status::InvalidArgument(a.path() + ": needs router.admin_api (a scale-down drains through POST /admin/drain)");
+  if (s.enabled) PDSERVE_RETURN_IF_ERROR(p.Validate());
+  return Status::Ok();
+}
+
 Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::string& origin) {
   ClusterConfig c;
-  PDSERVE_RETURN_IF_ERROR(root.CheckKeys({"cluster", "router", "workers"}));
+  PDSERVE_RETURN_IF_ERROR(root.CheckKeys({"cluster", "router", "workers", "autoscaler"}));
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection cl, root.Section("cluster"));
   PDSERVE_RETURN_IF_ERROR(cl.CheckKeys({"name", "bin_dir", "model_dir", "generate_model", "log_dir", "stop_grace_ms",
                                         "ready_timeout_ms", "router_restart", "router_restart_backoff_ms",
@@ -76,12 +148,14 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
     w.role = services::ParseWorkerRole(role).value();
     w.name = role;
     PDSERVE_RETURN_IF_ERROR(g.Get("name", &w.name));
-    PDSERVE_RETURN_IF_ERROR(g.GetEnum("type", {"engine", "echo"}, &w.type));
+    PDSERVE_RETURN_IF_ERROR(g.GetEnum("type", {"engine", "custom"}, &w.type));
     PDSERVE_RETURN_IF_ERROR(g.Get("count", &w.count));
     if (w.count == 0)
       return Status::InvalidArgument(g.path() + ".count must be >= 1 (leave the group out to run none)");
     PDSERVE_RETURN_IF_ERROR(ReadRestart(g, "", &w.restart));
     PDSERVE_RETURN_IF_ERROR(g.Get("binary", &w.binary));
+    if (w.type == "custom" && w.binary.empty())
+      return Status::InvalidArgument(g.path() + ".binary is required with type: custom (the worker executable)");
     int64_t port = 0;
     PDSERVE_RETURN_IF_ERROR(g.Get("metrics_port", &port));
     PDSERVE_RETURN_IF_ERROR(g.Get("mpi_ranks", &w.mpi_ranks));
@@ -109,6 +183,7 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
     c.workers.push_back(std::move(w));
   }
   if (c.workers.empty()) return Status::InvalidArgument(origin + ": `workers` lists no worker group");
+  PDSERVE_RETURN_IF_ERROR(ReadAutoscaler(root, &c));
   return c;
 }
 }  // namespace
@@ -127,7 +202,6 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view yaml, const std::str
 
 std::string ClusterConfig::BinaryName(const WorkerGroupConfig& g) {
   if (!g.binary.empty()) return g.binary;
-  if (g.type == "echo") return "pdserve-echo-worker";
   return std::string("pdserve-") + services::WorkerRoleName(g.role);
 }
 

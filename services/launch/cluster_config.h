@@ -4,6 +4,7 @@
 //   cluster:   launcher options (binaries, model, logs, timeouts)
 //   router:    RouterConfig (router_config.h); pdserve-router reads this same file
 //   workers:   a list of worker groups, each `count` identical processes
+//   autoscaler: optional, the SLO autoscaler over some of the groups (AutoscalerSettings)
 //
 // Each worker process gets the standard worker command line
 //   <binary> --router <control endpoint> --worker-id <name>-<i> --role <role>
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "planner/autoscaler.h"
 #include "services/control/control_messages.h"
 #include "services/router/router_config.h"
 
@@ -62,9 +64,13 @@ struct RestartConfig {
 struct WorkerGroupConfig {
   std::string name;              // instance ids are <name>-<i>
   services::WorkerRole role = services::WorkerRole::kColocated;
-  std::string type = "engine";   // engine | echo (pdserve-echo-worker: protocol test worker)
+  // engine: pdserve-<role>, given --model; custom: any executable speaking the worker protocol
+  // (docs/control-plane.md), named by `binary`, given the standard flags without --model.
+  std::string type = "engine";
   uint32_t count = 1;
-  std::string binary;            // empty: pdserve-<role> (engine) or pdserve-echo-worker (echo)
+  // A file name in cluster.bin_dir or an absolute path; required with type: custom, empty:
+  // pdserve-<role>.
+  std::string binary;
   int metrics_port = 0;          // of instance 0; instance i uses +i (+ i * dp + k for DP rank k); 0: ephemeral
   uint32_t mpi_ranks = 1;
   std::optional<comm::ParallelPlan> plan;  // engine groups: a multi-rank instance
@@ -73,6 +79,32 @@ struct WorkerGroupConfig {
   std::vector<std::string> args;           // appended to the standard flags
   std::map<std::string, std::string> env;  // extra environment
   RestartConfig restart;
+};
+
+// The SLO autoscaler (docs/planner.md "Autoscaling"): every `interval` the launcher reads the
+// router's /metrics, takes TTFT / TPOT / queue-time percentiles over the last `window`, and
+// lets planner::AutoscalerPolicy add a worker to a pool (ScaleGroup) or drain one (the least
+// loaded, through the router's POST /admin/drain with `drain_timeout`, so its streams finish).
+//
+//   autoscaler:
+//     enabled: true
+//     interval_ms: 1000        window_ms: 5000      percentile: 0.9
+//     slo: {ttft_ms: 2000, tpot_ms: 50, queue_ms: 0}
+//     scale_up_after: 2        scale_down_after: 5  low_water: 0.5
+//     cooldown_ms: 10000       min_requests: 3      drain_timeout_ms: 600000
+//     metrics_port: 0          # pdserve_planner_* series (0: a free port, in the ready file)
+//     pools:
+//       prefill: {group: prefill, min: 1, max: 4}
+//       decode: {group: decode, min: 1, max: 4}      # or colocated: {...}
+struct AutoscalerSettings {
+  bool enabled = false;
+  std::chrono::milliseconds interval{1000};  // one decision per pool this often
+  std::chrono::milliseconds window{5000};    // percentiles over the requests of this long
+  // A drained worker finishes its streams within this (then aborts the rest). Long: a
+  // scale-down must not cut a stream.
+  std::chrono::milliseconds drain_timeout{600000};
+  int metrics_port = 0;
+  planner::AutoscalerConfig policy;
 };
 
 struct GenerateModelConfig {
@@ -102,6 +134,7 @@ struct ClusterConfig {
   std::chrono::milliseconds ready_timeout{120000};  // router ready file + /health ready
   router::RouterConfig router;
   std::vector<WorkerGroupConfig> workers;
+  AutoscalerSettings autoscaler;
 
   // Errors: InvalidArgument naming the key; NotFound (no file).
   static Result<ClusterConfig> LoadFile(const std::string& path);

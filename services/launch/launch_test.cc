@@ -1,5 +1,5 @@
 // pdserve-launch as a real process: it starts a router and echo workers (protocol test
-// workers), serves, and stops every process on SIGTERM; a dying child or a missing binary stops
+// workers from services/testing, launched as `type: custom`), serves, and stops every process on SIGTERM; a dying child or a missing binary stops
 // everything with exit 1.
 #include <signal.h>
 
@@ -37,9 +37,9 @@ bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
 TEST(LaunchTest, StartsServesAndStopsEveryProcessOnSigterm) {
   const std::string dir = services::testing::MakeTempDir("pdserve-launch");
   const std::string cfg = WriteConfig(dir,
-                                      "  - {name: p, role: prefill, type: echo}\n"
-                                      "  - {name: d, role: decode, type: echo}\n"
-                                      "  - {name: c, role: colocated, type: echo, count: 2}\n");
+                                      "  - {name: p, role: prefill, type: custom, binary: pdserve-echo-worker}\n"
+                                      "  - {name: d, role: decode, type: custom, binary: pdserve-echo-worker}\n"
+                                      "  - {name: c, role: colocated, type: custom, binary: pdserve-echo-worker, count: 2}\n");
   const std::string ready = dir + "/launch.ready";
   auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg, "--ready-file", ready},
                                     dir + "/launch.log");
@@ -107,8 +107,9 @@ TEST(LaunchTest, MultiRankDecodeInstance) {
 TEST(LaunchTest, ADyingWorkerStopsTheClusterLoudly) {
   const std::string dir = services::testing::MakeTempDir("pdserve-launch-fail");
   const std::string cfg = WriteConfig(dir,
-                                      "  - {name: good, role: colocated, type: echo}\n"
-                                      "  - {name: bad, role: colocated, type: echo, args: ['--no-such-flag']}\n");
+                                      "  - {name: good, role: colocated, type: custom, binary: pdserve-echo-worker}\n"
+                                      "  - {name: bad, role: colocated, type: custom, binary: pdserve-echo-worker, "
+                                      "args: ['--no-such-flag']}\n");
   auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg}, dir + "/launch.log");
   ASSERT_TRUE(launch.ok());
   EXPECT_EQ((*launch)->WaitExit(30s), std::optional<int>(1)) << (*launch)->Log();
@@ -119,7 +120,7 @@ TEST(LaunchTest, ADyingWorkerStopsTheClusterLoudly) {
 
 TEST(LaunchTest, MissingBinaryIsNamedBeforeAnythingStarts) {
   const std::string dir = services::testing::MakeTempDir("pdserve-launch-missing");
-  const std::string cfg = WriteConfig(dir, "  - {name: x, role: decode, binary: pdserve-not-built, type: echo}\n");
+  const std::string cfg = WriteConfig(dir, "  - {name: x, role: decode, binary: pdserve-not-built, type: custom}\n");
   auto launch = ChildProcess::Spawn({std::string(PDSERVE_BIN_DIR) + "/pdserve-launch", cfg}, dir + "/launch.log");
   ASSERT_TRUE(launch.ok());
   EXPECT_EQ((*launch)->WaitExit(10s), std::optional<int>(1));

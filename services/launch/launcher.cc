@@ -297,6 +297,39 @@ Status Launcher::ScaleGroup(const std::string& group, uint32_t count) {
   return WriteReadyFile();
 }
 
+uint32_t Launcher::LiveCount(const std::string& group) const {
+  uint32_t n = 0;
+  for (const Instance& in : instances_)
+    if (in.group >= 0 && config_.workers[static_cast<size_t>(in.group)].name == group &&
+        (in.state == InstanceState::kRunning || in.state == InstanceState::kRestartPending))
+      ++n;
+  return n;
+}
+
+Status Launcher::StartAutoscaler() {
+  if (!config_.autoscaler.enabled) return Status::Ok();
+  AutoscalerLoop::Hooks hooks;
+  hooks.live = [this](const std::string& group) { return LiveCount(group); };
+  hooks.scale_to = [this](const std::string& group, uint32_t count) { return ScaleGroup(group, count); };
+  hooks.draining = [this](const std::string& id) {
+    Instance* in = Find(id);
+    if (in != nullptr && in->state == InstanceState::kRunning) in->state = InstanceState::kDraining;
+    if (Status s = WriteReadyFile(); !s.ok()) Say("warning: " + s.ToString());
+  };
+  hooks.say = [](const std::string& line) { Say(line); };
+  PDSERVE_ASSIGN_OR_RETURN(autoscaler_, AutoscalerLoop::Create(config_, config_.router.host, http_port_, std::move(hooks)));
+  const auto& p = config_.autoscaler.policy;
+  std::string pools;
+  for (const auto& pool : p.pools)
+    pools += fmt::format("{}{} '{}' [{}, {}]", pools.empty() ? "" : ", ", planner::PoolKindName(pool.kind), pool.group,
+                         pool.min, pool.max);
+  Say(fmt::format("autoscaler on: {}; SLO TTFT {:.0f} ms, TPOT {:.1f} ms at p{:.0f}, every {} ms over {} ms; metrics "
+                  "on port {}",
+                  pools, p.slo_ttft_s * 1e3, p.slo_tpot_s * 1e3, p.percentile * 100, config_.autoscaler.interval.count(),
+                  config_.autoscaler.window.count(), autoscaler_->metrics_port()));
+  return Status::Ok();
+}
+
 Status Launcher::WaitReady() {
   const auto deadline = Clock::now() + config_.ready_timeout;
   httplib::Client cli("127.0.0.1", http_port_);
@@ -343,6 +376,7 @@ Status Launcher::WriteReadyFile() {
                           {"control_endpoint", control_endpoint_},
                           {"pids", pids},
                           {"instances", instances}};
+  if (autoscaler_) ready["planner_metrics_port"] = autoscaler_->metrics_port();
   return WriteStringToFile(ready_file_, ready.dump());
 }
 
@@ -399,13 +433,17 @@ int Launcher::Run() {
   if (Status s = StartWorkers(); !s.ok()) return fail(s);
   if (Status s = WaitReady(); !s.ok()) return fail(s);
   ready_ = true;
+  if (Status s = StartAutoscaler(); !s.ok()) return fail(s);
 
   const std::string host = config_.router.host == "0.0.0.0" ? "127.0.0.1" : config_.router.host;
   Say(fmt::format("cluster '{}' ready: OpenAI API at http://{}:{}/v1 (model '{}'), router metrics at "
                   "http://{}:{}/metrics, workers at http://{}:{}/admin/workers; Ctrl-C stops it",
                   config_.name, host, http_port_, config_.router.model_name, host, http_port_, host, http_port_));
   if (Status s = WriteReadyFile(); !s.ok()) return fail(s);
-  while (PollOnce(std::chrono::milliseconds(200))) {
+  const auto poll = autoscaler_ ? std::min(std::chrono::milliseconds(200), config_.autoscaler.interval)
+                                : std::chrono::milliseconds(200);
+  while (PollOnce(poll)) {
+    if (autoscaler_) autoscaler_->Poll(Clock::now());
   }
   if (!failure_.empty()) {
     Say("error: " + failure_);

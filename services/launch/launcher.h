@@ -13,6 +13,9 @@
 //      doubling per consecutive failure, a cap after which it stays down) or leaves the pool
 //      (a drained worker exits 0); the cluster keeps serving while pools shrink and grow. The
 //      ready file is rewritten with the current pids after every change;
+//   6b. with an `autoscaler` section, runs the SLO autoscaler (autoscaler_loop.h) from the same
+//      loop: it grows a pool with ScaleGroup and drains the least loaded worker of a pool
+//      through the router; the ready file then also holds its metrics port;
 //   7. forwards every child's output ("[name] line") until SIGINT / SIGTERM, then stops the
 //      workers (SIGTERM: they drain and deregister), then the router, SIGKILLing whatever
 //      outlives cluster.stop_grace.
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "services/launch/autoscaler_loop.h"
 #include "services/launch/cluster_config.h"
 #include "services/launch/process_supervisor.h"
 
@@ -81,11 +85,15 @@ class Launcher {
   void StartDueRestarts();
   Instance* Find(const std::string& name);
   Status WriteReadyFile();
+  Status StartAutoscaler();
+  // Processes counted towards group `group`'s size (running or about to restart).
+  uint32_t LiveCount(const std::string& group) const;
   // Polls the children; false when a signal arrived (sets signal_) or, before ready_, when a
   // child exited (sets failure_).
   bool PollOnce(std::chrono::milliseconds timeout);
   int Shutdown(int code);
-  std::string Bin(const std::string& name) const { return bin_dir_ + "/" + name; }
+  // `name` in bin_dir_, or `name` itself when it is an absolute path (a custom worker's binary).
+  std::string Bin(const std::string& name) const { return !name.empty() && name[0] == '/' ? name : bin_dir_ + "/" + name; }
 
   ClusterConfig config_;
   const std::string config_path_;
@@ -100,6 +108,7 @@ class Launcher {
   std::string failure_;
   int http_port_ = 0;
   std::string control_endpoint_;
+  std::unique_ptr<AutoscalerLoop> autoscaler_;  // after ready_, with config_.autoscaler.enabled
 };
 
 }  // namespace pdserve::launch

@@ -151,8 +151,8 @@ TEST(OperatorLaunchTest, ModelSmallerThanTheTokenizerIsRefusedAtStartUp) {
 TEST(OperatorLaunchTest, KilledWorkerIsRestartedWhileItsStreamMigrates) {
   const std::string dir = MakeTempDir("pdserve-op-restart");
   const std::string cfg = dir + "/cluster.yaml";
-  WriteFile(cfg, EchoClusterYaml("  - {name: c, role: colocated, type: echo, count: 2, restart: on-failure, "
-                                 "restart_backoff_ms: 200, args: ['--token-delay-us', '30000']}\n"));
+  WriteFile(cfg, EchoClusterYaml("  - {name: c, role: colocated, type: custom, binary: pdserve-echo-worker, count: 2, "
+                                 "restart: on-failure, restart_backoff_ms: 200, args: ['--token-delay-us', '30000']}\n"));
   LaunchedCluster c = StartCluster(dir, cfg);
   ASSERT_TRUE(c.launcher);
   ASSERT_TRUE(WaitFor([&] { return HealthyWorkers(c.http_port, "colocated") == 2; }, 30s));
@@ -205,7 +205,7 @@ TEST(OperatorLaunchTest, KilledWorkerIsRestartedWhileItsStreamMigrates) {
 TEST(OperatorLaunchTest, DrainedWorkerLeavesThePoolAndTheClusterStaysUp) {
   const std::string dir = MakeTempDir("pdserve-op-drain");
   const std::string cfg = dir + "/cluster.yaml";
-  WriteFile(cfg, EchoClusterYaml("  - {name: c, role: colocated, type: echo, count: 2}\n"));
+  WriteFile(cfg, EchoClusterYaml("  - {name: c, role: colocated, type: custom, binary: pdserve-echo-worker, count: 2}\n"));
   LaunchedCluster c = StartCluster(dir, cfg);
   ASSERT_TRUE(c.launcher);
   ASSERT_TRUE(WaitFor([&] { return HealthyWorkers(c.http_port, "colocated") == 2; }, 30s));
@@ -244,8 +244,8 @@ TEST(OperatorLaunchTest, CrashLoopStopsAtTheCapAndTheClusterKeepsServing) {
                  "router:\n  port: 0\n  control_endpoint: tcp://127.0.0.1:" + std::to_string(control) +
                  "\n  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n"
                  "workers:\n"
-                 "  - {name: steady, role: colocated, type: echo}\n"
-                 "  - {name: flaky, role: colocated, type: echo, binary: flaky-worker, restart: always, "
+                 "  - {name: steady, role: colocated, type: custom, binary: pdserve-echo-worker}\n"
+                 "  - {name: flaky, role: colocated, type: custom, binary: flaky-worker, restart: always, "
                  "restart_backoff_ms: 100, restart_max_backoff_ms: 400, max_restarts: 3, "
                  "env: {FLAKY_MARKER: '" + dir + "/served-once'}}\n");
   LaunchedCluster c = StartCluster(dir, cfg);

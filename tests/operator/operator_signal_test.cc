@@ -161,7 +161,8 @@ TEST(OperatorSignalTest, Launcher) {
           WriteFile(run_dir + "/cluster.yaml",
                     "cluster:\n  bin_dir: " + std::string(PDSERVE_BIN_DIR) +
                         "\n  stop_grace_ms: 5000\nrouter:\n  port: 0\n  control_endpoint: tcp://127.0.0.1:" +
-                        std::to_string(control) + "\nworkers:\n  - {name: c, role: colocated, type: echo}\n");
+                        std::to_string(control) +
+                        "\nworkers:\n  - {name: c, role: colocated, type: custom, binary: pdserve-echo-worker}\n");
           return std::vector<std::string>{Bin("pdserve-launch"), run_dir + "/cluster.yaml"};
         },
         {"PDSERVE_LOG_LEVEL=warn"}},

@@ -10,8 +10,8 @@ build=${1:-build}
 bin=$build/bin
 out=$(mktemp -d "${TMPDIR:-/tmp}/pdserve-measure-local.XXXXXX")
 trap 'rm -rf "$out"' EXIT
-model=$build/test-models/small-v129280-s1
-[ -f "$model/config.json" ] || "$bin/pdserve" make-model --preset small --vocab 129280 --seed 1 --out "$model" >/dev/null
+model=$build/test-models/small-v128815-s1
+[ -f "$model/config.json" ] || "$bin/pdserve" make-model --preset small --vocab 128815 --seed 1 --out "$model" >/dev/null
 export PDSERVE_RESULTS_DIR=$out
 say() { echo; echo "== $* (load average $(cut -d' ' -f1-3 /proc/loadavg))"; }
 
