@@ -1,6 +1,7 @@
 #include "comm/ep_dispatcher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
 
@@ -81,8 +82,27 @@ Status EpDispatcher::Fail(Status s) {
   return s;
 }
 
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void EpDispatcher::Posted() {
+  posted_ns_ = NowNs();
+  done_ns_ = 0;
+}
+
 Status EpDispatcher::WaitAll(const char* what) {
-  return MpiStatus(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), what);
+  const int64_t t0 = NowNs();
+  const Status s = MpiStatus(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), what);
+  const int64_t t1 = NowNs();
+  ++overlap_.exchanges;
+  if (done_ns_ != 0) ++overlap_.completed_in_progress;
+  overlap_.in_flight_seconds += static_cast<double>((done_ns_ != 0 ? done_ns_ : t1) - posted_ns_) * 1e-9;
+  overlap_.exposed_seconds += static_cast<double>(t1 - t0) * 1e-9;
+  return s;
 }
 
 Status EpDispatcher::StartDispatch(const void* hidden, int64_t n_tokens,
@@ -132,6 +152,7 @@ Status EpDispatcher::StartDispatch(const void* hidden, int64_t n_tokens,
   if (!s.ok()) return Fail(s);
   n_tokens_ = n_tokens;
   state_ = State::kDispatching;
+  Posted();
   return Status::Ok();
 }
 
@@ -140,6 +161,7 @@ Result<bool> EpDispatcher::Progress() {
   int done = 0;
   const Status s = MpiStatus(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE), "MPI_Testall (ep)");
   if (!s.ok()) return Fail(s);
+  if (done != 0 && done_ns_ == 0) done_ns_ = NowNs();
   return done != 0;
 }
 
@@ -207,6 +229,7 @@ Status EpDispatcher::StartCombine(const void* expert_out) {
   if (!s.ok()) return Fail(s);
   requests_[1] = MPI_REQUEST_NULL;
   state_ = State::kCombining;
+  Posted();
   return Status::Ok();
 }
 

@@ -18,6 +18,11 @@
 // expert outputs travel back along the same rows and are summed per token in fp32, in
 // destination-rank order, so the result does not depend on message timing.
 //
+// Overlap accounting (overlap()): for every exchange (a dispatch or a combine), the time from
+// posting it to seeing it complete (in Progress() or at the end of the Wait), and the part of
+// that time the caller spent blocked in the Wait. An exchange seen complete in Progress() was
+// fully hidden behind the caller's work (up to the polling interval).
+//
 // Zero tokens: a rank with no tokens (a DP rank running a dummy step) calls exactly the same
 // sequence with n_tokens = 0; ranks and experts that receive no rows get empty ranges. Every
 // rank of the EP group must make the same sequence of calls (one dispatch+combine per MoE layer).
@@ -61,6 +66,14 @@ struct EpDispatcherOptions {
   size_t dispatch_row_bytes = 0;
   // Expert outputs sent back by combine: kF32 or kBF16 (summed in fp32 on arrival).
   DType combine_dtype = DType::kF32;
+};
+
+// Accumulated over exchanges (see "Overlap accounting" above).
+struct EpOverlap {
+  int64_t exchanges = 0;
+  int64_t completed_in_progress = 0;  // seen complete by Progress() before the Wait
+  double in_flight_seconds = 0;       // posting -> completion seen
+  double exposed_seconds = 0;         // blocked in WaitDispatch / WaitCombine
 };
 
 // What this rank received in a dispatch: the rows its local experts must process.
@@ -126,6 +139,8 @@ class EpDispatcher {
 
   // Completed dispatch+combine rounds (the DP tests check every rank ran as many).
   int64_t rounds() const { return rounds_; }
+  const EpOverlap& overlap() const { return overlap_; }
+  void ResetOverlap() { overlap_ = {}; }
 
  private:
   enum class State { kIdle, kDispatching, kDispatched, kCombining, kBroken };
@@ -134,6 +149,7 @@ class EpDispatcher {
                MpiDatatype meta, MpiDatatype combine_row);
   Status Fail(Status s);  // moves to kBroken
   Status WaitAll(const char* what);
+  void Posted();  // an exchange was just posted
   size_t combine_row_bytes() const { return combine_row_.record_bytes(); }
 
   MpiComm comm_;
@@ -144,6 +160,8 @@ class EpDispatcher {
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   int64_t rounds_ = 0;
   int64_t n_tokens_ = 0;  // of the current round
+  int64_t posted_ns_ = 0, done_ns_ = 0;  // of the exchange in flight (done_ns_ 0: not seen done)
+  EpOverlap overlap_;
 
   EpSendPlan plan_;
   std::vector<uint8_t> send_hidden_, recv_hidden_, combine_recv_;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "common/check.h"
+#include "common/op_profile.h"
 
 namespace pdserve {
 
@@ -80,7 +81,9 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     std::lock_guard<std::mutex> lock(mu_);
     cv_.notify_all();
   }
+  OpProfileCountParallelRegion();
   RunChunks(gen);
+  OpScope wait(OpProfile::kPoolWait);  // chunks left are running on workers
   for (int spins = 0; done_chunks_.load(std::memory_order_acquire) != static_cast<int64_t>(n_chunks); ++spins) {
     if (spins < kCallerSpins) _mm_pause();
     else std::this_thread::yield();  // a worker holding a chunk was descheduled: let it run

@@ -50,6 +50,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/op_profile.h"
 #include "common/thread_pool.h"
 #include "engine/block_pool.h"
 #include "engine/rank_group.h"
@@ -74,15 +75,20 @@ struct EngineOptions {
   // Caller-provided pool memory (e.g. registered with the KV transfer layer), 4 KiB aligned.
   uint8_t* kv_memory = nullptr;
   int64_t kv_memory_bytes = 0;
-  // TEST ONLY (fault injection; < 0: off): a forward that exports KV (kv_export) fails right
-  // after layer N's layer_done hooks, as a forward error there would (every request of the
-  // step ends with an error event).
-  int64_t test_fail_export_at_layer = -1;
+  // Fault injection for tests (empty in production): called on the step thread after each
+  // layer's layer_done hooks of a forward that exports KV (kv_export); a non-OK status fails
+  // that forward there, as a real forward error would (every request of the step ends with an
+  // error event).
+  std::function<Status(int64_t layer)> layer_fault_hook;
   // Multi-rank: this engine leads its DP unit of `group` (borrowed; outlives the engine). The
   // model must be the one the group was created over. With cp > 1 prompts run whole and alone
   // (SchedulerOptions::whole_prompts is forced on).
   RankGroup* group = nullptr;
   std::chrono::milliseconds group_idle_poll{1};
+  // When set (borrowed; outlives the engine, read it between steps): every step with work is
+  // profiled op by op into it (model/profile_ops.h; phase prefill when the step computes
+  // prompt rows, decode otherwise).
+  OpProfile* profile = nullptr;
 };
 
 struct RequestOptions {

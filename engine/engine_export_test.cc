@@ -141,7 +141,9 @@ TEST(EngineExportTest, LayersReportedInOrderAreFinalAndDecodeEqualsColocated) {
 // until ReleaseKv, and the engine keeps serving.
 TEST(EngineExportTest, FailureMidLayersKeepsBlocksUntilRelease) {
   EngineOptions o = Options(64);
-  o.test_fail_export_at_layer = 1;
+  o.layer_fault_hook = [](int64_t layer) {
+    return layer == 1 ? Status::Internal("injected test fault: forward failed after layer 1") : Status::Ok();
+  };
   auto engine = Engine::Create(o, &TinyModel());
   ASSERT_TRUE(engine.ok());
   ExportLog log;

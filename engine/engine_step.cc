@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "engine/engine.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::engine {
 
@@ -167,6 +168,8 @@ bool Engine::StepOnce(bool stopping) {
   const auto t0 = Clock::now();
   step_started_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count(),
                          std::memory_order_relaxed);
+  OpProfileStep profile_step(options_.profile, model::kPhaseDecode);
+  OpScope op_scope(model::kOpEngine);
   std::vector<TokenEvent> events;
   SchedulerOutput out;
   if (!stopping) {
@@ -213,11 +216,12 @@ bool Engine::StepOnce(bool stopping) {
     on_layer = [this](int64_t layer) {
       for (Request* r : exporting_)
         if (r->kv_export.layer_done) r->kv_export.layer_done(layer);
-      if (layer == options_.test_fail_export_at_layer)
-        return Status::Internal("injected test fault: forward failed after layer " + std::to_string(layer));
-      return Status::Ok();
+      return options_.layer_fault_hook ? options_.layer_fault_hook(layer) : Status::Ok();
     };
   }
+  if (batch.empty()) profile_step.discard();
+  profile_step.set_phase(prompt_rows > 0 ? model::kPhasePrefill : model::kPhaseDecode);
+  op_scope.Switch(model::kOpOther);
   const auto t1 = Clock::now();
   model::BatchStats bstats;
   Status st = RunForward(out.chunks, batch, stopping, &bstats, on_layer);
@@ -235,6 +239,7 @@ bool Engine::StepOnce(bool stopping) {
     }
   } else {
     scheduler_.Commit(out);
+    op_scope.Switch(model::kOpSampling);
     // Sampling reads only its own logits row and request: rows run in parallel; appending
     // tokens, stop checks and finishing stay sequential.
     std::vector<Request*> to_sample;
@@ -251,6 +256,7 @@ bool Engine::StepOnce(bool stopping) {
     }, 4);
     for (size_t k = 0; k < to_sample.size(); ++k) events.push_back(Emit(to_sample[k], sampled[k]));
   }
+  op_scope.Switch(model::kOpEngine);
   const auto t3 = Clock::now();
   Deliver(events);
   const auto t4 = Clock::now();

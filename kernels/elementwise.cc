@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/dtype.h"
@@ -56,16 +57,84 @@ void SiluMulBf16(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
+namespace {
+
+// exp(x) for the softmax (x <= 0 after the max is subtracted): Cephes' expf scheme in fp32 FMA
+// steps: n = round(x log2 e), r = x - n ln 2 (two-part ln 2), a degree-6 polynomial, times 2^n.
+// Within 2 ulp of exp over [-87, 0], where every result is a normal float; below -87 (exp <
+// 1.7e-38, nothing a softmax over a finite maximum keeps) it returns 0, as it does for -inf. Every lane runs the same steps as the scalar tail, so the result of an element does
+// not depend on where it sits in the vector.
+constexpr float kExpLo = -87.0f;
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
+                kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+
+inline float SoftmaxExp(float x) {
+  if (!(x >= kExpLo)) return 0.0f;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kP0;
+  p = std::fma(p, r, kP1);
+  p = std::fma(p, r, kP2);
+  p = std::fma(p, r, kP3);
+  p = std::fma(p, r, kP4);
+  p = std::fma(p, r, kP5);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &y, 4);
+  bits += static_cast<int32_t>(n) << 23;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+#if defined(__AVX2__)
+inline __m256 SoftmaxExp8(__m256 x) {
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLo), _CMP_GE_OQ);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  // n is finite here for live lanes (dead lanes are masked out below).
+  const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_and_ps(n, live)), 23);
+  return _mm256_and_ps(_mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e)), live);
+}
+#endif
+
+}  // namespace
+
+// Max (order-free), then e_i = SoftmaxExp(x_i - max) and their sum in 8 lanes (lane l takes
+// i = l mod 8 in order; the scalar tail adds to the lane its index would use), lanes summed as
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then e_i * (1 / sum).
 void Softmax(float* x, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+#if defined(__AVX2__)
+  const __m256 vm = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = SoftmaxExp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
   }
+  _mm256_storeu_ps(lanes, acc);
+#endif
+  for (; i < n; ++i) {
+    x[i] = SoftmaxExp(x[i] - mx);
+    lanes[i % 8] += x[i];
+  }
+  const float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
   const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  for (i = 0; i < n; ++i) x[i] *= inv;
 }
 
 void HadamardTransform(float* x, int64_t n) {

@@ -109,6 +109,32 @@ TEST(ElementwiseTest, HadamardMatchesSylvesterMatrix) {
   }
 }
 
+// The vectorized exponential against double exp over its whole range, lanes and tails alike.
+TEST(ElementwiseTest, SoftmaxCloseToDoubleReference) {
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> ud(-95.0f, 5.0f);
+  for (int64_t n : {1, 7, 8, 33, 513}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = ud(rng);
+    std::vector<float> y = x;
+    Softmax(y.data(), n);
+    const double mx = *std::max_element(x.begin(), x.end());
+    double z = 0;
+    for (float v : x) z += v - mx >= -87.0 ? std::exp(static_cast<double>(v) - mx) : 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = x[i] - mx >= -87.0 ? std::exp(static_cast<double>(x[i]) - mx) / z : 0.0;
+      // fp32 x - max carries a rounding of |x - max| 2^-24, which exp turns into a relative error.
+      const double t = std::fabs(static_cast<double>(x[i]) - mx);
+      EXPECT_NEAR(y[i], want, (4e-7 + t * 1.2e-7) * want + 1e-38) << n << " " << i;
+    }
+    // The same values in another position give the same probabilities (no lane dependence).
+    std::vector<float> shifted(x.begin() + 1, x.end());
+    shifted.push_back(x[0]);
+    Softmax(shifted.data(), n);
+    EXPECT_EQ(shifted[n - 1], y[0]);
+  }
+}
+
 TEST(ElementwiseTest, TopKIsSortedAndBreaksTiesLow) {
   std::vector<float> s = {0.5f, 2.0f, 2.0f, -1.0f, 3.0f, 2.0f, 0.0f};
   std::vector<int32_t> out(7), scratch(7);

@@ -1,34 +1,83 @@
-// Entry points of kernels/gemm.h: argument checks and the choice of path (by m only, so that
-// results do not depend on the slice, the strides or the thread count).
+// Entry points of kernels/gemm.h: argument checks, task planning over one or many GEMMs, and
+// the hand-off to the active ISA's kernels (kernels/kernel_table.h).
+//
 #include "kernels/gemm.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
 #include "common/check.h"
-#include "kernels/gemm_internal.h"
+#include "kernels/gemm_driver.h"
+#include "kernels/kernel_table.h"
 
 namespace pdserve::kernels {
+namespace internal {
+namespace {
+
+using FloatPlan = GemmPlan<FloatKernels, FloatProblem, float>;
+
+void Run(const KernelTable& table, const GemmGroup* groups, const int64_t* j_begin,
+         const int64_t* j_end, int64_t n, ThreadPool* pool) {
+  thread_local DriverScratch<FloatPlan> s;
+  const int n_threads = pool == nullptr ? 1 : pool->n_threads();
+  s.plans.clear();
+  for (int64_t g = 0; g < n; ++g) {
+    const GemmGroup& gr = groups[g];
+    const WeightView& w = gr.w;
+    PDSERVE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16, "Gemm: weight dtype");
+    const int64_t jb = j_begin ? j_begin[g] : 0, je = j_end ? j_end[g] : w.n_out;
+    PDSERVE_DCHECK(0 <= jb && jb <= je && je <= w.n_out, "GemmRows: slice");
+    PDSERVE_DCHECK(gr.ldx >= w.n_in && gr.ldy >= je && w.ld >= w.n_in, "Gemm: strides");
+    if (gr.m <= 0 || jb >= je) continue;
+    if (w.n_in <= 0) {  // empty sum
+      for (int64_t i = 0; i < gr.m; ++i) {
+        for (int64_t j = jb; j < je; ++j) gr.y[i * gr.ldy + j] = 0.0f;
+      }
+      continue;
+    }
+    const FloatKernels& k = w.dtype == DType::kBF16 ? table.bf16 : table.f32;
+    // Adjacent groups reading the same x (gate and up of one expert) share its preparation.
+    const bool same_x = !s.plans.empty() && s.plans.back().k == &k && g > 0 &&
+                        groups[g - 1].x == gr.x && groups[g - 1].ldx == gr.ldx &&
+                        groups[g - 1].m == gr.m && groups[g - 1].w.n_in == w.n_in &&
+                        s.plans.back().x == gr.x;
+    FloatProblem p;
+    p.m = gr.m;
+    p.w = w;
+    p.y = gr.y;
+    p.ldy = gr.ldy;
+    AddPlans(s.plans, k, p, gr.x, gr.ldx, jb, je, same_x, n_threads);
+  }
+  RunPlans(s, pool);
+}
+
+}  // namespace
+}  // namespace internal
 
 void GemmRows(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
               int64_t j_end, float* y, int64_t ldy, ThreadPool* pool) {
-  PDSERVE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16, "Gemm: weight dtype");
-  PDSERVE_DCHECK(0 <= j_begin && j_begin <= j_end && j_end <= w.n_out, "GemmRows: slice");
-  PDSERVE_DCHECK(ldx >= w.n_in && ldy >= j_end && w.ld >= w.n_in, "Gemm: strides");
-  if (m <= 0 || j_begin >= j_end) return;
-  if (w.n_in <= 0) {  // empty sum
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = j_begin; j < j_end; ++j) y[i * ldy + j] = 0.0f;
-    }
-    return;
-  }
-  if (m <= kGemmSmallMMax) {
-    internal::GemmSmallM(x, m, ldx, w, j_begin, j_end, y, ldy, pool);
-  } else {
-    internal::GemmTiled(x, m, ldx, w, j_begin, j_end, y, ldy, pool);
-  }
+  const GemmGroup g{w, x, m, ldx, y, ldy};
+  internal::Run(internal::ActiveTable(), &g, &j_begin, &j_end, 1, pool);
 }
 
 void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy,
           ThreadPool* pool) {
-  GemmRows(x, m, ldx, w, 0, w.n_out, y, ldy, pool);
+  const GemmGroup g{w, x, m, ldx, y, ldy};
+  internal::Run(internal::ActiveTable(), &g, nullptr, nullptr, 1, pool);
+}
+
+namespace internal {
+void GemmWithIsa(Isa isa, const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
+                 int64_t ldy, ThreadPool* pool) {
+  const GemmGroup g{w, x, m, ldx, y, ldy};
+  Run(TableFor(isa), &g, nullptr, nullptr, 1, pool);
+}
+}  // namespace internal
+
+void GroupedGemm(const GemmGroup* groups, int64_t n_groups, ThreadPool* pool) {
+  internal::Run(internal::ActiveTable(), groups, nullptr, nullptr, n_groups, pool);
 }
 
 }  // namespace pdserve::kernels

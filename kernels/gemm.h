@@ -1,28 +1,32 @@
 // Dense GEMM / GEMV against read-only weight matrices: y = x W^T (the Hugging Face Linear layout).
 //
-// Two code paths, picked by m (the number of activation rows) only:
-//   * m <= kGemmSmallMMax ("decode"): every weight row is streamed once; all m rows of x are
-//     FMA'd against it in 8-lane accumulators, horizontally summed at the end. Memory-bound.
-//   * larger m ("prefill", tiled): AVX2 FMA microkernels with 12 ymm accumulators. For 12 <= m <= 128
-//     x is packed once per call and weights are broadcast in place (bf16 widened on the fly);
-//     otherwise weight panels (bf16 -> fp32, transposed) go through a 256 KiB thread-local
-//     buffer per (128 weight rows x 512 k) block. Compute-bound.
-//   See docs/kernels-gemm.md for the design and measured figures.
+// One kernel family per ISA level (kernels/isa.h; chosen once per process), each with ONE
+// summation order per output for every m: a row's result is bitwise the same whether it is
+// computed alone (m = 1, decode) or with any other rows (a decode batch, a prefill chunk), on
+// any thread count, slice (GemmRows) or stride. So the tiled kernels serve decode batches too
+// and callers need not group rows to keep a request's numbers independent of its batch.
+//   avx2:   fp32 FMA, 8 lanes; per step of 16 k two FMAs per lane (F32 weights: k = l, l + 8;
+//           BF16: the bf16 pairs unpacked as k = a(l), a(l) + 4 with a(l) = l + 4 (l >= 4)),
+//           then the fixed 8-lane tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+//   avx512: BF16 weights: vdpbf16ps, 16 lanes of k pairs, x split exactly into up to three
+//           bf16 terms (hi + mid + lo; one term when x is bf16-exact, as every projection
+//           input of the model is), then a fixed 16-lane tree. F32 weights: the avx2 kernel.
+//   amx:    BF16 weights: tdpbf16ps tiles (weights as the A tile, read in place), per 32-k
+//           step the hi, mid, lo terms of x; F32 weights: the avx2 kernel.
+// The orders differ between levels (results agree to fp32 rounding, not bitwise); per level
+// they depend on n_in only. See docs/kernels-gemm.md for the design and measured figures.
 // The weight matrix stays in its [n_out, n_in] row-major layout (it may be an mmap'd checkpoint):
 // kernels never modify it and never copy it whole.
 //
-// Numerics: fp32 products of fp32 x and fp32-or-bf16 w (bf16 widened exactly), fp32 accumulation.
-// Results are bitwise deterministic for a given (m, n_in) regardless of the thread count, of the
-// pool, of the output slice (GemmRows) and of strides: every output's summation order depends on
-// n_in and on which path m selects, nothing else.
-//   prefill path: one sequential fp32 FMA chain over k = 0 .. n_in-1;
-//   decode path: 8 lane-wise chains over k (lane l takes k = l mod 8), a fixed pairwise
-//                horizontal sum, then the n_in mod 8 tail added sequentially.
+// Numerics: products of x and the bf16/fp32 weights are exact (fp32 FMA; or bf16 x bf16 terms
+// of an exact split of x), sums are fp32. The bf16 dot-product instructions treat bf16
+// denormals (|v| < 2^-126) as zero and flush denormal sums: values far below anything a model
+// layer produces.
 //
 // Threading: work is split through ThreadPool::ParallelFor (the calling thread takes part);
 // pool == nullptr runs on the calling thread. Kernels never start threads, never log, and never
 // allocate per call except for growing reused thread-local scratch the first times (on the
-// calling thread: m * n_in floats of packed or realigned x; on every thread: 256 KiB of panels).
+// calling thread: the prepared x, at most 16 MiB per wave; larger calls go in row chunks).
 // Safe to call concurrently from several threads with different pools (or none).
 #pragma once
 
@@ -44,8 +48,8 @@ struct WeightView {
   int64_t ld;  // elements between consecutive rows
 };
 
-// m at or below which the weight-streaming (decode) path is used; above it the tiled path.
-// Chosen with bench/gemm on the 2-core AMD EPYC (Zen 5) dev VM: see docs/kernels-gemm.md.
+// Rows per call some callers (model/) still cut their batches into. Results no longer depend on
+// m at all (see above), so this only bounds those callers' scratch; it selects nothing here.
 inline constexpr int64_t kGemmSmallMMax = 8;
 
 // y[i, j] = sum_k x[i, k] * W[j, k]   for i < m, j < w.n_out   (fp32 accumulation)
@@ -62,5 +66,22 @@ void Gemm(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
 // REQUIRES: 0 <= j_begin <= j_end <= w.n_out, ldy >= j_end, plus Gemm's requirements.
 void GemmRows(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
               int64_t j_end, float* y, int64_t ldy, ThreadPool* pool);
+
+// One GEMM of a grouped call (e.g. one expert's gate_proj on the rows routed to it).
+struct GemmGroup {
+  WeightView w;
+  const float* x = nullptr;
+  int64_t m = 0;  // 0 allowed (an expert no row was routed to): skipped
+  int64_t ldx = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+
+// Runs every group's Gemm in one parallel region: the (group, row block, output block) tasks
+// of all groups are handed out together, so many small experts keep every thread busy without
+// a fork/join each. Adjacent groups with the same x (gate and up of one expert) share its
+// preparation. Each output is bitwise what Gemm writes there.
+// REQUIRES: each group meets Gemm's requirements; distinct groups' y do not overlap.
+void GroupedGemm(const GemmGroup* groups, int64_t n_groups, ThreadPool* pool);
 
 }  // namespace pdserve::kernels

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels/gemm_internal.h"
+#include "kernels/isa_test_util.h"
+#include "kernels/kernel_table.h"
 #include "kernels/ref/gemm_ref.h"
 
 namespace pdserve::kernels {
@@ -116,8 +118,8 @@ void ExpectBitwiseEqual(const std::vector<float>& a, const std::vector<float>& b
 }
 
 // Runs every entry point on one problem: the public Gemm (no pool, pools of 1/2/3 threads, all
-// bitwise equal), both internal paths (each against the reference: either must work for any m),
-// and GemmRows on a middle slice (bitwise equal to the full result there).
+// bitwise equal), every ISA level's kernels (each against the reference, thread counts bitwise
+// equal), and GemmRows on a middle slice (bitwise equal to the full result there).
 void CheckProblem(const Problem& p) {
   const WeightView w = p.view();
   const std::string tag = std::string(DTypeName(p.dtype)) + " m=" + std::to_string(p.m) +
@@ -135,20 +137,19 @@ void CheckProblem(const Problem& p) {
     Gemm(p.x.data(), p.m, p.ldx, w, yt.data(), p.ldy, &Pool(threads));
     ExpectBitwiseEqual(y, yt, tag + " threads=" + std::to_string(threads));
   }
-  {
-    std::vector<float> ys = NewY(p);
-    internal::GemmSmallM(p.x.data(), p.m, p.ldx, w, 0, p.n_out, ys.data(), p.ldy, &Pool(2));
-    ExpectNearRef(p, ys, 0, p.n_out, tag + " small-m path");
-    std::vector<float> yl = NewY(p);
-    internal::GemmTiledPanels(p.x.data(), p.m, p.ldx, w, 0, p.n_out, yl.data(), p.ldy, &Pool(3));
-    ExpectNearRef(p, yl, 0, p.n_out, tag + " tiled path, weight panels");
-    // The two tiled variants must agree bit for bit (the model's batching relies on every m
-    // above kGemmSmallMMax giving a row the same result).
-    std::vector<float> yx = NewY(p);
-    internal::GemmTiledPackX(p.x.data(), p.m, p.ldx, w, 0, p.n_out, yx.data(), p.ldy, &Pool(2));
-    ExpectBitwiseEqual(yl, yx, tag + " tiled path, packed x vs weight panels");
-    if (p.m > kGemmSmallMMax) ExpectBitwiseEqual(y, yl, tag + " Gemm vs tiled path");
-  }
+  std::vector<float> y_avx2;
+  ForEachIsa([&](Isa isa) {
+    std::vector<float> yi = NewY(p);
+    internal::GemmWithIsa(isa, p.x.data(), p.m, p.ldx, w, yi.data(), p.ldy, &Pool(2));
+    ExpectNearRef(p, yi, 0, p.n_out, tag + " isa " + IsaName(isa));
+    // Every level sums in the same order (one fp32 FMA chain per output): the same bits.
+    if (isa == Isa::kAvx2) y_avx2 = yi;
+    else ExpectBitwiseEqual(y_avx2, yi, tag + " isa " + IsaName(isa) + " vs avx2");
+    std::vector<float> y1 = NewY(p);
+    internal::GemmWithIsa(isa, p.x.data(), p.m, p.ldx, w, y1.data(), p.ldy, nullptr);
+    ExpectBitwiseEqual(yi, y1, tag + " isa " + IsaName(isa) + " 1 vs 2 threads");
+    if (isa == ActiveIsa()) ExpectBitwiseEqual(y, yi, tag + " Gemm vs its active level");
+  });
   const int64_t j_begin = p.n_out / 3, j_end = p.n_out - p.n_out / 4;
   std::vector<float> yr = NewY(p);
   GemmRows(p.x.data(), p.m, p.ldx, w, j_begin, j_end, yr.data(), p.ldy, &Pool(2));
@@ -169,7 +170,11 @@ TEST_P(GemmShapes, MatchesReferenceAllSizes) {
   for (int64_t n_in : {1, 7, 9, 33, 128, 257}) {
     for (int64_t n_out : {1, 7, 9, 33, 128, 257}) {
       for (bool strided : {false, true}) {
-        CheckProblem(MakeProblem(m, n_in, n_out, dtype, strided, seed++));
+        Problem p = MakeProblem(m, n_in, n_out, dtype, strided, seed++);
+        CheckProblem(p);
+        // bf16-exact x (every projection input of the model): the avx512 level's vdpbf16ps path.
+        for (float& v : p.x) v = RoundToBf16(v);
+        CheckProblem(p);
         if (HasFailure()) return;
       }
     }
@@ -195,7 +200,10 @@ TEST(Gemm, LargeDimensions) {
     for (const Shape& s : {Shape{1, 4097, 257}, Shape{3, 4097, 33}, Shape{8, 4097, 9},
                            Shape{17, 4097, 65}, Shape{64, 4097, 129}, Shape{1, 33, 4097},
                            Shape{5, 257, 4097}, Shape{130, 33, 4097}}) {
-      CheckProblem(MakeProblem(s.m, s.n_in, s.n_out, dtype, (seed & 1) != 0, seed));
+      Problem p = MakeProblem(s.m, s.n_in, s.n_out, dtype, (seed & 1) != 0, seed);
+      CheckProblem(p);
+      for (float& v : p.x) v = RoundToBf16(v);
+      CheckProblem(p);
       ++seed;
     }
   }
@@ -217,22 +225,38 @@ TEST(Gemm, EmptySliceIsNoOp) {
   for (float v : y) EXPECT_EQ(v, kSentinel);
 }
 
-// docs/engine.md: a row's result may depend on m only through the path (m <= kGemmSmallMMax or
-// not). Rows computed in batches of different sizes on the same path must be bit-identical.
-TEST(Gemm, RowResultsDependOnBatchOnlyThroughPath) {
+// One summation order per output for every m, on every level: a row's result is bitwise the
+// same whether it is computed alone, in the first rows of a call, or in the middle of one,
+// whatever m (1, 3, 17, 64 and others), the thread count, and the other rows' values
+// (bf16-exact rows beside rows that need three bf16 terms). docs/engine.md relies on it.
+TEST(Gemm, RowResultsDoNotDependOnTheBatch) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    Problem p = MakeProblem(200, 300, 45, dtype, true, 31);
-    std::vector<float> all = NewY(p);
-    Gemm(p.x.data(), p.m, p.ldx, p.view(), all.data(), p.ldy, &Pool(2));
-    std::vector<float> one = NewY(p);
-    Gemm(p.x.data(), 1, p.ldx, p.view(), one.data(), p.ldy, &Pool(3));
-    for (int64_t m : {2, 5, 8, 9, 11, 12, 16, 17, 40, 128, 129, 199}) {
-      std::vector<float> part = NewY(p);
-      Gemm(p.x.data(), m, p.ldx, p.view(), part.data(), p.ldy, &Pool(2));
-      const std::vector<float>& expect = m <= kGemmSmallMMax ? one : all;
-      const int64_t rows = m <= kGemmSmallMMax ? 1 : m;
-      EXPECT_EQ(std::memcmp(part.data(), expect.data(), rows * p.ldy * sizeof(float)), 0)
-          << DTypeName(dtype) << " m=" << m;
+    for (int64_t n_in : {300, 7, 1100}) {
+      Problem p = MakeProblem(200, n_in, 45, dtype, true, 31);
+      // Every third row bf16-exact (as the model's projection inputs are).
+      for (int64_t i = 0; i < p.m; i += 3) {
+        for (int64_t k = 0; k < n_in; ++k) p.x[i * p.ldx + k] = RoundToBf16(p.x[i * p.ldx + k]);
+      }
+      ForEachIsa([&](Isa isa) {
+        // Each row alone (m = 1) is the expectation.
+        std::vector<float> alone = NewY(p);
+        for (int64_t i = 0; i < p.m; ++i) {
+          internal::GemmWithIsa(isa, &p.x[i * p.ldx], 1, p.ldx, p.view(), &alone[i * p.ldy],
+                                p.ldy, &Pool(1 + i % 3));
+        }
+        for (int64_t m : {2, 3, 5, 8, 9, 12, 16, 17, 33, 40, 64, 128, 129, 199}) {
+          for (int64_t first : {int64_t{0}, int64_t{1}}) {
+            if (first + m > p.m) continue;
+            std::vector<float> part = NewY(p);
+            internal::GemmWithIsa(isa, &p.x[first * p.ldx], m, p.ldx, p.view(),
+                                  &part[first * p.ldy], p.ldy, &Pool(m % 2 == 0 ? 2 : 3));
+            EXPECT_EQ(std::memcmp(&part[first * p.ldy], &alone[first * p.ldy],
+                                  m * p.ldy * sizeof(float)),
+                      0)
+                << DTypeName(dtype) << " n_in=" << n_in << " m=" << m << " first=" << first;
+          }
+        }
+      });
     }
   }
 }
@@ -277,6 +301,41 @@ TEST(Gemm, RepeatedCallsAreDeterministic) {
     ExpectBitwiseEqual(first, again, "repeat " + std::to_string(rep));
   }
   ExpectNearRef(big, first, 0, big.n_out, "big");
+}
+
+// GroupedGemm: experts of one MoE layer (gate and up of an expert share x, some experts get no
+// row, one is large): every output bitwise equal to its own Gemm call, on every level.
+TEST(Gemm, GroupedEqualsSeparateCalls) {
+  const int64_t D = 200, I = 72;
+  const std::vector<int64_t> rows = {3, 0, 1, 0, 17, 2, 40};
+  std::vector<Problem> probs;
+  for (size_t e = 0; e < rows.size(); ++e) {
+    probs.push_back(MakeProblem(rows[e], D, I, DType::kBF16, e % 2 == 1, static_cast<uint32_t>(100 + e)));
+    probs.push_back(MakeProblem(rows[e], D, I + 8, e == 4 ? DType::kF32 : DType::kBF16, false,
+                                static_cast<uint32_t>(200 + e)));
+    probs.back().x = probs[probs.size() - 2].x;  // up reads gate's rows
+    probs.back().ldx = probs[probs.size() - 2].ldx;
+  }
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    for (int threads : {1, 2, 3}) {
+      std::vector<GemmGroup> groups;
+      std::vector<std::vector<float>> y;
+      for (const Problem& p : probs) y.push_back(NewY(p));
+      for (size_t g = 0; g < probs.size(); ++g) {
+        const Problem& p = probs[g];
+        groups.push_back({p.view(), p.x.data(), p.m, p.ldx, y[g].data(), p.ldy});
+      }
+      GroupedGemm(groups.data(), static_cast<int64_t>(groups.size()), &Pool(threads));
+      for (size_t g = 0; g < probs.size(); ++g) {
+        const Problem& p = probs[g];
+        std::vector<float> one = NewY(p);
+        Gemm(p.x.data(), p.m, p.ldx, p.view(), one.data(), p.ldy, nullptr);
+        ExpectBitwiseEqual(y[g], one, "group " + std::to_string(g) + " threads " + std::to_string(threads));
+      }
+    }
+    internal::TEST_SetActiveIsa(previous);
+  });
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace pdserve::kernels {
 
@@ -86,6 +87,33 @@ void AbsorbQueries(const float* const* q_rows, int64_t n_rows, const void* w, bo
 void AbsorbedAttentionHeads(const float* q_lat, int64_t q_lat_stride, const float* q_pe, int64_t q_pe_stride,
                             int64_t n_heads, const float* c, const float* kpe, int64_t n, int64_t latent_dim,
                             int64_t rope_dim, float scale, float* o_lat, int64_t o_stride, float* scratch);
+
+// Staged sparse attention: the selected keys' records are copied once into a per-thread stage
+// in a format the compute reads directly, instead of an fp32 copy of every key: bf16 for the
+// fp8 and bf16 caches (whose values are exact in bf16: fp8 times a power of two), fp32 for C8.
+// Every head then reads the stage (one key: latent_dim * 2 bytes). Buffers grow and are
+// reused (no allocation in steady state).
+// Thread-safety: one stage per thread; StageLatent may fill disjoint key ranges concurrently.
+struct LatentStage {
+  int64_t n = 0, latent_dim = 0, rope_dim = 0;
+  bool bf16 = true;           // latent in c16 (else c32)
+  std::vector<uint16_t> c16;  // [n, latent_dim] bf16 bits
+  std::vector<float> c32;     // [n, latent_dim]
+  std::vector<uint16_t> kpe;  // [n, rope_dim] bf16 bits (as stored)
+};
+
+// Sizes `stage` for n keys of kv's formats (sets n and the dims).
+void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage);
+// Copies the records of keys sel[begin..end) into stage rows [begin, end).
+// REQUIRES: PrepareLatentStage(kv, n >= end, stage) first.
+void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64_t end, LatentStage* stage);
+
+// AbsorbedAttentionHeads over the staged keys, bit for bit (on every ISA): the same scores,
+// softmax and output chains as over GatherLatent's fp32 copy of the same keys.
+// scratch holds 2 * n_heads * stage.n floats. REQUIRES: stage.n >= 1.
+void StagedAttentionHeads(const LatentStage& stage, const float* q_lat, int64_t q_lat_stride, const float* q_pe,
+                          int64_t q_pe_stride, int64_t n_heads, float scale, float* o_lat, int64_t o_stride,
+                          float* scratch);
 
 // Lightning Indexer scores of one query over keys [key_begin, key_end), written to scores[t]:
 //   score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t])   (sum over h in order, one fp32 fma each)

@@ -10,11 +10,13 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/gemm.h"
+#include "kernels/indexer.h"
 #include "kernels/mla_attention.h"
 #include "kernels/rope.h"
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 #include "model/test_hooks.h"
 
 namespace pdserve::model {
@@ -33,6 +35,8 @@ void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs) {
 namespace {
 constexpr float kNormEps = 1e-6f;
 constexpr int64_t kIndexerKeysPerTask = 1024;  // keys scored per parallel work item
+// Keys scored per wave of rows (8 bytes each: score and bound): 128 MiB at most.
+constexpr int64_t kIndexerWaveKeys = int64_t{1} << 24;
 
 const uint8_t* RowPtr(const kernels::WeightView& w, int64_t row) {
   return static_cast<const uint8_t*>(w.data) + row * w.ld * static_cast<int64_t>(DTypeSize(w.dtype));
@@ -54,6 +58,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
   const int64_t S = plan.n_rows, K = c.index_topk;
   const float scale = c.AttentionScale();
+  OpScope op_scope(kOpMlaProlog);
 
   // qr = bf16(RMSNorm(bf16(x Wq_a^T)));  q = bf16(qr Wq_b^T), rope on the last dr dims per head.
   std::vector<float> qr(static_cast<size_t>(S * Lq));
@@ -97,6 +102,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   // Sparse selection per query.
   std::vector<int32_t> topk(static_cast<size_t>(S * K), -1);
   PDSERVE_RETURN_IF_ERROR(Indexer(layer, x, qr.data(), plan, step, &topk));
+  op_scope.Switch(kOpAttention);
   for (int64_t s = 0; s < plan.n_seqs(); ++s) {
     const BatchSequence& sq = plan.seqs[s];
     if (!sq.options) continue;
@@ -194,41 +200,39 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
         for (int64_t a = 0; a < nA; ++a) kernels::RoundToBf16InPlace(&qlat[(a * H + h) * Lkv], Lkv);
       }
     });
-    auto attend_row = [&](int64_t a, std::vector<float>* csel, std::vector<float>* kpesel, bool parallel) {
+    // Each row's selected keys are staged once in a compact per-thread stage (bf16 for the fp8
+    // and bf16 caches: exact), which every head then reads (kernels/mla_attention.h).
+    auto attend_row = [&](int64_t a, kernels::LatentStage* stage, bool parallel) {
       const int64_t r = absorbed[a];
       const int32_t* sel = &topk[r * K];
       int64_t n = 0;
       while (n < K && sel[n] >= 0) ++n;
-      csel->resize(static_cast<size_t>(n * Lkv));
-      kpesel->resize(static_cast<size_t>(n * dr));
       const kernels::KvTokenView kv_view = plan.seqs[plan.row_seq[r]].kv.View(layer);
+      kernels::PrepareLatentStage(kv_view, n, stage);
       auto heads = [&](int64_t hb, int64_t he) {
-        std::vector<float> p(static_cast<size_t>((he - hb) * n));
-        kernels::AbsorbedAttentionHeads(&qlat[(a * H + hb) * Lkv], Lkv, &q[(r * H + hb) * dqk + dn], dqk, he - hb,
-                                        csel->data(), kpesel->data(), n, Lkv, dr, scale, &olat[(a * H + hb) * Lkv], Lkv,
-                                        p.data());
+        thread_local std::vector<float> p;
+        if (p.size() < static_cast<size_t>(2 * (he - hb) * n)) p.resize(static_cast<size_t>(2 * (he - hb) * n));
+        kernels::StagedAttentionHeads(*stage, &qlat[(a * H + hb) * Lkv], Lkv, &q[(r * H + hb) * dqk + dn], dqk, he - hb,
+                                      scale, &olat[(a * H + hb) * Lkv], Lkv, p.data());
       };
       if (parallel) {
-        pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
-          kernels::GatherLatent(kv_view, sel + b, e - b, &(*csel)[b * Lkv], &(*kpesel)[b * dr]);
-        }, 16);
+        pool_->ParallelFor(n, [&](int64_t b, int64_t e) { kernels::StageLatent(kv_view, sel, b, e, stage); }, 16);
         pool_->ParallelFor(H, heads, 4);
       } else {
-        kernels::GatherLatent(kv_view, sel, n, csel->data(), kpesel->data());
+        kernels::StageLatent(kv_view, sel, 0, n, stage);
         heads(0, H);
       }
     };
-    // The gathered keys (up to index_topk x kv_lora_rank floats, 1 MiB on V3.2) live in
-    // per-thread buffers that outlive the call: a fresh vector per layer costs its zero-fill,
-    // a few percent of a decode step.
+    // The stages (up to index_topk x kv_lora_rank values, 512 KiB in bf16 on V3.2) live in
+    // per-thread buffers that outlive the call: a fresh one per layer costs its zero-fill.
     if (nA >= 2 * pool_->n_threads()) {
       pool_->ParallelFor(nA, [&](int64_t b, int64_t e) {
-        thread_local std::vector<float> csel, kpesel;
-        for (int64_t a = b; a < e; ++a) attend_row(a, &csel, &kpesel, false);
+        thread_local kernels::LatentStage stage;
+        for (int64_t a = b; a < e; ++a) attend_row(a, &stage, false);
       });
     } else {
-      thread_local std::vector<float> csel, kpesel;
-      for (int64_t a = 0; a < nA; ++a) attend_row(a, &csel, &kpesel, true);
+      thread_local kernels::LatentStage stage;
+      for (int64_t a = 0; a < nA; ++a) attend_row(a, &stage, true);
     }
     // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, up to 8 rows per call
     // (the streaming path, as a single row alone takes).
@@ -242,6 +246,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
     kernels::RoundToBf16InPlace(oA.data(), nA * H * dv);
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);
   }
+  op_scope.Switch(kOpOProj);
   PlannedLinear(lw.o, o.data(), plan, out);
   if (comm::TensorParallel* tp = parallel_ ? parallel_->tp() : nullptr) {
     // o_proj is input-sharded by heads: each TP rank holds a partial sum of every output.
@@ -259,6 +264,7 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
   const int64_t dr = c.qk_rope_head_dim, S = plan.n_rows, K = c.index_topk;
   const float hadamard_scale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5));
+  OpScope op_scope(kOpIndexer);
 
   // Queries: bf16(qr Wiq^T), rope (half-split) on the first dr dims, Hadamard, fp8 per head.
   std::vector<float> iq(static_cast<size_t>(S * IH * ID));
@@ -306,53 +312,96 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   // A CP rank now has its own positions' records of this layer; the scores need all of them.
   if (step.cp) PDSERVE_RETURN_IF_ERROR(GatherCpRecords(layer, plan, step));
 
-  // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k. Work
-  // items are (row, run of keys) so one long row still uses every thread.
-  struct Task { int64_t row, begin, end; };
-  std::vector<Task> tasks;
-  std::vector<int64_t> score_off(static_cast<size_t>(S + 1), 0);
+  // score[t] = ks[t] * sum_h w[h] * relu(q8[h] . k8[t]) over causal keys; then top-k. A row
+  // with at most K causal keys selects them all. A traced row scores every key exactly (the
+  // trace records the scores); the others take the fp32 scores with certified bounds and
+  // rescore exactly only the keys near the cut (kernels/indexer.h): the same selection.
+  // Work items are (row, run of keys) so one long row still uses every thread; rows go in
+  // waves of at most kIndexerWaveKeys keys, which bounds the score buffers of a long prefill.
+  enum class Mode : uint8_t { kSkip, kAll, kExact, kApprox };
+  std::vector<Mode> mode(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) {
     const BatchSequence& sq = plan.seqs[plan.row_seq[i]];
-    const bool skip = sq.options && sq.options->forced_topk && !sq.options->trace;  // replaced later
-    const int64_t n_keys = skip ? 0 : plan.row_pos[i] + 1;
-    score_off[i + 1] = score_off[i] + n_keys;
-    for (int64_t b = 0; b < n_keys; b += kIndexerKeysPerTask)
-      tasks.push_back({i, b, std::min(n_keys, b + kIndexerKeysPerTask)});
+    const bool traced = sq.options && sq.options->trace;
+    const bool forced = sq.options && sq.options->forced_topk;
+    const int64_t n_keys = plan.row_pos[i] + 1;
+    mode[i] = traced ? Mode::kExact : forced ? Mode::kSkip : n_keys <= K ? Mode::kAll : Mode::kApprox;
   }
-  std::vector<float> scores(static_cast<size_t>(score_off[S]));
-  if (plan.stats) plan.stats->kv_bytes_read += score_off[S] * (ID + 4);
-  const float* table = Fp8E4M3DecodeTable();
-  pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
-    std::vector<double> qd(static_cast<size_t>(IH * ID));
-    int64_t decoded_row = -1;
-    for (int64_t j = b; j < e; ++j) {
-      const Task& t = tasks[j];
-      if (t.row != decoded_row) {
-        for (int64_t k = 0; k < IH * ID; ++k) qd[k] = table[q8[t.row * IH * ID + k]];
-        decoded_row = t.row;
+  struct Task { int64_t row, begin, end; };
+  std::vector<Task> tasks;
+  std::vector<int64_t> score_off;
+  std::vector<float> scores, bounds;
+  int64_t row0 = 0;
+  while (row0 < S) {
+    // One wave: rows [row0, row1).
+    int64_t row1 = row0, total = 0;
+    tasks.clear();
+    score_off.assign(1, 0);
+    while (row1 < S && (row1 == row0 || total < kIndexerWaveKeys)) {
+      const Mode m = mode[row1];
+      const int64_t n_keys = m == Mode::kExact || m == Mode::kApprox ? plan.row_pos[row1] + 1 : 0;
+      for (int64_t b = 0; b < n_keys; b += kIndexerKeysPerTask)
+        tasks.push_back({row1, b, std::min(n_keys, b + kIndexerKeysPerTask)});
+      total += n_keys;
+      score_off.push_back(total);
+      ++row1;
+    }
+    scores.resize(static_cast<size_t>(total));
+    bounds.resize(static_cast<size_t>(total));
+    if (plan.stats) plan.stats->kv_bytes_read += total * (ID + 4);
+    op_scope.Switch(kOpIndexer);
+    pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
+      thread_local kernels::IndexerQuery iq;
+      int64_t prepared = -1;
+      for (int64_t j = b; j < e; ++j) {
+        const Task& t = tasks[j];
+        if (t.row != prepared) {
+          kernels::PrepareIndexerQuery(&q8[t.row * IH * ID], &wts[t.row * IH], IH, ID, &iq);
+          prepared = t.row;
+        }
+        const kernels::KvTokenView view = plan.seqs[plan.row_seq[t.row]].kv.View(layer);
+        const int64_t off = score_off[t.row - row0];
+        if (mode[t.row] == Mode::kExact) {
+          kernels::IndexerScores(view, iq.qd.data(), iq.w.data(), IH, t.begin, t.end, &scores[off]);
+        } else {
+          kernels::IndexerScoresApprox(view, iq, t.begin, t.end, &scores[off + t.begin], &bounds[off + t.begin]);
+        }
       }
-      kernels::IndexerScores(plan.seqs[plan.row_seq[t.row]].kv.View(layer), qd.data(), &wts[t.row * IH], IH, t.begin,
-                             t.end, &scores[score_off[t.row]]);
-    }
-  });
-  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
-    std::vector<int32_t> scratch;
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t n_keys = score_off[i + 1] - score_off[i];
-      if (n_keys == 0) continue;
-      scratch.resize(static_cast<size_t>(n_keys));
-      kernels::TopKIndices(&scores[score_off[i]], n_keys, K, &(*topk)[i * K], scratch.data());
-    }
-  });
-  for (int64_t s = 0; s < plan.n_seqs(); ++s) {
-    const BatchSequence& sq = plan.seqs[s];
-    if (!sq.options || !sq.options->trace) continue;
-    const int64_t Sq = sq.n_tokens, T = sq.start + Sq;
-    for (int64_t r = plan.seq_row[s]; r < plan.seq_row[s + 1]; ++r) {
-      const int64_t i = plan.row_pos[r] - sq.start;
-      std::copy(scores.begin() + score_off[r], scores.begin() + score_off[r + 1],
+    });
+    op_scope.Switch(kOpIndexerTopk);
+    pool_->ParallelFor(row1 - row0, [&](int64_t b, int64_t e) {
+      thread_local kernels::IndexerQuery iq;
+      std::vector<int32_t> scratch;
+      for (int64_t i = row0 + b; i < row0 + e; ++i) {
+        int32_t* out = &(*topk)[i * K];
+        const int64_t n_keys = plan.row_pos[i] + 1, off = score_off[i - row0];
+        switch (mode[i]) {
+          case Mode::kSkip:
+            break;
+          case Mode::kAll:
+            for (int64_t t = 0; t < n_keys; ++t) out[t] = static_cast<int32_t>(t);
+            break;
+          case Mode::kExact:
+            scratch.resize(static_cast<size_t>(n_keys));
+            kernels::TopKIndices(&scores[off], n_keys, K, out, scratch.data());
+            break;
+          case Mode::kApprox:
+            kernels::PrepareIndexerQuery(&q8[i * IH * ID], &wts[i * IH], IH, ID, &iq);
+            kernels::IndexerTopK(plan.seqs[plan.row_seq[i]].kv.View(layer), iq, &scores[off], &bounds[off], n_keys, K,
+                                 out);
+            break;
+        }
+      }
+    });
+    // Traced rows: the trace records their exact scores.
+    for (int64_t r = row0; r < row1; ++r) {
+      if (mode[r] != Mode::kExact) continue;
+      const BatchSequence& sq = plan.seqs[plan.row_seq[r]];
+      const int64_t Sq = sq.n_tokens, T = sq.start + Sq, i = plan.row_pos[r] - sq.start;
+      std::copy(scores.begin() + score_off[r - row0], scores.begin() + score_off[r - row0 + 1],
                 sq.options->trace->index_scores.begin() + (layer * Sq + i) * T);
     }
+    row0 = row1;
   }
   return Status::Ok();
 }

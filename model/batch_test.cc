@@ -187,5 +187,50 @@ TEST(BatchFormatsTest, BlockSizeInvariantAndFormatsClose) {
   EXPECT_GT(cosine(ref, c8_i8), 0.9);
 }
 
+// The indexer's two routes give the same model: a traced forward scores every key exactly
+// (the trace records the scores), an untraced one selects from certified fp32 scores and
+// rescores only keys near the cut (kernels/indexer.h). Prompts and contexts well past
+// index_topk, every key format: logits and selections bitwise equal.
+TEST(BatchIndexerTest, CertifiedSelectionEqualsExactScoring) {
+  for (KvIndexFormat xf : {KvIndexFormat::kFp8, KvIndexFormat::kInt8}) {
+    TempDir d("batch_indexer");
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.out_dir = d.path();
+    o.seed = 5;
+    ASSERT_TRUE(MakeModel(o).ok());
+    ThreadPool pool(2);
+    auto m = Model::Load(d.path(), &pool);
+    ASSERT_TRUE(m.ok());
+    const ModelConfig& cfg = (*m)->config();
+    ASSERT_LT(cfg.index_topk, 40);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 90; ++i) prompt.push_back((i * 37 + 11) % static_cast<int32_t>(cfg.vocab_size));
+    auto run = [&](bool traced, std::vector<int32_t>* decode_topk) {
+      SequenceKvCache cache(cfg, 16, KvLatentFormat::kFp8Blockwise, xf);
+      ForwardTrace trace;
+      ForwardOptions opt;
+      if (traced) opt.trace = &trace;
+      std::vector<float> logits(static_cast<size_t>(cfg.vocab_size)), all;
+      // Two chunks (the second in the absorbed form), then decode steps.
+      EXPECT_TRUE((*m)->Forward(prompt.data(), 50, &cache, logits.data(), opt).ok());
+      EXPECT_TRUE((*m)->Forward(prompt.data() + 50, 40, &cache, logits.data(), opt).ok());
+      all = logits;
+      for (int step = 0; step < 5; ++step) {
+        const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        EXPECT_TRUE((*m)->Forward(&next, 1, &cache, logits.data(), opt).ok());
+        all.insert(all.end(), logits.begin(), logits.end());
+        if (traced) decode_topk->insert(decode_topk->end(), trace.topk.begin(), trace.topk.end());
+      }
+      return all;
+    };
+    std::vector<int32_t> topk;
+    const auto exact = run(true, &topk);
+    EXPECT_EQ(run(false, nullptr), exact) << "index format " << static_cast<int>(xf);
+    // The decode selections really chose among more keys than index_topk.
+    EXPECT_GT(*std::max_element(topk.begin(), topk.end()), cfg.index_topk);
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::model

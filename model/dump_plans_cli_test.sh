@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dump_plans_cli_test.sh PDSERVE TIMEOUT MPIRUN
+# dump_plans_cli_test.sh PDSERVE TIMEOUT MPIRUN PDSERVE_NUMERICS_FAULT
 # Accuracy dumps under the MPI parallel plans and W8A8 (docs/reference.md, "Dumps under parallel
 # plans and W8A8"): `pdserve generate --plan ... --dump-dir` on real mpirun ranks, then
 # `pdserve compare` against the single-process BF16 dump of the same model and prompt, with the
@@ -9,7 +9,7 @@
 # and int8 indexer keys. Negative checks: a numerics fault on world rank 1 only makes the CP
 # dump fail (so the dump holds rank 1's positions) and only DP prompt 1's dump fail.
 set -euo pipefail
-pdserve=$1 timeout_exe=$2 mpirun=$3
+pdserve=$1 timeout_exe=$2 mpirun=$3 pdserve_fault=$4
 dir=$(mktemp -d /tmp/pdserve_dump_plans.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
@@ -58,10 +58,13 @@ check_fails() {
   echo "ok   $name (fails: $(echo "$out" | grep '^FAIL'))"
 }
 # plan NP OUT MODEL PROMPTS PLAN [extra generate flags...]
+# (BIN=... runs another binary; FAULT=NAME@RANK passes PDSERVE_TEST_NUMERICS_FAULT to the ranks.)
 plan() {
   local np=$1 out=$2 model=$3 prompts=$4 plan=$5
   shift 5
-  "$timeout_exe" --kill-after=10 120 "$mpirun" -n "$np" "$pdserve" generate --model "$model" --prompt-ids "$prompts" \
+  local fault=()
+  [ -n "${FAULT:-}" ] && fault=(-x "PDSERVE_TEST_NUMERICS_FAULT=$FAULT")
+  "$timeout_exe" --kill-after=10 120 "$mpirun" "${fault[@]}" -n "$np" "${BIN:-$pdserve}" generate --model "$model" --prompt-ids "$prompts" \
     --max-new-tokens $STEPS --plan "$plan" --dump-dir "$out" "$@" >/dev/null 2>"$out.log" ||
     { cat "$out.log"; fail "mpirun -n $np generate --plan $plan"; }
 }
@@ -98,9 +101,10 @@ plan 2 wc8 q "$p1" cp=2,ep=2 --kv-format int8 --index-format int8
 check "W8A8 + C8 latent + int8 indexer keys, cp=2,ep=2" wc8 s1 "${C8_TOL[@]}"
 
 # A real divergence fails: the indexer RoPE layout bug on world rank 1 only.
-plan 2 fcp m "$p1" cp=2,ep=2 --test-numerics-fault indexer-rope-interleaved@1
+# (The fault is only in the test-only binary: no shipped binary can switch it on.)
+BIN=$pdserve_fault FAULT=indexer-rope-interleaved@1 plan 2 fcp m "$p1" cp=2,ep=2
 check_fails "fault on rank 1, cp=2,ep=2" fcp s1 "index-score cos" "${PLAN_TOL[@]}"
-plan 2 fdp m "$p1;$p2" dp=2,ep=2 --test-numerics-fault indexer-rope-interleaved@1
+BIN=$pdserve_fault FAULT=indexer-rope-interleaved@1 plan 2 fdp m "$p1;$p2" dp=2,ep=2
 check "fault on rank 1, dp=2,ep=2 prompt 0 (unit 0 is clean)" fdp/prompt-0 s1 "${PLAN_TOL[@]}"
 check_fails "fault on rank 1, dp=2,ep=2 prompt 1" fdp/prompt-1 s2 "index-score cos" "${PLAN_TOL[@]}"
 

@@ -9,6 +9,7 @@
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 #include "model/test_hooks.h"
 
 namespace pdserve::model {
@@ -71,6 +72,7 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
     return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
   };
   if (!lw.is_moe) {
+    OpScope op_scope(kOpDenseFfn);
     ForEachGemmPath(x, D, out, D, plan.row_tiled.data(), S, mlp_fn(lw.dense));
     return Status::Ok();
   }
@@ -86,7 +88,9 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
     for (int64_t i = 0; i < sq.n_tokens; ++i)
       forced[static_cast<size_t>(plan.seq_row[s] + i)] = sq.options->forced_experts->data() + (layer * sq.n_tokens + i) * top_k;
   }
+  OpScope op_scope(kOpGate);
   Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data(), forced.empty() ? nullptr : &forced);
+  op_scope.Switch(kOpRoutedExperts);
   for (int64_t s = 0; s < plan.n_seqs(); ++s) {
     const BatchSequence& sq = plan.seqs[s];
     if (sq.options && sq.options->trace)
@@ -98,42 +102,80 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
   for (int64_t t = 0; t < S; ++t)
     for (int64_t j = 0; j < top_k; ++j)
       if (ids[t * top_k + j] >= 0) by_expert[static_cast<size_t>(ids[t * top_k + j])].push_back({t, weights[t * top_k + j]});
-  // Every routed expert's rows gathered into one buffer, experts in ascending id order.
+  // Every routed expert's rows gathered into one buffer, experts in ascending id order; within
+  // an expert the rows on the tiled path first (RunExperts' order), each row's place recorded.
   std::vector<int64_t> first(static_cast<size_t>(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
   const int64_t R = first[E];
-  std::vector<float> xin(static_cast<size_t>(R * D)), yout(static_cast<size_t>(R * D));
-  std::vector<uint8_t> tiled(static_cast<size_t>(R));
+  const bool shared = c.n_shared_experts > 0;
+  // The shared expert's rows follow the routed ones (all S rows, tiled first).
+  const int64_t R_all = R + (shared ? S : 0);
+  std::vector<float> xin(static_cast<size_t>(R_all * D)), yout(static_cast<size_t>(R_all * D));
+  std::vector<uint8_t> tiled(static_cast<size_t>(R_all));
+  std::vector<int64_t> place(static_cast<size_t>(R_all));  // gathered row -> its row of x
   std::vector<int64_t> group_count(plan.group_size.size(), 0);
+  std::vector<uint8_t> row_tiled(static_cast<size_t>(S));
   std::vector<ExpertJob> jobs;
+  auto gather = [&](const MlpWeights* mlp, int64_t r0, const std::vector<int64_t>& rows) {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    int64_t k = r0;
+    for (int pass = 1; pass >= 0; --pass)  // tiled rows, then the others, each in row order
+      for (int64_t t : rows)
+        if (row_tiled[static_cast<size_t>(t)] == pass) {
+          std::copy(x + t * D, x + (t + 1) * D, xin.begin() + k * D);
+          tiled[static_cast<size_t>(k)] = static_cast<uint8_t>(pass);
+          place[static_cast<size_t>(k)] = t;
+          ++k;
+        }
+    jobs.push_back({mlp, xin.data() + r0 * D, n, tiled.data() + r0, yout.data() + r0 * D});
+  };
+  std::vector<int64_t> rows;
   for (int64_t e = 0; e < E; ++e) {
-    const auto& rows = by_expert[static_cast<size_t>(e)];
-    if (rows.empty()) continue;
+    const auto& er = by_expert[static_cast<size_t>(e)];
+    if (er.empty()) continue;
     if (plan.stats) ++plan.stats->routed_expert_runs;
-    const int64_t n = static_cast<int64_t>(rows.size()), r0 = first[e];
-    for (const auto& rw : rows) ++group_count[static_cast<size_t>(plan.row_group[rw.first])];
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy(x + rows[i].first * D, x + (rows[i].first + 1) * D, xin.begin() + (r0 + i) * D);
-      tiled[r0 + i] = group_count[static_cast<size_t>(plan.row_group[rows[i].first])] > kernels::kGemmSmallMMax;
+    // A row takes the tiled path iff more than kGemmSmallMMax rows of its group chose e.
+    for (const auto& rw : er) ++group_count[static_cast<size_t>(plan.row_group[rw.first])];
+    rows.clear();
+    for (const auto& rw : er) {
+      rows.push_back(rw.first);
+      row_tiled[static_cast<size_t>(rw.first)] =
+          group_count[static_cast<size_t>(plan.row_group[rw.first])] > kernels::kGemmSmallMMax;
     }
-    for (const auto& rw : rows) group_count[static_cast<size_t>(plan.row_group[rw.first])] = 0;
-    jobs.push_back({&lw.experts[static_cast<size_t>(e)], xin.data() + r0 * D, n, tiled.data() + r0, yout.data() + r0 * D});
+    for (const auto& rw : er) group_count[static_cast<size_t>(plan.row_group[rw.first])] = 0;
+    gather(&lw.experts[static_cast<size_t>(e)], first[e], rows);
   }
+  if (shared) {
+    rows.resize(static_cast<size_t>(S));
+    for (int64_t t = 0; t < S; ++t) {
+      rows[static_cast<size_t>(t)] = t;
+      row_tiled[static_cast<size_t>(t)] = plan.row_tiled[static_cast<size_t>(t)];
+    }
+    gather(&lw.shared, R, rows);
+  }
+  // Routed experts and the shared expert in one pass.
   RunExperts(jobs);
-  // Weighted sums per row, experts in ascending id order (the summation order is fixed).
+  // Weighted sums per row, experts in ascending id order (the summation order is fixed), then
+  // the shared expert.
   std::vector<float> y(static_cast<size_t>(S * D), 0.0f);
+  // In row order within an expert (the order the sums were always taken in): walk each
+  // expert's rows as routed and find their gathered places.
+  std::vector<int64_t> slot_of(static_cast<size_t>(S), -1);
   for (int64_t e = 0; e < E; ++e) {
-    const auto& rows = by_expert[static_cast<size_t>(e)];
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const float* yo = &yout[static_cast<size_t>((first[e] + static_cast<int64_t>(i)) * D)];
-      float* yr = &y[static_cast<size_t>(rows[i].first * D)];
-      for (int64_t d = 0; d < D; ++d) yr[d] += yo[d] * rows[i].second;
+    for (int64_t k = first[e]; k < first[e + 1]; ++k) slot_of[static_cast<size_t>(place[static_cast<size_t>(k)])] = k;
+    for (const auto& rw : by_expert[static_cast<size_t>(e)]) {
+      const float* yo = &yout[static_cast<size_t>(slot_of[static_cast<size_t>(rw.first)] * D)];
+      float* yr = &y[static_cast<size_t>(rw.first * D)];
+      for (int64_t d = 0; d < D; ++d) yr[d] += yo[d] * rw.second;
     }
   }
-  if (c.n_shared_experts > 0) {
-    std::vector<float> z(static_cast<size_t>(S * D));
-    ForEachGemmPath(x, D, z.data(), D, plan.row_tiled.data(), S, mlp_fn(lw.shared));
-    for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];
+  if (shared) {
+    op_scope.Switch(kOpSharedExpert);
+    for (int64_t k = R; k < R_all; ++k) {
+      const float* z = &yout[static_cast<size_t>(k * D)];
+      float* yr = &y[static_cast<size_t>(place[static_cast<size_t>(k)] * D)];
+      for (int64_t d = 0; d < D; ++d) yr[d] += z[d];
+    }
   }
   std::copy(y.begin(), y.end(), out);
   kernels::RoundToBf16InPlace(out, S * D);
@@ -141,25 +183,41 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
 }
 
 void Model::RunExperts(std::span<const ExpertJob> jobs) const {
-  bool all_int8 = !TEST_per_expert_moe();
-  for (const ExpertJob& j : jobs) all_int8 = all_int8 && j.mlp->gate.is_int8() && j.mlp->up.is_int8() && j.mlp->down.is_int8();
-  if (!all_int8) {
+  if (TEST_per_expert_moe()) {
     for (const ExpertJob& j : jobs)
       ForEachGemmPath(j.x, j.mlp->gate.n_in(), j.y, j.mlp->down.n_out(), j.tiled, j.m,
                       [this, &j](const float* xs, int64_t n, float* ys) { Mlp(*j.mlp, xs, n, ys); });
     return;
   }
-  // Mlp's steps, each over all experts at once: gate and up of every expert in one grouped
-  // GEMM (adjacent calls with the same x: its rows are quantized once), the same bf16
-  // roundings and SiLU, then every down projection in a second grouped GEMM.
+  // The GEMM calls: per job, its tiled rows (first) in one call, then calls of at most
+  // kGemmSmallMMax rows, exactly the calls ForEachGemmPath makes (so every row keeps its path).
+  struct Piece {
+    size_t job;
+    int64_t r0, m;
+  };
+  std::vector<Piece> pieces;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const ExpertJob& j = jobs[k];
+    int64_t n_tiled = 0;
+    while (n_tiled < j.m && j.tiled[n_tiled]) ++n_tiled;
+    PDSERVE_DCHECK(std::none_of(j.tiled + n_tiled, j.tiled + j.m, [](uint8_t t) { return t != 0; }));
+    if (n_tiled > 0) pieces.push_back({k, 0, n_tiled});
+    for (int64_t r = n_tiled; r < j.m; r += kernels::kGemmSmallMMax)
+      pieces.push_back({k, r, std::min<int64_t>(kernels::kGemmSmallMMax, j.m - r)});
+  }
+  // Mlp's steps, each over all experts at once: gate and up of every piece in one grouped
+  // call (adjacent calls with the same x: INT8 rows are quantized once), the same bf16
+  // roundings and SiLU, then every down projection in a second grouped call.
   std::vector<int64_t> h_off(jobs.size() + 1, 0);  // each job's start in g/u, in values
-  for (size_t i = 0; i < jobs.size(); ++i) h_off[i + 1] = h_off[i] + jobs[i].m * jobs[i].mlp->gate.n_out();
+  for (size_t k = 0; k < jobs.size(); ++k) h_off[k + 1] = h_off[k] + jobs[k].m * jobs[k].mlp->gate.n_out();
   std::vector<float> g(static_cast<size_t>(h_off.back())), u(g.size());
   std::vector<LinearCall> calls;
-  calls.reserve(2 * jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    calls.push_back({&jobs[i].mlp->gate, jobs[i].x, jobs[i].m, g.data() + h_off[i]});
-    calls.push_back({&jobs[i].mlp->up, jobs[i].x, jobs[i].m, u.data() + h_off[i]});
+  calls.reserve(2 * pieces.size());
+  for (const Piece& p : pieces) {
+    const ExpertJob& j = jobs[p.job];
+    const int64_t D = j.mlp->gate.n_in(), I = j.mlp->gate.n_out();
+    calls.push_back({&j.mlp->gate, j.x + p.r0 * D, p.m, g.data() + h_off[p.job] + p.r0 * I});
+    calls.push_back({&j.mlp->up, j.x + p.r0 * D, p.m, u.data() + h_off[p.job] + p.r0 * I});
   }
   ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
   const int64_t n_h = h_off.back();
@@ -167,21 +225,34 @@ void Model::RunExperts(std::span<const ExpertJob> jobs) const {
   kernels::RoundToBf16InPlace(u.data(), n_h);
   kernels::SiluMulBf16(g.data(), u.data(), n_h, g.data());
   calls.clear();
-  for (size_t i = 0; i < jobs.size(); ++i) calls.push_back({&jobs[i].mlp->down, g.data() + h_off[i], jobs[i].m, jobs[i].y});
+  for (const Piece& p : pieces) {
+    const ExpertJob& j = jobs[p.job];
+    const int64_t I = j.mlp->gate.n_out(), D = j.mlp->down.n_out();
+    calls.push_back({&j.mlp->down, g.data() + h_off[p.job] + p.r0 * I, p.m, j.y + p.r0 * D});
+  }
   ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
   for (const ExpertJob& j : jobs) kernels::RoundToBf16InPlace(j.y, j.m * j.mlp->down.n_out());
 }
 
 void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {
-  const int64_t D = m.gate.n_in(), I = m.gate.n_out();
-  std::vector<float> g(static_cast<size_t>(S * I)), u(static_cast<size_t>(S * I));
-  ApplyLinear(m.gate, x, S, g.data(), pool_);
+  std::vector<float> h(static_cast<size_t>(S * m.gate.n_out()));
+  MlpUp(m, x, S, h.data());
+  MlpDown(m, h.data(), S, out);
+}
+
+void Model::MlpUp(const MlpWeights& m, const float* x, int64_t S, float* h) const {
+  const int64_t I = m.gate.n_out();
+  std::vector<float> u(static_cast<size_t>(S * I));
+  ApplyLinear(m.gate, x, S, h, pool_);
   ApplyLinear(m.up, x, S, u.data(), pool_);
-  kernels::RoundToBf16InPlace(g.data(), S * I);
+  kernels::RoundToBf16InPlace(h, S * I);
   kernels::RoundToBf16InPlace(u.data(), S * I);
-  kernels::SiluMulBf16(g.data(), u.data(), S * I, g.data());
-  ApplyLinear(m.down, g.data(), S, out, pool_);
-  kernels::RoundToBf16InPlace(out, S * D);
+  kernels::SiluMulBf16(h, u.data(), S * I, h);
+}
+
+void Model::MlpDown(const MlpWeights& m, const float* h, int64_t S, float* out) const {
+  ApplyLinear(m.down, h, S, out, pool_);
+  kernels::RoundToBf16InPlace(out, S * m.down.n_out());
 }
 
 }  // namespace pdserve::model

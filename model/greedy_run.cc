@@ -8,6 +8,7 @@
 
 #include "common/mapped_file.h"
 #include "common/npy.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::model {
 
@@ -21,7 +22,7 @@ int32_t Argmax(const std::vector<float>& v) {
 }  // namespace
 
 Result<GreedyRun> RunGreedy(const Model& model, const std::vector<int32_t>& prompt, int64_t max_new,
-                            const std::vector<int32_t>* forced_topk, const KvCacheFormats& kv) {
+                            const std::vector<int32_t>* forced_topk, const KvCacheFormats& kv, OpProfile* profile) {
   const ModelConfig& cfg = model.config();
   GreedyRun run;
   run.prompt = prompt;
@@ -31,17 +32,24 @@ Result<GreedyRun> RunGreedy(const Model& model, const std::vector<int32_t>& prom
   opt.trace = &run.prefill;
   opt.forced_topk = forced_topk;
   const auto t0 = std::chrono::steady_clock::now();
-  PDSERVE_RETURN_IF_ERROR(model.Forward(prompt.data(), static_cast<int64_t>(prompt.size()), &cache, logits.data(), opt));
+  {
+    OpProfileStep profile_step(profile, kPhasePrefill);
+    PDSERVE_RETURN_IF_ERROR(model.Forward(prompt.data(), static_cast<int64_t>(prompt.size()), &cache, logits.data(), opt));
+  }
   const auto t1 = std::chrono::steady_clock::now();
   run.prefill_logits = logits;
   ForwardTrace step_trace;
   ForwardOptions step_opt;
   step_opt.trace = &step_trace;
   for (int64_t step = 0; step < max_new; ++step) {
+    // A decode step's profile: the argmax of the previous logits, then the forward.
+    OpProfileStep profile_step(step + 1 < max_new ? profile : nullptr, kPhaseDecode);
+    OpScope op_scope(kOpSampling);
     run.step_logits.insert(run.step_logits.end(), logits.begin(), logits.end());
     const int32_t next = Argmax(logits);
     run.output.push_back(next);
     if (step + 1 == max_new) break;
+    op_scope.Switch(kOpOther);
     PDSERVE_RETURN_IF_ERROR(model.Forward(&next, 1, &cache, logits.data(), step_opt));
     run.topk_decode.insert(run.topk_decode.end(), step_trace.topk.begin(), step_trace.topk.end());
   }

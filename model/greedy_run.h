@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/op_profile.h"
 #include "model/model.h"
 
 namespace pdserve::model {
@@ -37,9 +38,12 @@ struct KvCacheFormats {
 
 // Greedy decoding (argmax, lowest id on ties) of max_new tokens; no stop on EOS.
 // forced_topk, when non-null ([L, S, K]), replaces the prompt's indexer selections.
+// profile, when non-null, receives the op profile of the prefill and of every decode step
+// (model/profile_ops.h); each decode step's argmax counts as its sampling.
 // Errors: those of Model::Forward.
 Result<GreedyRun> RunGreedy(const Model& model, const std::vector<int32_t>& prompt, int64_t max_new,
-                            const std::vector<int32_t>* forced_topk = nullptr, const KvCacheFormats& kv = {});
+                            const std::vector<int32_t>* forced_topk = nullptr, const KvCacheFormats& kv = {},
+                            OpProfile* profile = nullptr);
 
 // Writes `run` in the dump layout above. Errors: Internal on I/O failure.
 Status WriteDump(const std::string& dir, const ModelConfig& config, const GreedyRun& run);

@@ -9,6 +9,12 @@ namespace pdserve::model {
 namespace {
 // Below this many activation values one thread quantizes them faster than a pool hand-off.
 constexpr int64_t kParallelQuantizeMin = 1 << 16;
+// Grouped BF16/F32 calls: each call's outputs go in about this many blocks of at least this
+// many outputs (a block streams its weight rows once for all of the call's rows).
+constexpr int64_t kFloatBlocksPerCall = 4, kFloatBlockMin = 64;
+struct FloatTask {
+  int64_t call, j0, j1;
+};
 }  // namespace
 
 void ApplyLinear(const Linear& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
@@ -91,15 +97,35 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
   else if (rows > 0)
     quantize_rows(0, rows);
   groups.clear();
+  thread_local std::vector<FloatTask> float_tasks;
+  float_tasks.clear();
   for (int64_t i = 0; i < n; ++i) {
     const LinearCall& c = calls[i];
     if (c.m <= 0) continue;
     if (!c.w->is_int8()) {
-      ApplyLinear(*c.w, c.x, c.m, c.y, pool);
+      // Output blocks of whole cache lines of weight rows; small enough that a layer's experts
+      // give every thread several tasks.
+      const int64_t n_out = c.w->n_out();
+      const int64_t block = std::max<int64_t>(kFloatBlockMin, (n_out + kFloatBlocksPerCall - 1) / kFloatBlocksPerCall);
+      for (int64_t j = 0; j < n_out; j += block) float_tasks.push_back({i, j, std::min(n_out, j + block)});
       continue;
     }
     const int64_t n_in = c.w->n_in();
     groups.push_back({c.w->int8, xq.data() + q_offset[i], xs.data() + offset[i], c.m, n_in, c.y, c.w->n_out()});
+  }
+  if (!float_tasks.empty()) {
+    // Every BF16/F32 call's output blocks in one parallel region; each block is GemmRows on
+    // the calling thread, so each value is bitwise what ApplyLinear (Gemm) writes there.
+    const std::vector<FloatTask>& tasks = float_tasks;
+    auto run = [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const LinearCall& c = calls[tasks[static_cast<size_t>(t)].call];
+        kernels::GemmRows(c.x, c.m, c.w->n_in(), c.w->view, tasks[static_cast<size_t>(t)].j0,
+                          tasks[static_cast<size_t>(t)].j1, c.y, c.w->n_out(), nullptr);
+      }
+    };
+    if (pool != nullptr) pool->ParallelFor(static_cast<int64_t>(tasks.size()), run);
+    else run(0, static_cast<int64_t>(tasks.size()));
   }
   kernels::GroupedGemmInt8(groups.data(), static_cast<int64_t>(groups.size()), pool);
 }

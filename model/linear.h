@@ -44,10 +44,11 @@ struct LinearCall {
   float* y = nullptr;
 };
 
-// Runs every call, each y bitwise equal to ApplyLinear's. The INT8 calls share one parallel
-// region (kernels::GroupedGemmInt8) instead of a fork/join each -- the MoE experts of a layer:
-// list gate and up of each expert next to each other with the same x (its rows are quantized
-// once), then call again for the down projections. Other formats run through ApplyLinear.
+// Runs every call, each y bitwise equal to ApplyLinear's, in two parallel regions at most
+// instead of a fork/join each -- the MoE experts of a layer: the INT8 calls share one
+// (kernels::GroupedGemmInt8; list gate and up of each expert next to each other with the same
+// x, so its rows are quantized once), the BF16/F32 calls another (tasks over (call, block of
+// outputs), each kernels::GemmRows on one thread). Call again for the down projections.
 // REQUIRES: distinct calls' y do not overlap, and no y aliases any x.
 void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool);
 

@@ -8,6 +8,7 @@
 #include "kernels/rope.h"
 #include "model/batch_plan.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::model {
 
@@ -231,6 +232,7 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
     cp_root = step.cp->OwnerOf(last);
     compute = cp_root == parallel_->coords().cp;
   }
+  OpScope op_scope(kOpLmHead);
   if (compute) {
     const int64_t n = static_cast<int64_t>(want.size()), Vl = weights_->lm_head().n_out();
     std::vector<float> last(static_cast<size_t>(n * D)), out(static_cast<size_t>(n * Vl));

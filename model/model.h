@@ -149,8 +149,13 @@ class Model {
   // The MoE over the EP group (model/moe_parallel.cc).
   Status FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
-  // One routed expert's share of a layer: its gathered rows x[m, D] -> y[m, D]; tiled[m] is
-  // each row's GEMM path (model/batch.h).
+  // Mlp's two halves: h[S, I] = bf16(silu(bf16(x Wg^T)) * bf16(x Wu^T)), then
+  // out = bf16(h Wd^T). Mlp(x) == MlpDown(MlpUp(x)) bitwise.
+  void MlpUp(const MlpWeights& m, const float* x, int64_t S, float* h) const;
+  void MlpDown(const MlpWeights& m, const float* h, int64_t S, float* out) const;
+  // One expert's share of a layer (a routed expert, or the shared expert): its gathered rows
+  // x[m, D] -> y[m, D]; tiled[m] is each row's GEMM path (model/batch.h), and the tiled rows
+  // come first (REQUIRES: tiled[i] >= tiled[i + 1]).
   struct ExpertJob {
     const MlpWeights* mlp = nullptr;
     const float* x = nullptr;
@@ -158,10 +163,14 @@ class Model {
     const uint8_t* tiled = nullptr;
     float* y = nullptr;
   };
-  // Runs every job, each y bitwise equal to Mlp over its rows with ForEachGemmPath. When every
-  // job's expert is INT8 (W8A8), all experts run as two grouped INT8 GEMMs (gate+up, then down;
-  // ApplyLinearGrouped): integer sums do not depend on the path, so the rows need no split.
-  // Otherwise (BF16/F32 experts, whose fp32 sums depend on the path) one Mlp per job.
+  // Runs every job, each y bitwise equal to Mlp over its rows with ForEachGemmPath, as one
+  // pass over all experts: every job's rows are cut into GEMM calls the way ForEachGemmPath
+  // cuts them (the tiled rows in one call, the others in calls of at most kGemmSmallMMax),
+  // then all gate and up projections run as one grouped call (one parallel region, tasks over
+  // (call, output block); ApplyLinearGrouped), the activations per job, and all down
+  // projections as a second grouped call: two parallel regions per layer whatever the number
+  // of experts, and no synchronisation per expert. TEST_per_expert_moe() runs one Mlp per job
+  // instead (the reference the pass is compared against bit for bit).
   void RunExperts(std::span<const ExpertJob> jobs) const;
   // ApplyLinear over the plan's rows, each with its group's GEMM path.
   void PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const;

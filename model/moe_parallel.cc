@@ -4,9 +4,10 @@
 //   route every row this rank holds -> per (row group, expert) counts (summed over the CP group
 //   in a CP prefill: the prompt's group spans it) -> the GEMM path of every (row, slot)
 //   -> dispatch this rank's share of the rows (bf16 hidden + slot words) to the expert owners
-//   -> shared expert on those rows while the all-to-all is in flight
+//   -> shared expert gate/up on those rows while the dispatch is in flight
 //   -> local experts on the received rows, grouped by expert, each row on the path its group
 //      would take in one process -> combine (fp32 partial sums, summed in EP-rank order)
+//   -> shared expert down projection while the combine is in flight
 //   -> + shared expert, bf16 -> all-gather the shares over the replicas.
 //
 // Rounding: identical to Model::Ffn except that a token whose experts live on several EP ranks
@@ -21,6 +22,7 @@
 #include "model/batch_plan.h"
 #include "model/model.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::model {
 
@@ -31,14 +33,13 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   const ParallelContext& ctx = *parallel_;
   comm::EpDispatcher& ep = *ctx.ep();
   const int64_t D = c.hidden_size, S = plan.n_rows, E = c.n_routed_experts, top_k = c.num_experts_per_tok;
-  auto mlp_fn = [&](const MlpWeights& m) {
-    return [this, &m](const float* xs, int64_t n, float* ys) { Mlp(m, xs, n, ys); };
-  };
 
   // 1. Routing of every row held here (replicas route identically; the router is E outputs).
   std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
   std::vector<float> weights(static_cast<size_t>(S * top_k));
+  OpScope op_scope(kOpGate);
   if (S > 0) Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data());
+  op_scope.Switch(kOpRoutedExperts);
 
   // 2. The GEMM path of each (row, slot): tiled iff more than 8 rows of the row's group chose
   //    that expert (model/batch.h), counted over the whole group.
@@ -70,6 +71,39 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
       words[j] = id < 0 ? -1 : (id << 1) | (tiled ? 1 : 0);
     }
   }
+  // The shared expert on this rank's rows, in two halves (MlpUp, MlpDown) computed while the
+  // dispatch and then the combine are in flight (ParallelContext::ep_overlap), calling
+  // Progress() after every chunk: Open MPI advances a non-blocking collective only inside MPI
+  // calls. Without the overlap the whole expert runs here, before the dispatch.
+  const bool shared = c.n_shared_experts > 0 && n > 0, overlap = ctx.ep_overlap();
+  const int64_t I_sh = shared ? lw.shared.gate.n_out() : 0;
+  std::vector<float> z(static_cast<size_t>(n * D), 0.0f), h_sh(static_cast<size_t>(n * I_sh));
+  Status progress_status;
+  auto progress = [&]() {
+    if (!overlap || !progress_status.ok()) return;
+    CommTimer timer(&ctx);
+    progress_status = ep.Progress().status();
+  };
+  auto shared_up = [&]() {
+    op_scope.Switch(kOpSharedExpert);
+    ForEachGemmPath(x + rb * D, D, h_sh.data(), I_sh, plan.row_tiled.data() + rb, n,
+                    [&](const float* xs, int64_t m, float* hs) {
+                      MlpUp(lw.shared, xs, m, hs);
+                      progress();
+                    });
+  };
+  auto shared_down = [&]() {
+    op_scope.Switch(kOpSharedExpert);
+    ForEachGemmPath(h_sh.data(), I_sh, z.data(), D, plan.row_tiled.data() + rb, n,
+                    [&](const float* hs, int64_t m, float* zs) {
+                      MlpDown(lw.shared, hs, m, zs);
+                      progress();
+                    });
+  };
+  if (shared && !overlap) {
+    shared_up();
+    shared_down();
+  }
   {
     CommTimer timer(&ctx);
     PDSERVE_RETURN_IF_ERROR(ep.StartDispatch(send.data(), n,
@@ -77,15 +111,12 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
                                              {weights.data() + rb * top_k, static_cast<size_t>(n * top_k)}));
   }
 
-  // 4. The shared expert on this rank's rows while the exchange is in flight.
-  std::vector<float> z(static_cast<size_t>(n * D), 0.0f);
-  if (c.n_shared_experts > 0 && n > 0) {
-    ForEachGemmPath(x + rb * D, D, z.data(), D, plan.row_tiled.data() + rb, n, mlp_fn(lw.shared));
-    CommTimer timer(&ctx);
-    PDSERVE_RETURN_IF_ERROR(ep.Progress().status());
-  }
+  // 4. The shared expert's first half while the dispatch is in flight.
+  if (shared && overlap) shared_up();
+  PDSERVE_RETURN_IF_ERROR(progress_status);
 
   // 5. Local experts over the received rows, ascending expert id, weighted sums per row.
+  op_scope.Switch(kOpRoutedExperts);
   const comm::EpReceived* in = nullptr;
   {
     CommTimer timer(&ctx);
@@ -98,6 +129,7 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   for (int e = 0; e < in->n_local_experts; ++e) first[e + 1] = first[e] + static_cast<int64_t>(in->ExpertRows(e).size());
   std::vector<float> xin(static_cast<size_t>(first.back() * D)), yout(xin.size());
   std::vector<uint8_t> tiled(static_cast<size_t>(first.back()), 0);
+  std::vector<int64_t> slot(static_cast<size_t>(first.back()));  // an expert's i-th row -> its gathered row
   std::vector<ExpertJob> jobs;
   for (int e = 0; e < in->n_local_experts; ++e) {
     const auto rows = in->ExpertRows(e);
@@ -105,14 +137,21 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
     if (plan.stats) ++plan.stats->routed_expert_runs;
     const int32_t global = in->first_expert + e;
     const int64_t m = static_cast<int64_t>(rows.size()), r0 = first[e];
-    for (int64_t i = 0; i < m; ++i) {
-      const uint8_t* row = in->hidden + rows[i] * in->row_bytes;
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t d = 0; d < D; ++d) xin[(r0 + i) * D + d] = Bf16ToF32(h[d]);
-      const int32_t* words = reinterpret_cast<const int32_t*>(row + 2 * D);
+    auto path = [&](int64_t i) {  // the GEMM path the row's sender computed for this expert
+      const int32_t* words = reinterpret_cast<const int32_t*>(in->hidden + rows[i] * in->row_bytes + 2 * D);
       for (int64_t j = 0; j < top_k; ++j)
-        if (words[j] >= 0 && (words[j] >> 1) == global) tiled[r0 + i] = words[j] & 1;
-    }
+        if (words[j] >= 0 && (words[j] >> 1) == global) return static_cast<uint8_t>(words[j] & 1);
+      return uint8_t{0};
+    };
+    int64_t k = r0;
+    for (int pass = 1; pass >= 0; --pass)  // the tiled rows first (RunExperts' order)
+      for (int64_t i = 0; i < m; ++i) {
+        if (path(i) != pass) continue;
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(in->hidden + rows[i] * in->row_bytes);
+        for (int64_t d = 0; d < D; ++d) xin[k * D + d] = Bf16ToF32(h[d]);
+        tiled[k] = static_cast<uint8_t>(pass);
+        slot[r0 + i] = k++;
+      }
     jobs.push_back({&lw.experts[static_cast<size_t>(global)], xin.data() + r0 * D, m, tiled.data() + r0, yout.data() + r0 * D});
   }
   RunExperts(jobs);
@@ -121,18 +160,26 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
     const auto w = in->ExpertWeights(e);
     for (size_t i = 0; i < rows.size(); ++i)
       for (int64_t d = 0; d < D; ++d)
-        expert_out[static_cast<size_t>(rows[i] * D + d)] += yout[static_cast<size_t>((first[e] + static_cast<int64_t>(i)) * D + d)] * w[i];
+        expert_out[static_cast<size_t>(rows[i] * D + d)] +=
+            yout[static_cast<size_t>(slot[first[e] + static_cast<int64_t>(i)] * D + d)] * w[i];
   }
   std::vector<float> y(static_cast<size_t>(n * D));
   {
     CommTimer timer(&ctx);
     PDSERVE_RETURN_IF_ERROR(ep.StartCombine(expert_out.data()));
+  }
+  // The shared expert's second half while the combine is in flight.
+  if (shared && overlap) shared_down();
+  PDSERVE_RETURN_IF_ERROR(progress_status);
+  {
+    CommTimer timer(&ctx);
     PDSERVE_RETURN_IF_ERROR(ep.WaitCombine(y, /*accumulate=*/false));
   }
   if (S == 0) return Status::Ok();  // a dummy step: nothing of ours to finish
 
   // 6. y = routed + shared, bf16; then every replica gets every row.
-  if (c.n_shared_experts > 0)
+  op_scope.Switch(kOpOther);
+  if (shared)
     for (size_t i = 0; i < y.size(); ++i) y[i] += z[i];
   kernels::RoundToBf16InPlace(y.data(), n * D);
   if (!replicas) {

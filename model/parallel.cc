@@ -9,6 +9,7 @@
 #include "comm/mpi_status.h"
 #include "kernels/gemm.h"
 #include "model/batch_plan.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::model {
 
@@ -116,7 +117,7 @@ std::pair<int64_t, int64_t> ReplicaRowRange(const BatchPlan& plan, int n, int in
   return {begin, prev};
 }
 
-CommTimer::CommTimer(const ParallelContext* ctx) : ctx_(ctx), start_ns_(ctx ? NowNs() : 0) {}
+CommTimer::CommTimer(const ParallelContext* ctx) : scope_(kOpMpi), ctx_(ctx), start_ns_(ctx ? NowNs() : 0) {}
 CommTimer::~CommTimer() {
   if (ctx_) ctx_->AddCommSeconds(static_cast<double>(NowNs() - start_ns_) * 1e-9);
 }

@@ -41,6 +41,7 @@
 #include "comm/mpi_comm.h"
 #include "comm/process_groups.h"
 #include "comm/tensor_parallel.h"
+#include "common/op_profile.h"
 #include "common/status.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -88,6 +89,12 @@ class ParallelContext {
   double comm_seconds() const { return comm_seconds_; }
   void AddCommSeconds(double s) const { comm_seconds_ += s; }
   void ResetCommSeconds() const { comm_seconds_ = 0; }
+  // Whether the MoE computes the shared expert while its EP exchanges are in flight (default;
+  // the first half during the dispatch, the second during the combine). Off: the shared expert
+  // runs before the dispatch, so both exchanges are waited for in full (the baseline the
+  // overlap is measured against). Either way the numbers are the same.
+  bool ep_overlap() const { return ep_overlap_; }
+  void set_ep_overlap(bool on) const { ep_overlap_ = on; }
 
  private:
   ParallelContext(const comm::ProcessGroups& groups) : groups_(groups) {}
@@ -99,6 +106,7 @@ class ParallelContext {
   mutable std::vector<std::unique_ptr<comm::CpRecordGather>> cp_gathers_;
   int64_t dispatch_row_bytes_ = 0;
   mutable double comm_seconds_ = 0;
+  mutable bool ep_overlap_ = true;
 };
 
 // Per-call parallel state of one forward (internal to model/).
@@ -116,13 +124,14 @@ struct ParallelStep {
 // index * n_rows / n but never leaving a piece of <= kGemmSmallMMax rows of a tiled row group.
 std::pair<int64_t, int64_t> ReplicaRowRange(const BatchPlan& plan, int n, int index);
 
-// Times a communication call into ctx->comm_seconds().
+// Times a communication call into ctx->comm_seconds() (and the MPI op of a profiled step).
 class CommTimer {
  public:
   explicit CommTimer(const ParallelContext* ctx);
   ~CommTimer();
 
  private:
+  OpScope scope_;
   const ParallelContext* ctx_;
   int64_t start_ns_;
 };

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::model {
 
@@ -115,8 +116,11 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
     next_tokens[i] = Argmax(logits[i]);
     runs[i].output.push_back(next_tokens[i]);
   };
+  OpProfileStep* profile_step = nullptr;  // the open step's, while profiling
   auto forward = [&](const comm::DpDecision&) -> Status {
+    OpScope op_scope(kOpOther);
     const bool prefill = !prefilled[members[0]];
+    if (profile_step) profile_step->set_phase(prefill ? kPhasePrefill : kPhaseDecode);
     if (!prefill && !decoding) {
       decoding = true;
       decode_start = std::chrono::steady_clock::now();
@@ -152,11 +156,13 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
         for (size_t i : members)
           runs[i].topk_decode.insert(runs[i].topk_decode.end(), step_traces[i].topk.begin(), step_traces[i].topk.end());
     }
+    op_scope.Switch(kOpSampling);
     for (size_t i : members) sample(i);
     ++local.forward_steps;
     return Status::Ok();
   };
   auto dummy = [&](const comm::DpDecision&) -> Status {
+    OpScope op_scope(kOpOther);
     ++local.dummy_steps;
     return model.ForwardBatch({});
   };
@@ -164,7 +170,11 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
     const int64_t rows = plan_step();
     bool all_done = true;
     for (size_t i = 0; i < n; ++i) all_done = all_done && done(i);
+    OpProfileStep step_profile(options.profile, kPhaseDecode);
+    profile_step = options.profile ? &step_profile : nullptr;
+    OpScope vote_scope(kOpMpi);  // the coordinator's vote; the forward has its own scopes
     auto decision = coordinator->Step({.tokens = rows, .stop = all_done}, forward, dummy);
+    profile_step = nullptr;
     if (!decision.ok()) {
       // Our own forward failed (not a peer's: kAborted): tell the others at one more Sync so
       // they leave too instead of waiting for our next vote.

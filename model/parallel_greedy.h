@@ -43,6 +43,9 @@ struct DpRunOptions {
   // its trace collectively).
   bool trace = false;
   KvCacheFormats kv;  // the caches' storage formats
+  // When set: every step's op profile (model/profile_ops.h; dummy steps count as decode, the
+  // coordinator's vote as MPI).
+  OpProfile* profile = nullptr;
 };
 
 // runs[i] for prompts[i] (max_new[i] tokens each; 0 is allowed). With cp > 1 each prompt's

@@ -12,6 +12,7 @@
 #include "comm/process_groups.h"
 #include "comm/tensor_parallel.h"
 #include "model/parallel.h"
+#include "model/profile_ops.h"
 
 namespace pdserve::model {
 
@@ -131,9 +132,13 @@ Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& o
   DpRunOptions run_options;
   run_options.trace = opt.dumps;
   run_options.kv = opt.kv;
+  OpProfile profile = MakeForwardProfile();
+  if (opt.profile) run_options.profile = &profile;
   PDSERVE_ASSIGN_OR_RETURN(auto runs,
                            RunGreedyDp(*model, coordinator.get(), mine, max_new, &result.stats, run_options));
   result.comm_seconds = ctx->comm_seconds();
+  if (opt.profile) result.profile_table = profile.Table();
+  if (ctx->ep() != nullptr) result.ep_overlap = ctx->ep()->overlap();
   PDSERVE_ASSIGN_OR_RETURN(auto all, comm::TensorParallel::Create(groups->world()));
 
   // Every rank contributes a fixed-size block: its unit's outputs (ids as exact floats) when it

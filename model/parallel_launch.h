@@ -39,6 +39,7 @@ struct ParallelGenerateOptions {
   int threads = 1;  // compute threads per rank
   bool dumps = false;
   KvCacheFormats kv;
+  bool profile = false;  // fill ParallelGenerateResult::profile_table
 };
 
 struct ParallelGenerateResult {
@@ -49,6 +50,8 @@ struct ParallelGenerateResult {
   DpRunStats stats;                           // this rank's driver counters
   double comm_seconds = 0;                    // this rank's time inside model collectives
   double load_seconds = 0;
+  std::string profile_table;                  // this rank's op profile (options.profile)
+  comm::EpOverlap ep_overlap;                 // this rank's EP exchanges (comm/ep_dispatcher.h)
 };
 
 Result<ParallelGenerateResult> ParallelGenerate(const ParallelGenerateOptions& options);

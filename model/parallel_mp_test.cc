@@ -192,6 +192,32 @@ TEST_F(ParallelModelTest, DpEpGreedyMatchesSingleProcessTiny2) {
   ExpectMatches(*got, Reference(prompt, kSteps, ref2_), "tiny2 dp=" + std::to_string(W) + " ep=" + std::to_string(W));
 }
 
+// The shared expert computed during the EP exchanges (the default) or before the dispatch gives
+// bitwise the same run; the dispatcher counts every exchange, its time in flight and the part
+// waited for.
+TEST_F(ParallelModelTest, SharedExpertOverlapChangesNoNumber) {
+  const int W = WorldSize(), me = WorldRank();
+  Instance in = Make({.cp = 1, .dp = W, .ep = W, .tp = 1}, dir_->path());
+  ASSERT_TRUE(AllRanks(in.model != nullptr));
+  const auto prompt = Prompt(31 + 3 * me, 2 + me, ref_->config().vocab_size);
+  comm::EpDispatcher& ep = *in.ctx->ep();
+  ASSERT_TRUE(in.ctx->ep_overlap());
+  ep.ResetOverlap();
+  auto overlapped = RunGreedy(*in.model, prompt, 6);
+  ASSERT_TRUE(AllRanks(overlapped.ok())) << overlapped.status().ToString();
+  const comm::EpOverlap o = ep.overlap();
+  const int64_t moe_layers = ref_->config().num_hidden_layers - ref_->config().first_k_dense_replace;
+  EXPECT_EQ(o.exchanges, 2 * moe_layers * 6);  // a dispatch and a combine per MoE layer per forward
+  EXPECT_GE(o.in_flight_seconds, o.exposed_seconds);
+  EXPECT_GE(o.exposed_seconds, 0.0);
+  in.ctx->set_ep_overlap(false);
+  auto sequential = RunGreedy(*in.model, prompt, 6);
+  in.ctx->set_ep_overlap(true);
+  ASSERT_TRUE(AllRanks(sequential.ok())) << sequential.status().ToString();
+  EXPECT_EQ(overlapped->output, sequential->output);
+  EXPECT_EQ(overlapped->step_logits, sequential->step_logits);
+}
+
 TEST_F(ParallelModelTest, CpPrefillMatchesSingleProcess) {
   const int W = WorldSize();
   std::vector<ParallelPlan> plans = {{.cp = W, .dp = 1, .ep = W, .tp = 1}, {.cp = W, .dp = 1, .ep = 1, .tp = 1}};

@@ -122,10 +122,13 @@ TEST(W8A8LoadTest, Int8WeightsAreUsedInPlaceFromTheCheckpoint) {
 }
 
 TEST(W8A8MoeTest, GroupedExpertsEqualThePerExpertPath) {
-  // The MoE forward runs W8A8 routed experts as two grouped INT8 GEMMs; one Mlp per expert (the
-  // previous structure) must give the same bits: prompt rows on both GEMM paths (experts with
-  // more and fewer than kGemmInt8SmallMMax rows), then decode steps with 1-2 rows per expert.
-  for (const char* preset : {"tiny", "tiny2"}) {
+  // The MoE forward runs all experts of a layer (routed and shared) as one pass of two grouped
+  // calls (INT8 GEMMs for W8A8, BF16 output-block tasks otherwise); one Mlp per expert (the
+  // previous structure) must give the same bits, for BF16 and W8A8 checkpoints: prompt rows on
+  // both GEMM paths (experts with more and fewer than 8 rows), then decode steps with 1-2 rows
+  // per expert.
+  for (const char* preset : {"tiny", "tiny2"})
+    for (bool w8 : {true, false}) {
     TempDir d(std::string("w8_grouped_") + preset);
     MakeModelOptions mo;
     mo.preset = preset;
@@ -136,9 +139,9 @@ TEST(W8A8MoeTest, GroupedExpertsEqualThePerExpertPath) {
     o.out_dir = d / "w8";
     ASSERT_TRUE(Convert(o).ok());
     ThreadPool pool(2);
-    auto m = Model::Load(o.out_dir, &pool);
+    auto m = Model::Load(w8 ? o.out_dir : mo.out_dir, &pool);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
-    ASSERT_TRUE((*m)->weights().layer(1).experts[0].gate.is_int8());
+    ASSERT_EQ((*m)->weights().layer(1).experts[0].gate.is_int8(), w8);
     const int64_t V = (*m)->config().vocab_size;
     auto run = [&](bool per_expert, ForwardTrace* trace) {
       TEST_SetPerExpertMoe(per_expert);
@@ -162,10 +165,10 @@ TEST(W8A8MoeTest, GroupedExpertsEqualThePerExpertPath) {
     const auto grouped = run(false, &grouped_trace);
     const auto per_expert = run(true, &per_expert_trace);
     ASSERT_EQ(grouped.size(), per_expert.size());
-    EXPECT_EQ(std::memcmp(grouped.data(), per_expert.data(), grouped.size() * 4), 0) << preset;
+    EXPECT_EQ(std::memcmp(grouped.data(), per_expert.data(), grouped.size() * 4), 0) << preset << " w8 " << w8;
     ASSERT_EQ(grouped_trace.hidden.size(), per_expert_trace.hidden.size());
     EXPECT_EQ(std::memcmp(grouped_trace.hidden.data(), per_expert_trace.hidden.data(), grouped_trace.hidden.size() * 4), 0)
-        << preset;
+        << preset << " w8 " << w8;
   }
 }
 

@@ -1,5 +1,6 @@
 // bench_engine [--model DIR] [--out DIR] [--batches 1,4,16,64] [--contexts 1024,8192]
-//              [--steps N] [--warmup N] [--threads N] [--kv-format fp8|bf16|int8]
+//              [--steps N] [--warmup N] [--threads N] [--kv-format fp8|bf16|int8] [--profile]
+//              [--prefill 2048,8192,32768] [--chunk 512] [--copies 64] [--copy-tokens 32]
 //
 // Decode throughput of the Engine on the `small` preset (made under models/small if absent):
 //   * one 1024-token prompt is prefilled once (its KV held, as a prefill worker would);
@@ -12,6 +13,16 @@
 // shared MLPs, router, lm_head; the routed experts the step actually ran; the KV the indexer
 // scored and attention gathered) over the read bandwidth of a STREAM-like sum measured here.
 // Overhead: the engine's scheduler + sampling + event time as a share of step time.
+// Ratios: decode tokens/s at batch 64 over batch 1 (context 1K) and batch 16 over batch 1
+// (context 8K), from the same run.
+// Prefill: one prompt of each --prefill length (random tokens) in chunks of --chunk, timed from
+// AddRequest to its first token; its FLOPs (linear + attention + indexer, engine_figures.h)
+// over the time, against the fp32 FMA peak of the same threads measured in the same run.
+// Copies: `pdserve batch-generate`'s case: --copies copies of one 64-token prompt generating
+// --copy-tokens tokens each, against one copy alone: tokens/s ratio, and every copy's tokens
+// must equal the lone copy's.
+// --profile prints (and stores) the share of step time per op for every row.
+// The load average is recorded beside every figure.
 #include <immintrin.h>
 
 #include <chrono>
@@ -19,13 +30,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "bench/engine/engine_figures.h"
 #include "model/make_model.h"
+#include "model/profile_ops.h"
 
 namespace pdserve {
 namespace {
@@ -85,7 +99,25 @@ struct Row {
   int64_t context, batch, steps;
   double seconds, tokens_per_s, step_ms, bytes_per_step, roofline_tokens_per_s, ratio, overhead_share;
   double experts_per_layer;
+  nlohmann::json profile = nlohmann::json::object();  // op -> share of decode step time
+  std::string load;
 };
+
+struct PrefillRow {
+  int64_t tokens = 0;
+  double seconds = 0, tokens_per_s = 0;
+  bench::PrefillFlops flops;
+  double gflops = 0, peak_share = 0;
+  nlohmann::json profile = nlohmann::json::object();
+  std::string load;
+};
+
+nlohmann::json ProfileShares(const OpProfile& p, int phase) {
+  nlohmann::json j = nlohmann::json::object();
+  const double total = p.total_seconds(phase);
+  for (int op = 0; op < p.n_ops(); ++op) j[p.op_name(op)] = total > 0 ? p.seconds(phase, op) / total : 0.0;
+  return j;
+}
 
 int Run(int argc, char** argv) {
   std::string model_dir = std::string(PDSERVE_SOURCE_DIR) + "/models/small";
@@ -93,8 +125,21 @@ int Run(int argc, char** argv) {
   std::vector<int64_t> batches = {1, 4, 16, 64}, contexts = {1024, 8192};
   int64_t steps = 6, warmup = 2, threads = 0;
   std::string kv_format = "fp8";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  bool profile_on = false;
+  std::vector<int64_t> prefills = {2048, 8192, 32768};
+  int64_t chunk = 512, copies = 64, copy_tokens = 32;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--profile") {
+      profile_on = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "option %s wants a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[i + 1];
     if (k == "--model") model_dir = v;
     else if (k == "--out") out_dir = v;
     else if (k == "--batches") batches = ParseList(v);
@@ -103,6 +148,10 @@ int Run(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::stoll(v);
     else if (k == "--threads") threads = std::stoll(v);
     else if (k == "--kv-format") kv_format = v;
+    else if (k == "--prefill") prefills = v == "none" ? std::vector<int64_t>{} : ParseList(v);
+    else if (k == "--chunk") chunk = std::stoll(v);
+    else if (k == "--copies") copies = std::stoll(v);
+    else if (k == "--copy-tokens") copy_tokens = std::stoll(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -119,8 +168,11 @@ int Run(int argc, char** argv) {
     }
   }
   ThreadPool pool(threads > 0 ? static_cast<int>(threads) : ThreadPool::Default().n_threads());
+  const std::string load_start = bench::LoadAverage();
   const double bw = ReadBandwidth(&pool, 5);
-  std::fprintf(stderr, "read bandwidth %.1f GB/s (%d threads)\n", bw, pool.n_threads());
+  const bench::FmaPeak peak = bench::MeasureFmaPeak(&pool);
+  std::fprintf(stderr, "read bandwidth %.1f GB/s, fp32 FMA peak %.0f GFLOP/s (AVX2 %.0f, AVX-512 %.0f), %d threads, load %s\n",
+               bw, peak.best(), peak.avx2_gflops, peak.avx512_gflops, pool.n_threads(), load_start.c_str());
   auto loaded = model::Model::Load(model_dir, &pool);
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
@@ -152,11 +204,18 @@ int Run(int argc, char** argv) {
   eo.block_tokens = B;
   eo.latent_format = model::ParseLatentFormat(kv_format).value();
   const engine::KvLayout layout = engine::KvLayout::ForConfig(c, B, eo.latent_format, eo.index_format);
-  const int64_t blocks = max_b * layout.BlocksForTokens(max_ctx + warmup + steps + 4) + layout.BlocksForTokens(base_len);
+  const int64_t max_prefill = prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
+  const int64_t copy_prompt = 64;
+  const int64_t blocks = std::max({max_b * layout.BlocksForTokens(max_ctx + warmup + steps + 4),
+                                   layout.BlocksForTokens(max_prefill + 2),
+                                   copies * layout.BlocksForTokens(copy_prompt + copy_tokens + 2)}) +
+                         layout.BlocksForTokens(base_len);
   eo.kv_cache_gib = static_cast<double>(blocks * layout.BlockBytes()) / (1ull << 30) + 1e-6;
-  eo.scheduler.max_num_seqs = std::max<int64_t>(max_b, 1);
-  eo.scheduler.max_step_tokens = std::max<int64_t>(512, max_b);
-  eo.scheduler.prefill_chunk = 512;
+  eo.scheduler.max_num_seqs = std::max<int64_t>({max_b, copies, 1});
+  eo.scheduler.max_step_tokens = std::max<int64_t>({chunk, max_b, copies});
+  eo.scheduler.prefill_chunk = chunk;
+  OpProfile profile = model::MakeForwardProfile();
+  if (profile_on) eo.profile = &profile;
   auto eng = engine::Engine::Create(eo, &m);
   if (!eng.ok()) {
     std::fprintf(stderr, "%s\n", eng.status().ToString().c_str());
@@ -174,6 +233,7 @@ int Run(int argc, char** argv) {
   pro.hold_kv = true;
   int32_t first = -1;
   pro.on_event = [&](const engine::TokenEvent& ev) { if (ev.token >= 0) first = ev.token; };
+  profile.Reset();
   const auto tp = Clock::now();
   const engine::RequestId pid = e.AddRequest(prefix, pro).value();
   while (!e.Idle()) e.Step();
@@ -181,6 +241,8 @@ int Run(int argc, char** argv) {
   const std::vector<int32_t> held = e.HeldBlocks(pid).value();
   std::fprintf(stderr, "prefill of %lld tokens: %.2f s (%.0f tokens/s)\n", static_cast<long long>(base_len), prefill_s,
                base_len / prefill_s);
+  if (profile_on) std::fprintf(stderr, "op profile, prefill of %lld tokens:\n%s", static_cast<long long>(base_len),
+                               profile.Table().c_str());
 
   std::vector<Row> rows;
   for (int64_t ctx : contexts) {
@@ -207,6 +269,7 @@ int Run(int argc, char** argv) {
         ids.push_back(imp->id);
       }
       for (int64_t s = 0; s < warmup; ++s) e.Step();
+      profile.Reset();
       const engine::EngineStats s0 = e.Stats();
       const auto t0 = Clock::now();
       for (int64_t s = 0; s < steps; ++s) e.Step();
@@ -233,15 +296,98 @@ int Run(int argc, char** argv) {
       r.overhead_share = over / (fwd + over);
       r.experts_per_layer = static_cast<double>(s1.routed_expert_runs - s0.routed_expert_runs) / n_steps /
                             static_cast<double>(c.num_hidden_layers - c.first_k_dense_replace);
-      rows.push_back(r);
       std::fprintf(stderr, "ctx %5lld batch %3lld: %8.1f tok/s  step %8.1f ms  roofline %8.1f tok/s (%.0f%%)  overhead %.2f%%\n",
                    static_cast<long long>(ctx), static_cast<long long>(b), r.tokens_per_s, r.step_ms,
                    r.roofline_tokens_per_s, r.ratio * 100, r.overhead_share * 100);
+      if (profile_on) {
+        std::fprintf(stderr, "op profile, context %lld batch %lld:\n%s", static_cast<long long>(ctx),
+                     static_cast<long long>(b), profile.Table().c_str());
+        for (int op = 0; op < profile.n_ops(); ++op)
+          r.profile[profile.op_name(op)] = profile.seconds(model::kPhaseDecode, op) / profile.total_seconds(model::kPhaseDecode);
+      }
+      r.load = bench::LoadAverage();
+      rows.push_back(r);
       for (engine::RequestId id : ids) (void)e.Abort(id);
       while (!e.Idle()) e.Step();
     }
   }
   PDSERVE_CHECK(e.ReleaseKv(pid).ok());
+
+  // Prefill of whole prompts.
+  std::vector<PrefillRow> prefill_rows;
+  for (int64_t P : prefills) {
+    std::vector<int32_t> prompt(static_cast<size_t>(P));
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
+    engine::RequestOptions ro;
+    ro.sampling.temperature = 0.0f;
+    ro.sampling.max_tokens = 1;
+    profile.Reset();
+    const auto t0 = Clock::now();
+    PDSERVE_CHECK(e.AddRequest(prompt, ro).ok());
+    while (!e.Idle()) e.Step();
+    PrefillRow r;
+    r.tokens = P;
+    r.seconds = Since(t0);
+    r.tokens_per_s = static_cast<double>(P) / r.seconds;
+    r.flops = bench::CountPrefillFlops(c, P, chunk);
+    r.gflops = r.flops.total() / r.seconds / 1e9;
+    r.peak_share = r.gflops / peak.best();
+    if (profile_on) r.profile = ProfileShares(profile, model::kPhasePrefill);
+    r.load = bench::LoadAverage();
+    std::fprintf(stderr, "prefill %6lld tokens: %.2f s (%.0f tokens/s), %.0f GFLOP/s = %.0f%% of the FMA peak "
+                         "(linear %.2f, attention %.2f, indexer %.2f TFLOP), load %s\n",
+                 static_cast<long long>(P), r.seconds, r.tokens_per_s, r.gflops, 100 * r.peak_share,
+                 r.flops.linear / 1e12, r.flops.attention / 1e12, r.flops.indexer / 1e12, r.load.c_str());
+    if (profile_on) std::fprintf(stderr, "op profile, prefill of %lld tokens:\n%s", static_cast<long long>(P),
+                                 profile.Table().c_str());
+    prefill_rows.push_back(r);
+  }
+
+  // Copies of one prompt (batch-generate): one alone, then `copies` together.
+  double copy1_tps = 0, copyn_tps = 0;
+  bool copies_identical = true;
+  std::string copy_load;
+  if (copies > 0) {
+    std::vector<int32_t> prompt(static_cast<size_t>(copy_prompt));
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
+    auto run_copies = [&](int64_t n, std::vector<std::vector<int32_t>>* out) {
+      out->assign(static_cast<size_t>(n), {});
+      std::vector<engine::RequestId> ids;
+      std::map<engine::RequestId, size_t> slot;
+      const engine::EngineStats s0 = e.Stats();
+      const auto t0 = Clock::now();
+      for (int64_t i = 0; i < n; ++i) {
+        engine::RequestOptions ro;
+        ro.sampling.temperature = 0.0f;
+        ro.sampling.max_tokens = static_cast<int32_t>(copy_tokens);
+        std::vector<int32_t>* dst = &(*out)[static_cast<size_t>(i)];
+        ro.on_event = [dst](const engine::TokenEvent& ev) { if (ev.token >= 0) dst->push_back(ev.token); };
+        PDSERVE_CHECK(e.AddRequest(prompt, ro).ok());
+      }
+      while (!e.Idle()) e.Step();
+      const double secs = Since(t0);
+      return static_cast<double>(e.Stats().generated_tokens - s0.generated_tokens) / secs;
+    };
+    std::vector<std::vector<int32_t>> one, many;
+    copy1_tps = run_copies(1, &one);
+    profile.Reset();
+    copyn_tps = run_copies(copies, &many);
+    for (const auto& t : many) copies_identical = copies_identical && t == one[0];
+    copy_load = bench::LoadAverage();
+    std::fprintf(stderr, "copies: 1 copy %.1f tokens/s, %lld copies %.1f tokens/s (%.2fx), tokens %s, load %s\n",
+                 copy1_tps, static_cast<long long>(copies), copyn_tps, copyn_tps / copy1_tps,
+                 copies_identical ? "identical" : "DIFFERENT", copy_load.c_str());
+    if (profile_on) std::fprintf(stderr, "op profile, %lld copies:\n%s", static_cast<long long>(copies),
+                                 profile.Table().c_str());
+  }
+  const std::string load_end = bench::LoadAverage();
+  auto tps = [&](int64_t ctx, int64_t b) {
+    for (const Row& r : rows)
+      if (r.context == ctx && r.batch == b) return r.tokens_per_s;
+    return 0.0;
+  };
+  const double ratio_64_1k = tps(1024, 1) > 0 ? tps(1024, 64) / tps(1024, 1) : 0.0;
+  const double ratio_16_8k = tps(8192, 1) > 0 ? tps(8192, 16) / tps(8192, 1) : 0.0;
 
   std::filesystem::create_directories(out_dir);
   nlohmann::json j;
@@ -249,6 +395,19 @@ int Run(int argc, char** argv) {
   j["kv_format"] = kv_format;
   j["threads"] = pool.n_threads();
   j["read_bandwidth_gbps"] = bw;
+  j["fma_peak_gflops"] = {{"avx2", peak.avx2_gflops}, {"avx512", peak.avx512_gflops}, {"best", peak.best()}};
+  j["load_average"] = {{"start", load_start}, {"end", load_end}};
+  j["ratios"] = {{"decode_batch64_over_batch1_ctx1k", ratio_64_1k}, {"decode_batch16_over_batch1_ctx8k", ratio_16_8k},
+                 {"copies_over_one", copy1_tps > 0 ? copyn_tps / copy1_tps : 0.0}};
+  j["copies"] = {{"copies", copies}, {"prompt_tokens", copy_prompt}, {"tokens_each", copy_tokens},
+                 {"one_tokens_per_s", copy1_tps}, {"all_tokens_per_s", copyn_tps}, {"identical", copies_identical},
+                 {"load", copy_load}};
+  for (const PrefillRow& r : prefill_rows)
+    j["prefill"].push_back({{"tokens", r.tokens}, {"chunk", chunk}, {"seconds", r.seconds},
+                            {"tokens_per_s", r.tokens_per_s}, {"linear_flops", r.flops.linear},
+                            {"attention_flops", r.flops.attention}, {"indexer_flops", r.flops.indexer},
+                            {"gflops", r.gflops}, {"peak_share", r.peak_share}, {"profile", r.profile},
+                            {"load", r.load}});
   j["prefill_tokens_per_s"] = base_len / prefill_s;
   j["fixed_weight_bytes_per_step"] = fixed;
   j["routed_expert_bytes"] = expert_bytes;
@@ -256,22 +415,52 @@ int Run(int argc, char** argv) {
     j["results"].push_back({{"context", r.context}, {"batch", r.batch}, {"steps", r.steps}, {"seconds", r.seconds},
                             {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms}, {"bytes_per_step", r.bytes_per_step},
                             {"roofline_tokens_per_s", r.roofline_tokens_per_s}, {"roofline_ratio", r.ratio},
-                            {"overhead_share", r.overhead_share}, {"routed_experts_per_layer", r.experts_per_layer}});
+                            {"overhead_share", r.overhead_share}, {"routed_experts_per_layer", r.experts_per_layer},
+                            {"profile", r.profile}, {"load", r.load}});
   std::ofstream(out_dir + "/engine.json") << j.dump(2) << "\n";
   std::ostringstream md;
   char line[512];
-  md << "# Engine decode throughput (`small` preset, " << kv_format << " KV)\n\n";
+  md << "# Engine throughput (`small` preset, " << kv_format << " KV)\n\n";
   std::snprintf(line, sizeof line,
-                "- %d threads; read bandwidth %.1f GB/s (1 GiB STREAM-like sum); prefill %.0f tokens/s (1024-token prompt)\n"
+                "- %d threads; read bandwidth %.1f GB/s (1 GiB STREAM-like sum); fp32 FMA peak %.0f GFLOP/s "
+                "(AVX2 %.0f, AVX-512 %.0f); load average %s at the start, %s at the end\n"
                 "- bytes per step = dense weights once (%.0f MB) + routed experts run (%.2f MB each) + KV scored/gathered\n\n",
-                pool.n_threads(), bw, base_len / prefill_s, fixed / 1e6, expert_bytes / 1e6);
+                pool.n_threads(), bw, peak.best(), peak.avx2_gflops, peak.avx512_gflops, load_start.c_str(),
+                load_end.c_str(), fixed / 1e6, expert_bytes / 1e6);
   md << line;
-  md << "| context | batch | tokens/s | step ms | MB/step | roofline tokens/s | of roofline | experts/layer | sched+sample overhead |\n";
-  md << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  md << "## Decode\n\n";
+  md << "| context | batch | tokens/s | step ms | MB/step | roofline tokens/s | of roofline | experts/layer | sched+sample overhead | load |\n";
+  md << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Row& r : rows) {
-    std::snprintf(line, sizeof line, "| %lld | %lld | %.1f | %.1f | %.0f | %.1f | %.0f%% | %.1f | %.2f%% |\n",
+    std::snprintf(line, sizeof line, "| %lld | %lld | %.1f | %.1f | %.0f | %.1f | %.0f%% | %.1f | %.2f%% | %s |\n",
                   static_cast<long long>(r.context), static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms,
-                  r.bytes_per_step / 1e6, r.roofline_tokens_per_s, r.ratio * 100, r.experts_per_layer, r.overhead_share * 100);
+                  r.bytes_per_step / 1e6, r.roofline_tokens_per_s, r.ratio * 100, r.experts_per_layer, r.overhead_share * 100,
+                  r.load.c_str());
+    md << line;
+  }
+  std::snprintf(line, sizeof line,
+                "\nBatch ratios (tokens/s): batch 64 / batch 1 at context 1K: %.2fx (goal >= 8x); batch 16 / batch 1 "
+                "at context 8K: %.2fx (goal >= 4x).\n",
+                ratio_64_1k, ratio_16_8k);
+  md << line;
+  if (!prefill_rows.empty()) {
+    md << "\n## Prefill (chunks of " << chunk << " tokens)\n\n";
+    md << "| prompt | seconds | tokens/s | linear TFLOP | attention TFLOP | indexer TFLOP | GFLOP/s | of FMA peak | load |\n";
+    md << "|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    for (const PrefillRow& r : prefill_rows) {
+      std::snprintf(line, sizeof line, "| %lld | %.2f | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f%% | %s |\n",
+                    static_cast<long long>(r.tokens), r.seconds, r.tokens_per_s, r.flops.linear / 1e12,
+                    r.flops.attention / 1e12, r.flops.indexer / 1e12, r.gflops, 100 * r.peak_share, r.load.c_str());
+      md << line;
+    }
+  }
+  if (copies > 0) {
+    std::snprintf(line, sizeof line,
+                  "\n## Copies of one prompt (batch-generate)\n\n%lld copies of a %lld-token prompt, %lld tokens each: "
+                  "%.1f tokens/s against %.1f for one copy (%.2fx; goal >= 8x), tokens %s; load %s.\n",
+                  static_cast<long long>(copies), static_cast<long long>(copy_prompt), static_cast<long long>(copy_tokens),
+                  copyn_tps, copy1_tps, copy1_tps > 0 ? copyn_tps / copy1_tps : 0.0,
+                  copies_identical ? "identical" : "DIFFERENT", copy_load.c_str());
     md << line;
   }
   std::ofstream(out_dir + "/engine.md") << md.str();

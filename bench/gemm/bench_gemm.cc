@@ -392,13 +392,13 @@ int Main(int argc, char** argv) {
         for (int round = 0; round < rounds; ++round) {
           gate.Wait();
           Merge(small, Measure([&](int rep) {
-                  kernels::internal::GemmSmallM(x.get(), m, r.n_in, w.View(rep), 0, r.n_out,
-                                                y.get(), r.n_out, &pool);
+                  kernels::internal::GemmWithIsa(kernels::Isa::kAvx2, x.get(), m, r.n_in, w.View(rep),
+                                                 y.get(), r.n_out, &pool);
                 }, min_sec / 2));
           gate.Wait();
           Merge(tiled, Measure([&](int rep) {
-                  kernels::internal::GemmTiled(x.get(), m, r.n_in, w.View(rep), 0, r.n_out,
-                                               y.get(), r.n_out, &pool);
+                  kernels::internal::GemmWithIsa(kernels::DetectedIsa(), x.get(), m, r.n_in,
+                                                 w.View(rep), y.get(), r.n_out, &pool);
                 }, min_sec / 2));
         }
         crossover.push_back({{"dtype", dt}, {"m", m}, {"n_out", r.n_out}, {"n_in", r.n_in},

@@ -12,7 +12,7 @@
 #include "bench/loadgen/dataset.h"
 #include "bench/loadgen/driver.h"
 #include "services/common/process_util.h"
-#include "services/common/testing/child_process.h"
+#include "services/testing/child_process.h"
 
 namespace pdserve::loadgen {
 namespace {

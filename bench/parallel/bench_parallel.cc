@@ -138,9 +138,38 @@ int Worker(const Options& opt, int argc, char** argv) {
         PDSERVE_RETURN_IF_ERROR(step(false));  // warm-up
         PDSERVE_RETURN_IF_ERROR(world.Barrier());
         ctx->ResetCommSeconds();
+        comm::EpDispatcher* ep = plan.ep > 1 ? ctx->ep() : nullptr;
+        if (ep) ep->ResetOverlap();
         const auto t0 = Clock::now();
         for (int s = 0; s < opt.steps; ++s) PDSERVE_RETURN_IF_ERROR(step(false));
         PDSERVE_RETURN_IF_ERROR(gather(SecondsSince(t0), ctx->comm_seconds(), &g));
+        // The shared expert during the EP exchanges (above) against before them (below): the
+        // time blocked waiting for the exchanges, per step, in both modes.
+        const comm::EpOverlap on = ep ? ep->overlap() : comm::EpOverlap{};
+        comm::EpOverlap off;
+        if (ep) {
+          ctx->set_ep_overlap(false);
+          ep->ResetOverlap();
+          PDSERVE_RETURN_IF_ERROR(world.Barrier());
+          for (int s = 0; s < opt.steps; ++s) PDSERVE_RETURN_IF_ERROR(step(false));
+          off = ep->overlap();
+          ctx->set_ep_overlap(true);
+        }
+        std::vector<float> waits;
+        {
+          const float mine[2] = {static_cast<float>(on.exposed_seconds), static_cast<float>(off.exposed_seconds)};
+          waits.resize(static_cast<size_t>(2 * P));
+          PDSERVE_RETURN_IF_ERROR(all->AllGather(mine, waits));
+        }
+        double wait_on = 0, wait_off = 0;
+        for (int p = 0; p < P; ++p) wait_on += waits[2 * p] / P, wait_off += waits[2 * p + 1] / P;
+        if (ep) r["ep_wait_ms_per_step_overlap"] = wait_on / opt.steps * 1e3;
+        if (ep) {
+          r["ep_wait_ms_per_step_sequential"] = wait_off / opt.steps * 1e3;
+          r["ep_hidden_share"] = wait_off > 0 ? 1.0 - wait_on / wait_off : 0.0;
+          r["ep_exchanges_done_during_compute"] =
+              on.exchanges > 0 ? static_cast<double>(on.completed_in_progress) / static_cast<double>(on.exchanges) : 0.0;
+        }
         double slowest = 0, share_sum = 0, share_max = 0;
         for (int p = 0; p < P; ++p) {
           slowest = std::max<double>(slowest, g[2 * p]);
@@ -193,13 +222,21 @@ std::string Markdown(const json& prefill, const json& decode, const std::string&
   md += "\nOne process gains little from a second thread in this prefill (its thread pool scales "
         "poorly here), so the 1-thread run is usually the best single-process figure.\n";
   md += "\n## Decode steps (context 256, greedy), communication share of step time\n\n";
-  md += "| ranks | plan | sequences | step | tokens/s | comm share (mean / max rank) | rounds |\n"
-        "|---|---|---|---|---|---|---|\n";
-  for (const json& r : decode)
-    md += fmt::format("| {} | {} | {} | {:.1f} ms | {:.1f} | {:.0f}% / {:.0f}% | {} |\n", r["ranks"].get<int>(),
+  md += "| ranks | plan | sequences | step | tokens/s | comm share (mean / max rank) | EP wait per step: shared "
+        "expert overlapped / before | hidden | rounds |\n"
+        "|---|---|---|---|---|---|---|---|---|\n";
+  for (const json& r : decode) {
+    const bool ep = r.contains("ep_hidden_share");
+    md += fmt::format("| {} | {} | {} | {:.1f} ms | {:.1f} | {:.0f}% / {:.0f}% | {} | {} | {} |\n", r["ranks"].get<int>(),
                       r["plan"].get<std::string>(), r["sequences"].get<int>(), r["step_ms"].get<double>(),
                       r["tokens_per_s"].get<double>(), 100 * r["comm_share_mean"].get<double>(),
-                      100 * r["comm_share_max"].get<double>(), r.value("rounds", 1));
+                      100 * r["comm_share_max"].get<double>(),
+                      ep ? fmt::format("{:.2f} / {:.2f} ms", r["ep_wait_ms_per_step_overlap"].get<double>(),
+                                       r["ep_wait_ms_per_step_sequential"].get<double>())
+                         : std::string("-"),
+                      ep ? fmt::format("{:.0f}%", 100 * r["ep_hidden_share"].get<double>()) : std::string("-"),
+                      r.value("rounds", 1));
+  }
   md += fmt::format("\n{}, {} cores, Open MPI shared memory (vader), commit {}. Best of the interleaved "
                     "rounds per configuration (the machine was shared with other jobs). 4 ranks on 2 cores are "
                     "oversubscribed: their comm share is mostly time waiting for a descheduled peer (the "

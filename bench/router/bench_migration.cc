@@ -31,8 +31,8 @@
 
 #include "bench/common/bench_util.h"
 #include "services/common/process_util.h"
-#include "services/common/testing/child_process.h"
-#include "services/common/testing/http_test_client.h"
+#include "services/testing/child_process.h"
+#include "services/testing/http_test_client.h"
 
 namespace {
 

@@ -18,7 +18,7 @@
 #include "bench/common/bench_util.h"
 #include "services/client/request_client.h"
 #include "services/common/process_util.h"
-#include "services/common/testing/child_process.h"
+#include "services/testing/child_process.h"
 
 namespace {
 

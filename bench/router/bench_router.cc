@@ -22,10 +22,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/common/bench_util.h"
-#include "services/common/control_channel.h"
-#include "services/common/control_codec.h"
+#include "services/control/control_channel.h"
+#include "services/control/control_codec.h"
 #include "services/common/process_util.h"
-#include "services/common/testing/child_process.h"
+#include "services/testing/child_process.h"
 
 namespace {
 

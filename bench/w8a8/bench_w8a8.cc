@@ -179,8 +179,7 @@ nlohmann::json CrossoverBench(const Opts& o, ThreadPool* pool, std::string* md) 
   *md += "\n## Decode vs tiled path of GemmInt8 (2048x1024, 1 thread, weights in cache)\n\n| m | decode us | tiled us |\n|---|---|---|\n";
   for (int64_t m = 1; m <= 16; ++m) {
     kernels::internal::Int8Problem p;
-    p.x16 = xa;
-    p.ldx16 = n_in;
+    p.xp = xa;  // the avx2 level's widened x (n_in is a multiple of 16: its row stride)
     p.x_scales = xs.data();
     p.m = m;
     p.w = {w.data(), ws.data(), n_out, n_in, n_in};

@@ -1,9 +1,10 @@
 // `pdserve batch-generate --model DIR --prompts "1,2,3;4,5,6" [--copies N] [--max-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--kv-gib G]
 //  [--block-tokens B] [--kv-format fp8|bf16|int8] [--max-seqs N] [--step-tokens N]
-//  [--chunk N] [--threads N]`
+//  [--chunk N] [--threads N] [--profile]`
 // Runs every prompt (each `copies` times) concurrently through one colocated Engine
-// (continuous batching, paged KV) and prints one JSON line per request, then the engine stats.
+// (continuous batching, paged KV) and prints one JSON line per request, then the engine stats
+// (with tokens/s) and, with --profile or PDSERVE_PROFILE=1, the op profile of its steps.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "model/profile_ops.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {
@@ -65,6 +67,11 @@ Status BatchGenerate(const CommandLine& args) {
   PDSERVE_ASSIGN_OR_RETURN(eo.latent_format, model::ParseLatentFormat(args.GetOr("kv-format", "fp8")));
   if (copies < 1) return Status::InvalidArgument("--copies must be >= 1");
   eo.threads = static_cast<int>(threads);
+  const char* profile_env = std::getenv("PDSERVE_PROFILE");
+  OpProfile profile = model::MakeForwardProfile();
+  const bool want_profile =
+      args.Has("profile") || (profile_env != nullptr && *profile_env != '\0' && std::string(profile_env) != "0");
+  if (want_profile) eo.profile = &profile;
   PDSERVE_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(eo));
 
   std::mutex mu;
@@ -98,8 +105,10 @@ Status BatchGenerate(const CommandLine& args) {
   nlohmann::json st = {{"seconds", secs},           {"steps", s.steps},
                        {"generated_tokens", s.generated_tokens}, {"prompt_rows", s.prompt_rows},
                        {"preemptions", s.preemptions}, {"overhead_share", s.OverheadShare()},
-                       {"blocks_total", s.blocks_total}};
+                       {"blocks_total", s.blocks_total},
+                       {"tokens_per_s", secs > 0 ? static_cast<double>(s.generated_tokens) / secs : 0.0}};
   std::fprintf(stderr, "%s\n", st.dump().c_str());
+  if (want_profile) std::fprintf(stderr, "op profile:\n%s", profile.Table().c_str());
   return Status::Ok();
 }
 
@@ -109,7 +118,8 @@ int RunBatchGenerate(const CommandLine& args) { return ReportStatus("batch-gener
 PDSERVE_REGISTER_COMMAND(batch_generate, "batch-generate", "run prompts concurrently through the batching engine",
                          "--model DIR --prompts \"1,2,3;4,5,6\" [--copies N] [options]",
                          "Runs every prompt (each --copies times) concurrently through one colocated engine\n"
-                         "(continuous batching, paged KV) and prints one JSON line per request, then the engine stats.",
+                         "(continuous batching, paged KV) and prints one JSON line per request, then the engine stats\n"
+                         "(with tokens/s) and, with --profile or PDSERVE_PROFILE=1, the op profile of its steps.",
                          ({{"model", "DIR", "checkpoint directory", false, true},
                            {"prompts", "IDS", "prompts as token ids, ';' between prompts", false, true},
                            {"copies", "N", "run each prompt N times (default 1)"},
@@ -125,6 +135,7 @@ PDSERVE_REGISTER_COMMAND(batch_generate, "batch-generate", "run prompts concurre
                            {"max-seqs", "N", "batch limit (default 64)"},
                            {"step-tokens", "N", "token budget of one step (default 512)"},
                            {"chunk", "N", "prefill chunk (default 256)"},
-                           {"threads", "N", "compute threads (0: all cores)"}}),
+                           {"threads", "N", "compute threads (0: all cores)"},
+                           {"profile", "", "print the share of step time per op on stderr (also PDSERVE_PROFILE=1)"}}),
                          0, RunBatchGenerate);
 }  // namespace pdserve::cli

@@ -32,6 +32,10 @@ struct CommandRegistrar {
                    std::function<int(const CommandLine&)> run);
 };
 
+// The whole `pdserve` command line: dispatch on argv[1] (entry.cc's main calls it; so does the
+// test-only pdserve-numerics-fault after switching its fault on). Returns the exit code.
+int Main(int argc, char** argv);
+
 // "1,2,3" -> token ids (non-negative int32). Errors: InvalidArgument naming --prompt-ids.
 Result<std::vector<int32_t>> ParseTokenIds(const std::string& s);
 

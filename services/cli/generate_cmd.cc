@@ -1,7 +1,7 @@
 // `pdserve generate --model DIR (--prompt-ids 0,15,7 | --prompt TEXT [--tokenizer DIR])
 //  --max-new-tokens N [--dump-logits F.npy]
 //  [--dump-dir DIR] [--force-topk topk.npy] [--threads N] [--plan cp=2,ep=2 | --plan-file F]
-//  [--kv-format fp8|bf16|int8] [--index-format fp8|int8] [--test-numerics-fault NAME[@RANK]]`:
+//  [--kv-format fp8|bf16|int8] [--index-format fp8|int8]`:
 // greedy decoding. Prints {"prompt_tokens":[...],"output_tokens":[...]} as one JSON line.
 //
 // Under mpirun with a parallel plan (docs/parallel.md) the model runs across the ranks; rank 0
@@ -12,9 +12,11 @@
 // gathered to rank 0, which writes DIR (one prompt) or DIR/prompt-<i> (several), in the
 // single-process layout (model/greedy_run.h); --dump-logits and --force-topk are single-process.
 // --kv-format / --index-format pick the KV cache's latent and indexer-key storage (int8 = the
-// C8 latent cache / the A8C8 indexer, docs/quantization.md). --test-numerics-fault is for the
-// accuracy tests only: it switches on a deliberately broken forward (model/test_hooks.h;
-// "indexer-rope-interleaved"), on every rank or, with @RANK, on that world rank alone.
+// C8 latent cache / the A8C8 indexer, docs/quantization.md). The accuracy tests' deliberately
+// broken forward is not reachable from here: the test-only pdserve-numerics-fault binary
+// (services/testing/numerics_fault/) switches it on.
+// --profile (or PDSERVE_PROFILE=1 in the environment) prints to stderr the share of step time
+// per op for the prefill and the decode steps (model/profile_ops.h; rank 0's under a plan).
 #include <cstdio>
 #include <cstdlib>
 
@@ -26,7 +28,7 @@
 #include "model/greedy_run.h"
 #include "model/kv_layout.h"
 #include "model/parallel_launch.h"
-#include "model/test_hooks.h"
+#include "model/profile_ops.h"
 #include "services/cli/command.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_paths.h"
@@ -39,32 +41,16 @@ bool UnderMpiLauncher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
+bool WantProfile(const CommandLine& args) {
+  const char* env = std::getenv("PDSERVE_PROFILE");
+  return args.Has("profile") || (env != nullptr && *env != '\0' && std::string(env) != "0");
+}
+
 Result<model::KvCacheFormats> ParseKvFormats(const CommandLine& args) {
   model::KvCacheFormats kv;
   PDSERVE_ASSIGN_OR_RETURN(kv.latent, model::ParseLatentFormat(args.GetOr("kv-format", "fp8")));
   PDSERVE_ASSIGN_OR_RETURN(kv.index, model::ParseIndexFormat(args.GetOr("index-format", "fp8")));
   return kv;
-}
-
-// --test-numerics-fault NAME[@RANK]: switches the fault on in this process when RANK is absent
-// or equals `world_rank`.
-Status ApplyTestFault(const CommandLine& args, int world_rank) {
-  auto spec = args.Get("test-numerics-fault");
-  if (!spec) return Status::Ok();
-  std::string name = *spec;
-  int rank = -1;
-  if (const size_t at = name.find('@'); at != std::string::npos) {
-    char* end = nullptr;
-    const long r = std::strtol(name.c_str() + at + 1, &end, 10);
-    if (at + 1 == name.size() || *end != '\0' || r < 0)
-      return Status::InvalidArgument("--test-numerics-fault: '" + *spec + "' wants NAME or NAME@RANK");
-    rank = static_cast<int>(r);
-    name.resize(at);
-  }
-  if (name != "indexer-rope-interleaved")
-    return Status::InvalidArgument("--test-numerics-fault: unknown fault '" + name + "' (indexer-rope-interleaved)");
-  if (rank < 0 || rank == world_rank) model::TEST_SetNumericsFault(model::NumericsFault::kIndexerRopeInterleaved);
-  return Status::Ok();
 }
 
 Status GenerateParallel(const CommandLine& args, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
@@ -79,7 +65,6 @@ Status GenerateParallel(const CommandLine& args, const std::string& dir, const s
   PDSERVE_ASSIGN_OR_RETURN(o.kv, ParseKvFormats(args));
   int world_rank = 0;
   PDSERVE_MPI_RETURN_IF_ERROR(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank");
-  PDSERVE_RETURN_IF_ERROR(ApplyTestFault(args, world_rank));
   if (auto file = args.Get("plan-file")) {
     PDSERVE_ASSIGN_OR_RETURN(o.plan, comm::ParallelPlan::LoadFile(*file));
   } else if (auto text = args.Get("plan")) {
@@ -89,8 +74,20 @@ Status GenerateParallel(const CommandLine& args, const std::string& dir, const s
   PDSERVE_ASSIGN_OR_RETURN(int64_t threads, args.GetInt("threads", 1));
   if (o.max_new < 0) return Status::InvalidArgument("--max-new-tokens must be >= 0");
   o.threads = static_cast<int>(std::max<int64_t>(1, threads));
+  o.profile = WantProfile(args);
   PDSERVE_ASSIGN_OR_RETURN(model::ParallelGenerateResult r, model::ParallelGenerate(o));
   if (r.world_rank != 0) return Status::Ok();
+  if (o.profile) {
+    std::fprintf(stderr, "op profile, rank 0 (%s):\n%s", r.describe.c_str(), r.profile_table.c_str());
+    const comm::EpOverlap& e = r.ep_overlap;
+    if (e.exchanges > 0)
+      std::fprintf(stderr,
+                   "EP exchanges on rank 0: %lld (%lld seen complete during the shared expert), in flight %.3f ms, "
+                   "waited for %.3f ms (%.0f%% of their time in flight overlapped compute)\n",
+                   static_cast<long long>(e.exchanges), static_cast<long long>(e.completed_in_progress),
+                   e.in_flight_seconds * 1e3, e.exposed_seconds * 1e3,
+                   e.in_flight_seconds > 0 ? 100.0 * (1.0 - e.exposed_seconds / e.in_flight_seconds) : 0.0);
+  }
   if (auto dump = args.Get("dump-dir")) {
     PDSERVE_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::ModelConfig::Load(dir + "/config.json"));
     for (size_t i = 0; i < prompts.size(); ++i)
@@ -155,7 +152,6 @@ Status Generate(const CommandLine& args) {
   std::vector<int32_t> forced;
   const std::vector<int32_t>* forced_topk = nullptr;
   PDSERVE_ASSIGN_OR_RETURN(model::KvCacheFormats kv, ParseKvFormats(args));
-  PDSERVE_RETURN_IF_ERROR(ApplyTestFault(args, 0));
   if (auto f = args.Get("force-topk")) {
     PDSERVE_ASSIGN_OR_RETURN(NpyArray arr, ReadNpy(*f));
     if (arr.descr != "<i4" || arr.shape != std::vector<int64_t>{L, S, K})
@@ -163,7 +159,11 @@ Status Generate(const CommandLine& args) {
     forced.assign(arr.i32(), arr.i32() + arr.numel());
     forced_topk = &forced;
   }
-  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk, kv));
+  OpProfile profile = model::MakeForwardProfile();
+  const bool want_profile = WantProfile(args);
+  PDSERVE_ASSIGN_OR_RETURN(model::GreedyRun run, model::RunGreedy(*model, prompt, max_new, forced_topk, kv,
+                                                                  want_profile ? &profile : nullptr));
+  if (want_profile) std::fprintf(stderr, "op profile (%d threads):\n%s", own_pool.n_threads(), profile.Table().c_str());
   if (auto f = args.Get("dump-logits"))
     PDSERVE_RETURN_IF_ERROR(WriteNpyF32(*f, run.prefill_logits.data(), {cfg.vocab_size}));
   if (auto dir = args.Get("dump-dir")) PDSERVE_RETURN_IF_ERROR(model::WriteDump(*dir, cfg, run));
@@ -219,7 +219,7 @@ PDSERVE_REGISTER_COMMAND(generate, "generate", "greedy generation on one process
                            {"plan-file", "F", "parallel plan from a YAML file"},
                            {"kv-format", "F", "KV latent storage: fp8 (default) | bf16 | int8"},
                            {"index-format", "F", "indexer key storage: fp8 (default) | int8"},
-                           {"test-numerics-fault", "NAME[@RANK]", "TEST ONLY: a deliberately broken forward"},
-                           {"timing", "", "print prefill/decode timings on stderr"}}),
+                           {"timing", "", "print prefill/decode timings on stderr"},
+                           {"profile", "", "print the share of step time per op on stderr (also PDSERVE_PROFILE=1)"}}),
                          0, RunGenerate);
 }  // namespace pdserve::cli

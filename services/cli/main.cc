@@ -4,6 +4,7 @@
 
 #include "common/cpu_features.h"
 #include "common/logging.h"
+#include "kernels/isa.h"
 #include "services/cli/command.h"
 
 namespace pdserve::cli {
@@ -53,8 +54,9 @@ int ReportStatus(const std::string& command, const Status& status) {
 
 }  // namespace pdserve::cli
 
-int main(int argc, char** argv) {
+int pdserve::cli::Main(int argc, char** argv) {
   pdserve::RequireCpuFeatures();
+  pdserve::kernels::RequireIsa();  // a bad PDSERVE_ISA is reported before any command runs
   auto& registry = pdserve::cli::CommandRegistry();
   const std::string first = argc >= 2 ? argv[1] : "";
   if (argc < 2 || first == "help" || first == "--help" || first == "-h") {

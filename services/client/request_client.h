@@ -37,7 +37,7 @@
 
 #include "common/status.h"
 #include "services/common/curve_keys.h"
-#include "services/common/request_api_codec.h"
+#include "services/request_api/request_api_codec.h"
 
 namespace pdserve::client {
 

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 #include "services/router/router_config.h"
 
 namespace pdserve::launch {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 
 namespace pdserve::router {
 

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "services/common/testing/child_process.h"
+#include "services/testing/child_process.h"
 
 namespace pdserve::router {
 namespace {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 #include "services/router/active_request.h"
 #include "services/router/router_core.h"
 #include "services/router/router_metrics.h"

@@ -25,7 +25,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 #include "services/router/api_error.h"
 #include "tokenizer/chat_template.h"
 

@@ -12,8 +12,8 @@
 
 #include "services/client/request_client.h"
 #include "services/common/curve_keys.h"
-#include "services/common/request_api_codec.h"
-#include "services/router/cluster_fixture.h"
+#include "services/request_api/request_api_codec.h"
+#include "services/testing/cluster_fixture.h"
 #include "services/router/router_server.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_paths.h"

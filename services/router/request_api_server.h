@@ -51,8 +51,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "services/common/control_channel.h"
-#include "services/common/request_api_codec.h"
+#include "services/control/control_channel.h"
+#include "services/request_api/request_api_codec.h"
 #include "services/router/api_auth.h"
 #include "services/router/api_error.h"
 #include "services/router/generation_session.h"

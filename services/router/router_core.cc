@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/logging.h"
-#include "services/common/control_codec.h"
+#include "services/control/control_codec.h"
 #include "services/common/process_util.h"
 #include "services/common/request_log.h"
 

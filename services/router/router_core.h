@@ -38,9 +38,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "services/common/control_channel.h"
-#include "services/common/control_messages.h"
-#include "services/common/listening_clock.h"
+#include "services/control/control_channel.h"
+#include "services/control/control_messages.h"
+#include "services/worker/agent/listening_clock.h"
 #include "services/router/active_request.h"
 #include "services/router/router_metrics.h"
 #include "services/router/routing_policy.h"

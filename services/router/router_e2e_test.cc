@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "services/common/process_util.h"
-#include "services/router/cluster_fixture.h"
+#include "services/testing/cluster_fixture.h"
 #include "services/router/router_server.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"

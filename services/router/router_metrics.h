@@ -45,7 +45,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 
 namespace pdserve::router {
 

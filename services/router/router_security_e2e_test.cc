@@ -8,8 +8,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "services/common/testing/child_process.h"
-#include "services/common/testing/http_test_client.h"
+#include "services/testing/child_process.h"
+#include "services/testing/http_test_client.h"
 #include "services/router/router_server.h"
 
 namespace pdserve::router {

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 #include "services/router/routing_policy.h"
 
 namespace pdserve::router {
@@ -87,7 +87,7 @@ class WorkerRegistry {
   bool Touch(const std::string& peer, Clock::time_point now);
   std::optional<WorkerEntry> Remove(const std::string& peer);
   // Moves every worker's last-heard time forward by `stalled` (at most to `now`): the router's
-  // own stall does not count as the workers' silence (services/common/listening_clock.h).
+  // own stall does not count as the workers' silence (services/worker/agent/listening_clock.h).
   void Forgive(Clock::duration stalled, Clock::time_point now);
   // Removes and returns every worker silent for longer than the heartbeat timeout.
   std::vector<WorkerEntry> Expire(Clock::time_point now);

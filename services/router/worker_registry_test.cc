@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "services/common/listening_clock.h"
+#include "services/worker/agent/listening_clock.h"
 
 namespace pdserve::router {
 namespace {

@@ -76,8 +76,6 @@ const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role) {
       {"kv-transfer-timeout-ms", "N", "deadline of one KV transfer"},
       {"kv-stream-layers", "BOOL", "prefill: send each layer's KV as soon as it is computed (default true)"},
       {"log-level", "L", "trace | debug | info | warn | error | critical | off"},
-      {"test-fail-prefill-at-layer", "N", "TEST ONLY: fail every prefill after this layer"},
-      {"test-tear-kv-writes", "N", "TEST ONLY: the first N KV write batches lose their last write"},
       {"curve-secret-key-file", "F", "this worker's CURVE secret key (with --router-public-key-file)"},
       {"router-public-key-file", "F", "the router's CURVE public key"},
       {"plan", "PLAN", "multi-rank instance, e.g. dp=2,ep=2 (run under mpirun with cp*dp*tp ranks)"},
@@ -137,10 +135,6 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
   if (stall < 0) return Status::InvalidArgument("--step-stall-timeout-ms must be >= 0 (0: off)");
   c.step_stall_timeout = std::chrono::milliseconds(stall);
   PDSERVE_ASSIGN_OR_RETURN(c.kv_stream_layers, cl.GetBool("kv-stream-layers", c.kv_stream_layers));
-  PDSERVE_ASSIGN_OR_RETURN(c.test_fail_prefill_at_layer,
-                           cl.GetInt("test-fail-prefill-at-layer", c.test_fail_prefill_at_layer));
-  PDSERVE_ASSIGN_OR_RETURN(c.test_tear_kv_writes, cl.GetInt("test-tear-kv-writes", c.test_tear_kv_writes));
-  if (c.test_tear_kv_writes < 0) return Status::InvalidArgument("--test-tear-kv-writes must be >= 0");
   c.threads = static_cast<int>(threads);
   c.metrics_port = static_cast<int>(port);
   c.drain_timeout = std::chrono::milliseconds(drain);

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
 #include "services/common/command_line.h"
 
 namespace pdserve::services::worker {
@@ -54,13 +54,6 @@ struct WorkerServiceConfig {
   // optional, default 1); the process must then run under mpirun with cp * dp * tp ranks.
   // Unset: one process without MPI.
   std::optional<comm::ParallelPlan> plan;
-  // TEST ONLY (fault injection, < 0: off): every prefill forward fails after this layer's KV
-  // was streamed (engine::EngineOptions::test_fail_export_at_layer).
-  int64_t test_fail_prefill_at_layer = -1;
-  // TEST ONLY (fault injection, 0: off): the first N KV write batches of this prefill worker
-  // each silently lose their last write, so the decode side receives KV that does not match
-  // the digest the completion notice carries (a transfer corrupted in flight).
-  int64_t test_tear_kv_writes = 0;
   // CURVE on the control plane (docs/operations.md, "Security"): this worker's secret key file
   // and the router's public key file; both or neither.
   std::string curve_secret_key_file;

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "services/common/process_util.h"
-#include "services/router/cluster_fixture.h"
-#include "services/worker/worker_test_cluster.h"
+#include "services/testing/cluster_fixture.h"
+#include "services/testing/worker_test_cluster.h"
 
 namespace pdserve::services::worker {
 namespace {
@@ -301,7 +301,7 @@ TEST(WorkerE2eTest, PrefillFailingMidLayersLeaksNothing) {
   // (with migration on, the router would retry the failed prefill, docs/router.md).
   ASSERT_OK_W(c.StartRouter({"--max-migrations", "0"}), Workers(&c));
   Workers w(&c);
-  ASSERT_OK_W(w.Start("p0", "prefill", {"--test-fail-prefill-at-layer", "1"}), w);
+  ASSERT_OK_W(w.Start("p0", "prefill", {"--fault-fail-prefill-at-layer", "1"}), w);
   ASSERT_OK_W(w.Start("d0", "decode"), w);
   ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
   // One at a time (a failing forward fails every request of its step, exporting or not).

@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "services/common/process_util.h"
-#include "services/common/testing/tcp_proxy.h"
-#include "services/router/cluster_fixture.h"
-#include "services/worker/worker_test_cluster.h"
+#include "services/testing/tcp_proxy.h"
+#include "services/testing/cluster_fixture.h"
+#include "services/testing/worker_test_cluster.h"
 
 namespace pdserve::services::worker {
 namespace {
@@ -307,7 +307,7 @@ TEST(WorkerFaultTest, PrefillInstanceWhoseForwardFailsEndsAndItsRequestsAreRetri
   TestCluster c("fault-cpfail");
   ASSERT_OK_W(c.StartRouter(), Workers(&c));
   Workers w(&c);
-  ASSERT_OK_W(w.StartInstance("p", "prefill", 2, "cp=2,ep=2", 1, {"--test-fail-prefill-at-layer", "1"}), w);
+  ASSERT_OK_W(w.StartInstance("p", "prefill", 2, "cp=2,ep=2", 1, {"--fault-fail-prefill-at-layer", "1"}), w);
   ASSERT_OK_W(w.Start("p1", "prefill"), w);
   for (const char* id : {"d0", "d1"}) ASSERT_OK_W(w.Start(id, "decode"), w);
   ASSERT_TRUE(c.WaitForWorkers(4, 60s)) << w.Logs();
@@ -353,7 +353,7 @@ TEST(WorkerFaultTest, CorruptedTransferIsDetectedNeverServedAndRetried) {
     ASSERT_OK_W(c.StartRouter(migrate ? std::vector<std::string>{} : std::vector<std::string>{"--max-migrations", "0"}),
                 Workers(&c));
     Workers w(&c);
-    ASSERT_OK_W(w.Start("p0", "prefill", {"--test-tear-kv-writes", "1"}), w);
+    ASSERT_OK_W(w.Start("p0", "prefill", {"--fault-tear-kv-writes", "1"}), w);
     ASSERT_OK_W(w.Start("d0", "decode"), w);
     ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
     constexpr int kMax = 8;

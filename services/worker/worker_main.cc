@@ -6,18 +6,20 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <prometheus/gauge.h>
 
 #include "common/logging.h"
+#include "kernels/isa.h"
 #include "services/common/metrics.h"
 #include "services/common/process_util.h"
-#include "services/common/worker_agent.h"
+#include "services/worker/agent/worker_agent.h"
 #include "services/worker/engine_worker.h"
 #include "services/worker/model_instance.h"
 #include "services/worker/worker_config.h"
 
 namespace pdserve::services::worker {
 
-int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
+int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, const WorkerHooks& hooks) {
   const std::string name = fixed_role ? std::string("pdserve-") + WorkerRoleName(*fixed_role) : "pdserve-worker";
   const CommandSpec& spec = WorkerCommandSpec(fixed_role);
   auto fail = [&spec](const Status& s) {
@@ -58,9 +60,19 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
     const WorkerServiceConfig c = ForDpRank(config.value(), in->dp_rank(), in->dp_size());
 
     auto registry = std::make_shared<prometheus::Registry>();
+    // Which kernel variants this process runs (kernels/isa.h): a constant series for dashboards
+    // and side-by-side runs (PDSERVE_ISA).
+    prometheus::BuildGauge()
+        .Name("pdserve_worker_kernels_isa_info")
+        .Help("The kernels' ISA level in use (isa) and the best one the CPU has (detected); value 1")
+        .Register(*registry)
+        .Add({{"worker", c.worker_id},
+              {"isa", kernels::IsaName(kernels::ActiveIsa())},
+              {"detected", kernels::IsaName(kernels::DetectedIsa())}})
+        .Set(1);
     auto exposer = MetricsExposer::Start(c.metrics_host + ":" + std::to_string(c.metrics_port), registry);
     if (!exposer.ok()) return fail(exposer.status());
-    auto worker = EngineWorker::Create(c, registry, in);
+    auto worker = EngineWorker::Create(c, registry, in, hooks);
     if (!worker.ok()) return fail(worker.status());
     EngineWorker* w = worker.value().get();
 
@@ -90,8 +102,9 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role) {
       Status s = WriteFileAtomically(c.ready_file, ready.dump());
       if (!s.ok()) return fail(s);
     }
-    log->info("{} {} up: router {}, metrics on http://{}/metrics", name, c.worker_id, c.router,
-              exposer.value()->address());
+    log->info("{} {} up: router {}, metrics on http://{}/metrics, kernels {} ({})", name, c.worker_id, c.router,
+              exposer.value()->address(), kernels::IsaName(kernels::ActiveIsa()),
+              kernels::IsaFeatures(kernels::ActiveIsa()));
 
     int exit_code = 0;
     while (true) {

@@ -9,10 +9,12 @@
 
 #include <optional>
 
-#include "services/common/control_messages.h"
+#include "services/control/control_messages.h"
+#include "services/worker/worker_hooks.h"
 
 namespace pdserve::services::worker {
 
-int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role);
+// `hooks`: fault injection for the test-only pdserve-fault-worker; shipped binaries pass none.
+int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, const WorkerHooks& hooks = {});
 
 }  // namespace pdserve::services::worker

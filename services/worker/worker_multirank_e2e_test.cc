@@ -12,9 +12,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "services/common/testing/http_test_client.h"
-#include "services/router/cluster_fixture.h"
-#include "services/worker/worker_test_cluster.h"
+#include "services/testing/http_test_client.h"
+#include "services/testing/cluster_fixture.h"
+#include "services/testing/worker_test_cluster.h"
 
 namespace pdserve::services::worker {
 namespace {

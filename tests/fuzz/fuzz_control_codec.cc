@@ -1,11 +1,11 @@
-// libFuzzer target: control-plane message decoding (services/common/control_codec.h) on
+// libFuzzer target: control-plane message decoding (services/control/control_codec.h) on
 // arbitrary bytes. A message that decodes must encode again, and encoding is then stable:
 // encode(decode(encode(m))) == encode(m).
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
 
-#include "services/common/control_codec.h"
+#include "services/control/control_codec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pdserve::services;

@@ -18,8 +18,8 @@
 
 #include <gtest/gtest.h>
 
-#include "services/common/testing/child_process.h"
-#include "services/common/testing/http_test_client.h"
+#include "services/testing/child_process.h"
+#include "services/testing/http_test_client.h"
 #include "tests/operator/operator_util.h"
 
 namespace pdserve::operator_test {

@@ -15,7 +15,7 @@
 
 #include <gtest/gtest.h>
 
-#include "services/common/testing/child_process.h"
+#include "services/testing/child_process.h"
 #include "tests/operator/operator_util.h"
 
 namespace pdserve::operator_test {

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "services/common/testing/http_test_client.h"
+#include "services/testing/http_test_client.h"
 
 namespace pdserve::operator_test {
 

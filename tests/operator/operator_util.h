@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "services/common/testing/child_process.h"
+#include "services/testing/child_process.h"
 
 namespace pdserve::operator_test {
 

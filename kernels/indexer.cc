@@ -1,0 +1,408 @@
+#include "kernels/indexer.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <functional>
+
+#include "common/check.h"
+#include "common/dtype.h"
+#include "kernels/fp8_quant.h"
+
+// GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as (maybe-)uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace pdserve::kernels {
+
+// The bound (per key; u = 2^-24, n = dim, H = n_heads):
+//   a_h   approximate dot: fp32 sums of exact products, any order: |a_h - d_h| <= E_h with
+//         E_h = gamma_n * sum_i |q_hi k_i| <= gamma_n ||q_h|| ||k||,  gamma_n = n u / (1 - n u)
+//   D_h   = fl32(d_h): |D_h - d_h| <= u |d_h| <= u (|a_h| + E_h), so with r = max(., 0)
+//         |r(D_h) - r(a_h)| <= delta_h = E_h (1 + u) + u |a_h|, and delta_h = 0 when
+//         a_h + E_h <= 0 (then d_h <= 0, so both relus are 0)
+//   acc   exact fma chain over r(D_h) w_h, acc' any fp32 evaluation of sum r(a_h) w_h: each is
+//         within 1.01 H u M of its real sum (M = sum |w_h| r(.)), and M <= M' + S with
+//         S = sum |w_h| delta_h, so |acc - acc'| <= S (1 + 1.01 H u) + 2.02 H u M'
+//   score = fl(acc ks): |score - score'| <= |ks| (|acc - acc'| (1 + u) + 2 u |acc'|)
+// The bound adds 2% to that for its own fp32 evaluation (a few dozen roundings of 2^-24 each).
+// A bound of 0 means the approximation is the exact score (every head's relu is certainly 0).
+namespace {
+
+constexpr float kU = 0x1p-24f;
+constexpr float kNormSlack = 1.0f + 1e-5f;  // an fp32 2-norm of <= 1024 terms is within 1e-5
+
+#if defined(__AVX2__)
+inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// The weighted sums over heads of one key: acc' = sum w r(a), M' = sum |w| r(a), S = sum |w| delta.
+struct KeyTerms {
+  float acc = 0.0f, m = 0.0f, s = 0.0f;
+};
+
+// g[h] = (1 + u) gamma_n qn_h: E_h (1 + u) = g[h] * kn.
+// a[h] holds the dot times `a_mul`; the sums use a[h] / a_mul (exact: a power of two).
+KeyTerms HeadTerms(const float* a, float a_mul, const float* w, const float* g, float kn, int64_t n_heads) {
+  KeyTerms t;
+  int64_t h = 0;
+#if defined(__AVX2__)
+  const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps(), u = _mm256_set1_ps(kU);
+  const __m256 back = _mm256_set1_ps(1.0f / a_mul), knv = _mm256_set1_ps(kn);
+  __m256 acc = zero, m = zero, sd = zero;
+  for (; h + 8 <= n_heads; h += 8) {
+    const __m256 av = _mm256_mul_ps(_mm256_loadu_ps(a + h), back), wv = _mm256_loadu_ps(w + h);
+    const __m256 wa = _mm256_andnot_ps(sign, wv), e = _mm256_mul_ps(_mm256_loadu_ps(g + h), knv);
+    const __m256 r = _mm256_max_ps(av, zero);
+    const __m256 live = _mm256_cmp_ps(_mm256_add_ps(av, e), zero, _CMP_GT_OQ);
+    const __m256 delta = _mm256_and_ps(live, _mm256_fmadd_ps(u, _mm256_andnot_ps(sign, av), e));
+    acc = _mm256_fmadd_ps(r, wv, acc);
+    m = _mm256_fmadd_ps(r, wa, m);
+    sd = _mm256_fmadd_ps(delta, wa, sd);
+  }
+  t.acc = HSum(acc);
+  t.m = HSum(m);
+  t.s = HSum(sd);
+#endif
+  for (; h < n_heads; ++h) {
+    const float av = a[h] / a_mul;
+    const float e = g[h] * kn, r = std::max(av, 0.0f), wa = std::fabs(w[h]);
+    const float delta = av + e <= 0.0f ? 0.0f : e + kU * std::fabs(av);
+    t.acc += r * w[h];
+    t.m += r * wa;
+    t.s += delta * wa;
+  }
+  return t;
+}
+
+inline void Finish(const KeyTerms& t, float h_u, float ks, float* approx, float* bound) {
+  const float diff = t.s * (1.0f + 1.01f * h_u) + 2.02f * h_u * t.m;
+  *approx = t.acc * ks;
+  *bound = 1.02f * std::fabs(ks) * (diff * (1.0f + kU) + 2.0f * kU * std::fabs(t.acc));
+}
+
+float LoadF32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Per-query constants of the bound: g[h] (above) and H u.
+struct QueryConsts {
+  float g[64];
+  float h_u;
+};
+QueryConsts Consts(const IndexerQuery& q) {
+  QueryConsts c;
+  const double n = static_cast<double>(q.dim);
+  const double gamma = n * kU / (1.0 - n * kU) * 1.01;
+  for (int64_t h = 0; h < q.n_heads; ++h) c.g[h] = static_cast<float>(gamma * (1.0 + kU) * 1.0001 * q.norm[h]);
+  c.h_u = static_cast<float>(static_cast<double>(q.n_heads) * kU);
+  return c;
+}
+
+#if defined(__AVX2__)
+// 16 e4m3 codes -> values / 256 (see mla_attention.cc: exact for every code the quantizers write).
+inline void Fp8x16Div256(const uint8_t* codes, __m256* lo, __m256* hi) {
+  const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f)), 7));
+  *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// Decodes one key to fp32 values times `mul` (1/256 for fp8, 1 for int8: either way exact) and
+// returns the sum of squares of the stored values.
+inline float DecodeKey(const uint8_t* code, KvIndexFormat f, int64_t dim, float* out) {
+  __m256 ss = _mm256_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    __m256 lo, hi;
+    if (f == KvIndexFormat::kFp8) {
+      Fp8x16Div256(code + i, &lo, &hi);
+    } else {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i));
+      lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+      hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+    }
+    _mm256_storeu_ps(out + i, lo);
+    _mm256_storeu_ps(out + i + 8, hi);
+    ss = _mm256_fmadd_ps(lo, lo, ss);
+    ss = _mm256_fmadd_ps(hi, hi, ss);
+  }
+  return HSum(ss);
+}
+
+// dots[k * n_heads + h0 + h] = fp32 (q[h] . key[k]) for KB keys and 4 heads (HB = 4) or 1.
+template <int KB, int HB>
+inline void ApproxDots(const float* q, int64_t dim, const float* keys, int64_t h0, int64_t n_heads, float* dots) {
+  __m256 acc[KB][HB];
+  for (int k = 0; k < KB; ++k)
+    for (int h = 0; h < HB; ++h) acc[k][h] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 8) {
+    __m256 kv[KB];
+    for (int k = 0; k < KB; ++k) kv[k] = _mm256_loadu_ps(keys + k * dim + i);
+    for (int h = 0; h < HB; ++h) {
+      const __m256 qv = _mm256_loadu_ps(q + h * dim + i);
+      for (int k = 0; k < KB; ++k) acc[k][h] = _mm256_fmadd_ps(qv, kv[k], acc[k][h]);
+    }
+  }
+  for (int k = 0; k < KB; ++k) {
+    if constexpr (HB == 4) {
+      const __m256 t0 = _mm256_hadd_ps(acc[k][0], acc[k][1]), t1 = _mm256_hadd_ps(acc[k][2], acc[k][3]);
+      const __m256 t2 = _mm256_hadd_ps(t0, t1);
+      _mm_storeu_ps(dots + k * n_heads + h0, _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1)));
+    } else {
+      for (int h = 0; h < HB; ++h) dots[k * n_heads + h0 + h] = HSum(acc[k][h]);
+    }
+  }
+}
+
+template <int KB>
+inline void ApproxDotsAllHeads(const float* q, int64_t dim, const float* keys, int64_t n_heads, float* dots) {
+  int64_t h = 0;
+  for (; h + 4 <= n_heads; h += 4) ApproxDots<KB, 4>(q + h * dim, dim, keys, h, n_heads, dots);
+  for (; h < n_heads; ++h) ApproxDots<KB, 1>(q + h * dim, dim, keys, h, n_heads, dots);
+}
+#endif
+
+// One block of nk <= 3 keys: decoded (value * kmul) into kd, their sums of squares, and
+// dots[k * n_heads + h] (times kmul).
+void ApproxBlockAvx2(const float* q, int64_t dim, int64_t n_heads, const uint8_t* const* codes, int nk, KvIndexFormat f,
+                     float* kd, float* ss, float* dots) {
+  for (int k = 0; k < nk; ++k) ss[k] = DecodeKey(codes[k], f, dim, kd + k * dim);
+  if (nk == 3) ApproxDotsAllHeads<3>(q, dim, kd, n_heads, dots);
+  else if (nk == 2) ApproxDotsAllHeads<2>(q, dim, kd, n_heads, dots);
+  else ApproxDotsAllHeads<1>(q, dim, kd, n_heads, dots);
+}
+
+bool UseAvx512() {
+  // TODO(isa): kernels::ActiveIsa() once the ISA dispatch lands; until then the CPU's own flags
+  // and PDSERVE_ISA=avx2.
+  static const bool ok = [] {
+    const char* isa = std::getenv("PDSERVE_ISA");
+    if (isa != nullptr && std::string(isa) == "avx2") return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return ok;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+// 32 codes -> 32 values (/256 for fp8, as DecodeKey) in two zmm.
+inline void Decode32(const uint8_t* code, KvIndexFormat f, __m512* lo, __m512* hi) {
+  if (f == KvIndexFormat::kFp8) {
+    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(code)));
+    const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8),
+                                      _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x7f)), 7));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  } else {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(code));
+    *lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    *hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+  }
+}
+
+template <int KB, int HB>
+inline void ApproxDots512(const float* q, int64_t dim, const float* keys, int64_t h0, int64_t n_heads, float* dots) {
+  __m512 acc[KB][HB];
+  for (int k = 0; k < KB; ++k)
+    for (int h = 0; h < HB; ++h) acc[k][h] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    __m512 kv[KB];
+    for (int k = 0; k < KB; ++k) kv[k] = _mm512_loadu_ps(keys + k * dim + i);
+    for (int h = 0; h < HB; ++h) {
+      const __m512 qv = _mm512_loadu_ps(q + h * dim + i);
+      for (int k = 0; k < KB; ++k) acc[k][h] = _mm512_fmadd_ps(qv, kv[k], acc[k][h]);
+    }
+  }
+  for (int k = 0; k < KB; ++k) {
+    // Fold each accumulator to 8 lanes, then (4 heads) the hadd tree of the AVX2 kernel.
+    __m256 f[HB];
+    for (int h = 0; h < HB; ++h)
+      f[h] = _mm256_add_ps(_mm512_castps512_ps256(acc[k][h]), _mm512_extractf32x8_ps(acc[k][h], 1));
+    if constexpr (HB == 4) {
+      const __m256 t0 = _mm256_hadd_ps(f[0], f[1]), t1 = _mm256_hadd_ps(f[2], f[3]);
+      const __m256 t2 = _mm256_hadd_ps(t0, t1);
+      _mm_storeu_ps(dots + k * n_heads + h0, _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1)));
+    } else {
+      for (int h = 0; h < HB; ++h) dots[k * n_heads + h0 + h] = HSum(f[h]);
+    }
+  }
+}
+
+template <int KB>
+inline void ApproxDotsAllHeads512(const float* q, int64_t dim, const float* keys, int64_t n_heads, float* dots) {
+  int64_t h = 0;
+  for (; h + 4 <= n_heads; h += 4) ApproxDots512<KB, 4>(q + h * dim, dim, keys, h, n_heads, dots);
+  for (; h < n_heads; ++h) ApproxDots512<KB, 1>(q + h * dim, dim, keys, h, n_heads, dots);
+}
+
+// ApproxBlockAvx2 for nk <= 4 keys with zmm registers (REQUIRES dim % 32 == 0).
+void ApproxBlock512(const float* q, int64_t dim, int64_t n_heads, const uint8_t* const* codes, int nk, KvIndexFormat f,
+                    float* kd, float* ss, float* dots) {
+  for (int k = 0; k < nk; ++k) {
+    __m512 s2 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 32) {
+      __m512 lo, hi;
+      Decode32(codes[k] + i, f, &lo, &hi);
+      _mm512_storeu_ps(kd + k * dim + i, lo);
+      _mm512_storeu_ps(kd + k * dim + i + 16, hi);
+      s2 = _mm512_fmadd_ps(lo, lo, s2);
+      s2 = _mm512_fmadd_ps(hi, hi, s2);
+    }
+    ss[k] = _mm512_reduce_add_ps(s2);
+  }
+  switch (nk) {
+    case 4: ApproxDotsAllHeads512<4>(q, dim, kd, n_heads, dots); break;
+    case 3: ApproxDotsAllHeads512<3>(q, dim, kd, n_heads, dots); break;
+    case 2: ApproxDotsAllHeads512<2>(q, dim, kd, n_heads, dots); break;
+    default: ApproxDotsAllHeads512<1>(q, dim, kd, n_heads, dots); break;
+  }
+}
+
+#pragma GCC pop_options
+
+}  // namespace
+
+void PrepareIndexerQuery(const uint8_t* q8, const float* w, int64_t n_heads, int64_t dim, IndexerQuery* q) {
+  PDSERVE_CHECK(dim % 16 == 0 && dim <= 1024 && n_heads <= 64);
+  const float* table = Fp8E4M3DecodeTable();
+  q->n_heads = n_heads;
+  q->dim = dim;
+  q->q.resize(static_cast<size_t>(n_heads * dim));
+  q->qd.resize(q->q.size());
+  q->qb.resize(q->q.size());
+  q->w.assign(w, w + n_heads);
+  q->norm.resize(static_cast<size_t>(n_heads));
+  for (int64_t h = 0; h < n_heads; ++h) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) {
+      const float v = table[q8[h * dim + i]];
+      q->q[h * dim + i] = v;
+      q->qd[h * dim + i] = v;
+      q->qb[h * dim + i] = F32ToBf16Bits(v);  // fp8 values are exact in bf16
+      ss += static_cast<double>(v) * v;
+    }
+    q->norm[h] = static_cast<float>(std::sqrt(ss)) * kNormSlack;
+  }
+}
+
+void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t key_begin, int64_t key_end,
+                         float* approx, float* bound) {
+  const int64_t dim = kv.index_dim, H = q.n_heads;
+  PDSERVE_DCHECK(dim == q.dim);
+  const QueryConsts qc = Consts(q);
+  // Key values are decoded to code value * kmul (exact); dots and norms scale back by 1 / kmul.
+  const float kmul = kv.index_format == KvIndexFormat::kFp8 ? 1.0f / 256 : 1.0f;
+  constexpr int kMaxKeys = 4;
+  alignas(64) float kd[kMaxKeys * 1024];
+  float dots[kMaxKeys * 64];
+  float ss[kMaxKeys];
+  const bool wide = UseAvx512() && dim % 32 == 0;
+  const int block = wide ? 4 : 3;  // keys per block: 4 x 4 zmm or 3 x 4 ymm accumulators
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += block) {
+    const int nk = static_cast<int>(std::min<int64_t>(block, key_end - t0));
+    const uint8_t* codes[kMaxKeys];
+    float ks[kMaxKeys];
+    for (int k = 0; k < nk; ++k) {
+      codes[k] = kv.Field(t0 + k, kv.idx_k_offset, kv.idx_k_stride);
+      ks[k] = LoadF32(kv.Field(t0 + k, kv.idx_scale_offset, kv.idx_scale_stride));
+    }
+    if (wide) {
+      ApproxBlock512(q.q.data(), dim, H, codes, nk, kv.index_format, kd, ss, dots);
+    } else {
+      ApproxBlockAvx2(q.q.data(), dim, H, codes, nk, kv.index_format, kd, ss, dots);
+    }
+    for (int k = 0; k < nk; ++k) {
+      const int64_t t = t0 + k;
+      const float kn = std::sqrt(ss[k]) * kNormSlack / kmul;
+      Finish(HeadTerms(dots + k * H, kmul, q.w.data(), qc.g, kn, H), qc.h_u, ks[k], approx + (t - key_begin),
+             bound + (t - key_begin));
+    }
+  }
+}
+
+void IndexerScoresExactAt(const KvTokenView& kv, const IndexerQuery& q, const int32_t* sel, int64_t n,
+                          float* scores) {
+  // IndexerScores writes key t's score at its argument's [t].
+  for (int64_t j = 0; j < n; ++j)
+    IndexerScores(kv, q.qd.data(), q.w.data(), q.n_heads, sel[j], sel[j] + 1, scores + j - sel[j]);
+}
+
+int64_t IndexerTopK(const KvTokenView& kv, const IndexerQuery& q, const float* approx, const float* bound, int64_t n,
+                    int64_t k, int32_t* out, int64_t* n_exact) {
+  if (n_exact) *n_exact = 0;
+  if (k <= 0 || n <= 0) return 0;
+  if (k >= n) {
+    for (int64_t t = 0; t < n; ++t) out[t] = static_cast<int32_t>(t);
+    return n;
+  }
+  // T, T': the k-th and (k+1)-th largest approximations; B: the largest bound.
+  thread_local std::vector<float> buf;
+  buf.assign(approx, approx + n);
+  std::nth_element(buf.begin(), buf.begin() + (k - 1), buf.end(), std::greater<float>());
+  const double t_k = buf[static_cast<size_t>(k - 1)];
+  const double t_k1 = *std::max_element(buf.begin() + k, buf.end());
+  const double b_max = *std::max_element(bound, bound + n);
+  // At least k keys have exact scores >= T - B, so a key whose upper end is below is out; at
+  // most k keys have upper ends above T' + B, so a key whose lower end is above is in (no key
+  // beats it but those). The margin covers the double roundings of the comparisons themselves.
+  const double margin = 1e-12 * (std::fabs(t_k) + std::fabs(t_k1) + b_max);
+  const double out_below = t_k - b_max - margin, in_above = t_k1 + b_max + margin;
+  thread_local std::vector<int32_t> sure, unsure;
+  sure.clear();
+  unsure.clear();
+  for (int64_t t = 0; t < n; ++t) {
+    const double a = approx[t], b = bound[t];
+    if (a - b > in_above) sure.push_back(static_cast<int32_t>(t));
+    else if (a + b >= out_below) unsure.push_back(static_cast<int32_t>(t));
+  }
+  const int64_t n_sure = static_cast<int64_t>(sure.size()), rest = k - n_sure;
+  PDSERVE_CHECK(rest >= 0 && rest <= static_cast<int64_t>(unsure.size()));
+  if (rest == 0) {
+    std::copy(sure.begin(), sure.end(), out);
+    return k;
+  }
+  // The best `rest` of the unsure keys by exact score, ties to the lower index.
+  // (A bound of 0 is an exact score already.)
+  thread_local std::vector<float> exact;
+  exact.resize(unsure.size());
+  int64_t rescored = 0;
+  for (size_t i = 0; i < unsure.size(); ++i) {
+    if (bound[unsure[i]] == 0.0f) {
+      exact[i] = approx[unsure[i]];
+    } else {
+      IndexerScoresExactAt(kv, q, &unsure[i], 1, &exact[i]);
+      ++rescored;
+    }
+  }
+  if (n_exact) *n_exact = rescored;
+  thread_local std::vector<int32_t> order;
+  order.resize(unsure.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  auto better = [&](int32_t x, int32_t y) {
+    if (exact[x] != exact[y]) return exact[x] > exact[y];
+    return unsure[x] < unsure[y];
+  };
+  if (rest < static_cast<int64_t>(order.size())) std::nth_element(order.begin(), order.begin() + (rest - 1), order.end(), better);
+  order.resize(static_cast<size_t>(rest));
+  for (int32_t& i : order) i = unsure[i];
+  std::sort(order.begin(), order.end());
+  std::merge(sure.begin(), sure.end(), order.begin(), order.end(), out);
+  return k;
+}
+
+}  // namespace pdserve::kernels

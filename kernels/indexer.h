@@ -1,0 +1,58 @@
+// Lightning Indexer selection at fp32 speed with the exact scores' top-k.
+//
+// The exact score of key t for one query (kernels/mla_attention.h, IndexerScores):
+//   score[t] = fl(acc * ks[t]),  acc = fma chain over heads h of max(D_h, 0) * w[h],
+//   D_h = fl32(q8[h] . k8[t])   (the dot computed exactly, rounded once)
+// is order-independent, which is what keeps the selections equal to the reference's; computing
+// it exactly costs double precision for every key. The selection below needs it only for keys
+// near the cut:
+//   1. IndexerScoresApprox: every dot in plain fp32 (products of fp8 values are exact in fp32;
+//      only the sums round), plus a certified bound per key: |approx[t] - score[t]| <= bound[t].
+//      The bound comes from the fp32 summation error (n u sum|q_i k_i|, with sum|q_i k_i| <=
+//      ||q|| ||k||), the rounding of D_h, relu being 1-Lipschitz and the two fma chains' own
+//      roundings (see indexer.cc for the derivation); it is a few 1e-5 of the score's scale.
+//   2. IndexerTopK: with T / T' the k-th / (k+1)-th largest approximation and B the largest
+//      bound, a key whose interval lies above T' + B is certainly selected, one below T - B
+//      certainly not; only the keys in between are scored exactly, and the rest of the k
+//      places go to the best of them (ties to the lower index). The result equals
+//      TopKIndices over the exact scores, bit for bit, whatever the data (ties, zero keys).
+// Thread-safety: pure functions; distinct outputs may be computed from different threads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/mla_attention.h"
+
+namespace pdserve::kernels {
+
+// One indexer query (one row of one layer), decoded once for scoring any number of keys.
+struct IndexerQuery {
+  int64_t n_heads = 0, dim = 0;
+  std::vector<float> q;      // [n_heads * dim]: the fp8 values (exact)
+  std::vector<double> qd;    // the same as doubles (exact scoring)
+  std::vector<float> w;      // [n_heads]: head weights (query scale and softmax scale folded in)
+  std::vector<float> norm;   // [n_heads]: an upper bound of ||q[h]||_2
+  std::vector<uint16_t> qb;  // [n_heads * dim]: the values as bf16 (exact), for BF16 dot products
+};
+
+// Decodes q8 [n_heads, dim] (e4m3 codes) and copies w [n_heads].
+// REQUIRES: dim % 16 == 0, dim <= 1024, n_heads <= 64.
+void PrepareIndexerQuery(const uint8_t* q8, const float* w, int64_t n_heads, int64_t dim, IndexerQuery* q);
+
+// Approximate scores of keys [key_begin, key_end) with certified bounds (above), written to
+// approx[t - key_begin] and bound[t - key_begin]. Either key format.
+void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t key_begin, int64_t key_end,
+                         float* approx, float* bound);
+
+// The exact scores of keys sel[0..n) (IndexerScores' values), written to scores[0..n).
+void IndexerScoresExactAt(const KvTokenView& kv, const IndexerQuery& q, const int32_t* sel, int64_t n, float* scores);
+
+// The k keys of [0, n) with the largest exact scores, ties to the lower index, ascending in
+// out[0..min(k, n)) (what TopKIndices over the exact scores returns), from approx / bound of
+// every key. Returns the number written; *n_exact (may be null) receives how many keys were
+// scored exactly.
+int64_t IndexerTopK(const KvTokenView& kv, const IndexerQuery& q, const float* approx, const float* bound, int64_t n,
+                    int64_t k, int32_t* out, int64_t* n_exact = nullptr);
+
+}  // namespace pdserve::kernels

@@ -1,0 +1,160 @@
+// Tests of kernels/indexer.h against the scalar reference (kernels/ref/indexer_ref.h): the
+// approximate scores stay within their certified bounds, and the selection equals the exact
+// scores' top-k for both key formats, odd sizes, ties (repeated keys), zero keys, negative head
+// weights and keys spanning the whole e4m3 range. To add a case: add a KeyKind or a size below.
+#include "kernels/indexer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/fp8_quant.h"
+#include "kernels/ref/indexer_ref.h"
+
+namespace pdserve::kernels {
+namespace {
+
+enum class KeyKind { kNormal, kWideRange, kRepeated, kSomeZero };
+
+struct Keys {
+  int64_t dim = 0;
+  std::vector<uint8_t> bytes;  // records: codes [dim] | fp32 scale
+  KvTokenView view;
+};
+
+std::vector<float> RandomVector(int64_t n, KeyKind kind, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> ud(-14.0f, 9.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) {
+    v = nd(rng);
+    if (kind == KeyKind::kWideRange) v = std::copysign(std::exp2(ud(rng)), v);
+  }
+  return x;
+}
+
+Keys MakeKeys(int64_t n, int64_t dim, KvIndexFormat f, KeyKind kind, std::mt19937& rng) {
+  Keys k;
+  k.dim = dim;
+  const int64_t rec = dim + 4;
+  k.bytes.resize(static_cast<size_t>(n * rec));
+  for (int64_t t = 0; t < n; ++t) {
+    uint8_t* r = &k.bytes[t * rec];
+    if (kind == KeyKind::kRepeated && t >= 5) {  // every key equals one of the first five: exact ties
+      std::memcpy(r, &k.bytes[(t % 5) * rec], static_cast<size_t>(rec));
+      continue;
+    }
+    std::vector<float> x = RandomVector(dim, kind, rng);
+    if (kind == KeyKind::kSomeZero && t % 3 == 0) std::fill(x.begin(), x.end(), 0.0f);
+    EncodeIndexKey(f, x.data(), dim, r, r + dim);
+  }
+  KvTokenView& v = k.view;
+  v.base = k.bytes.data();
+  v.block_tokens = std::max<int64_t>(n, 1);
+  v.idx_k_offset = 0;
+  v.idx_scale_offset = dim;
+  v.idx_k_stride = v.idx_scale_stride = rec;
+  v.index_dim = dim;
+  v.index_format = f;
+  return k;
+}
+
+struct Query {
+  std::vector<uint8_t> q8;
+  std::vector<float> w;
+};
+
+Query MakeQuery(int64_t heads, int64_t dim, KeyKind kind, std::mt19937& rng) {
+  Query q;
+  q.q8.resize(static_cast<size_t>(heads * dim));
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<float> x = RandomVector(dim, kind, rng);
+    std::vector<float> s(static_cast<size_t>(dim / kFp8BlockSize + 1));
+    ActQuantFp8(x.data(), dim, &q.q8[h * dim], s.data());
+  }
+  std::normal_distribution<float> nd;
+  for (int64_t h = 0; h < heads; ++h) q.w.push_back(nd(rng) * 0.1f);  // some negative
+  return q;
+}
+
+TEST(IndexerTest, ApproxScoresStayWithinTheirBounds) {
+  std::mt19937 rng(11);
+  for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
+    for (KeyKind kind : {KeyKind::kNormal, KeyKind::kWideRange, KeyKind::kSomeZero})
+      for (int64_t heads : {1, 3, 4, 16}) {
+        const int64_t n = 301, dim = 128;
+        Keys keys = MakeKeys(n, dim, f, kind, rng);
+        Query q = MakeQuery(heads, dim, kind, rng);
+        IndexerQuery iq;
+        PrepareIndexerQuery(q.q8.data(), q.w.data(), heads, dim, &iq);
+        std::vector<float> approx(n), bound(n);
+        // Two calls over split ranges: a key's result must not depend on its range.
+        IndexerScoresApprox(keys.view, iq, 0, 100, approx.data(), bound.data());
+        IndexerScoresApprox(keys.view, iq, 100, n, approx.data() + 100, bound.data() + 100);
+        double worst = 0.0, scale = 0.0;
+        for (int64_t t = 0; t < n; ++t) scale = std::max(scale, std::fabs(static_cast<double>(
+                                                  IndexerScoreRef(keys.view, q.q8.data(), q.w.data(), heads, t))));
+        for (int64_t t = 0; t < n; ++t) {
+          const float ref = IndexerScoreRef(keys.view, q.q8.data(), q.w.data(), heads, t);
+          ASSERT_LE(std::fabs(static_cast<double>(approx[t]) - ref), bound[t])
+              << "key " << t << " heads " << heads << " format " << static_cast<int>(f) << " kind " << static_cast<int>(kind);
+          worst = std::max(worst, static_cast<double>(bound[t]) / scale);
+          float exact;
+          const int32_t sel = static_cast<int32_t>(t);
+          IndexerScoresExactAt(keys.view, iq, &sel, 1, &exact);
+          ASSERT_EQ(exact, ref) << "key " << t;
+        }
+        // The bounds are tight enough to be useful: a small fraction of the scores' range.
+        if (kind == KeyKind::kNormal) {
+          EXPECT_LT(worst, 1e-3) << heads;
+        }
+      }
+}
+
+TEST(IndexerTest, TopKEqualsTheExactScoresTopK) {
+  std::mt19937 rng(5);
+  for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
+    for (KeyKind kind : {KeyKind::kNormal, KeyKind::kWideRange, KeyKind::kRepeated, KeyKind::kSomeZero})
+      for (int64_t n : {1, 7, 33, 513, 2049}) {
+        const int64_t heads = 4, dim = 128;
+        Keys keys = MakeKeys(n, dim, f, kind, rng);
+        Query q = MakeQuery(heads, dim, kind, rng);
+        IndexerQuery iq;
+        PrepareIndexerQuery(q.q8.data(), q.w.data(), heads, dim, &iq);
+        std::vector<float> approx(n), bound(n);
+        IndexerScoresApprox(keys.view, iq, 0, n, approx.data(), bound.data());
+        for (int64_t k : {int64_t{1}, int64_t{16}, int64_t{512}, n - 1, n, n + 1}) {
+          if (k <= 0) continue;
+          const std::vector<int32_t> ref = IndexerTopKRef(keys.view, q.q8.data(), q.w.data(), heads, n, k);
+          std::vector<int32_t> got(static_cast<size_t>(std::min(k, n)), -7);
+          int64_t n_exact = 0;
+          const int64_t m = IndexerTopK(keys.view, iq, approx.data(), bound.data(), n, k, got.data(), &n_exact);
+          ASSERT_EQ(m, static_cast<int64_t>(ref.size()));
+          ASSERT_EQ(got, ref) << "n " << n << " k " << k << " format " << static_cast<int>(f) << " kind "
+                              << static_cast<int>(kind);
+          // Only keys near the cut are scored exactly (distinct random keys: a handful).
+          if (kind == KeyKind::kNormal && n >= 513 && k < n) {
+            EXPECT_LT(n_exact, 32) << n << " " << k << " format " << static_cast<int>(f);
+          }
+        }
+      }
+}
+
+TEST(IndexerTest, EmptyAndZeroK) {
+  std::mt19937 rng(3);
+  Keys keys = MakeKeys(4, 128, KvIndexFormat::kFp8, KeyKind::kNormal, rng);
+  Query q = MakeQuery(2, 128, KeyKind::kNormal, rng);
+  IndexerQuery iq;
+  PrepareIndexerQuery(q.q8.data(), q.w.data(), 2, 128, &iq);
+  int32_t out[4] = {-1, -1, -1, -1};
+  float a = 0, b = 0;
+  EXPECT_EQ(IndexerTopK(keys.view, iq, &a, &b, 0, 4, out), 0);
+  EXPECT_EQ(IndexerTopK(keys.view, iq, &a, &b, 1, 0, out), 0);
+  EXPECT_EQ(out[0], -1);
+}
+
+}  // namespace
+}  // namespace pdserve::kernels

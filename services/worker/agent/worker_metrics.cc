@@ -1,0 +1,138 @@
+#include "services/worker/agent/worker_metrics.h"
+
+#include "services/common/metrics.h"
+
+namespace pdserve::services {
+
+namespace {
+using prometheus::Labels;
+
+prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r, const char* name, const char* help,
+                                                  const Labels& labels) {
+  return prometheus::BuildCounter().Name(name).Help(help).Labels(labels).Register(r);
+}
+prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r, const char* name, const char* help,
+                                              const Labels& labels) {
+  return prometheus::BuildGauge().Name(name).Help(help).Labels(labels).Register(r);
+}
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r, WorkerRole role, const std::string& worker_id)
+    : WorkerMetrics(r, Labels{{"role", WorkerRoleName(role)}, {"worker", worker_id}}) {}
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const prometheus::Labels& l)
+    : jobs_family_(Counter(r, "pdserve_worker_jobs_total", "Jobs by outcome", l)),
+      kv_family_(Gauge(r, "pdserve_worker_kv_blocks", "KV cache blocks by state", l)),
+      jobs_finished(jobs_family_.Add({{"outcome", "finished"}})),
+      jobs_aborted(jobs_family_.Add({{"outcome", "aborted"}})),
+      jobs_failed(jobs_family_.Add({{"outcome", "error"}})),
+      jobs_rejected(jobs_family_.Add({{"outcome", "rejected"}})),
+      registrations(Counter(r, "pdserve_worker_registrations_total", "Successful registrations with a router", l).Add({})),
+      router_lost(Counter(r, "pdserve_worker_router_lost_total", "Router silences or restarts noticed", l).Add({})),
+      prompt_tokens(Counter(r, "pdserve_worker_prompt_tokens_total", "Prompt tokens accepted in jobs", l).Add({})),
+      generated_tokens(Counter(r, "pdserve_worker_generated_tokens_total", "Tokens sent in token events", l).Add({})),
+      running(Gauge(r, "pdserve_worker_running_requests", "Requests in the running batch", l).Add({})),
+      waiting(Gauge(r, "pdserve_worker_waiting_requests", "Requests queued, not yet scheduled", l).Add({})),
+      queued_tokens(Gauge(r, "pdserve_worker_queued_tokens", "Prompt tokens to compute plus output tokens owed", l).Add({})),
+      kv_blocks_used(kv_family_.Add({{"state", "used"}})),
+      kv_blocks_free(kv_family_.Add({{"state", "free"}})),
+      registered(Gauge(r, "pdserve_worker_registered", "1 while registered with a router", l).Add({})),
+      queue_time(prometheus::BuildHistogram()
+                     .Name("pdserve_worker_queue_time_seconds")
+                     .Help("Job arrival to first scheduled step")
+                     .Labels(l)
+                     .Register(r)
+                     .Add({}, RequestLatencyBuckets())),
+      kv_transfer_bytes(Counter(r, "pdserve_worker_kv_transfer_bytes_total", "KV bytes moved by the transfer layer", l).Add({})),
+      kv_transfer_seconds(prometheus::BuildHistogram()
+                              .Name("pdserve_worker_kv_transfer_seconds")
+                              .Help("KV reservation to transfer complete, per request")
+                              .Labels(l)
+                              .Register(r)
+                              .Add({}, RequestLatencyBuckets())),
+      kv_transfer_failures(
+          Counter(r, "pdserve_worker_kv_transfer_failures_total", "KV transfers that failed or timed out", l).Add({})) {}
+
+void WorkerMetrics::SetLoad(const WorkerLoad& load) {
+  running.Set(load.running);
+  waiting.Set(load.waiting);
+  queued_tokens.Set(static_cast<double>(load.queued_tokens));
+  kv_blocks_free.Set(load.kv_blocks_free);
+  kv_blocks_used.Set(load.kv_blocks_total >= load.kv_blocks_free ? load.kv_blocks_total - load.kv_blocks_free : 0);
+}
+
+namespace {
+prometheus::Labels Constant(WorkerRole role, const std::string& worker_id) {
+  return {{"role", WorkerRoleName(role)}, {"worker", worker_id}};
+}
+}  // namespace
+
+EngineWorkerMetrics::EngineWorkerMetrics(prometheus::Registry& registry, WorkerRole role, const std::string& worker_id)
+    : transfers_family_(prometheus::BuildCounter()
+                            .Name("pdserve_worker_kv_transfers_total")
+                            .Help("KV transfers by outcome (prefill: written and verified; decode: received)")
+                            .Labels(Constant(role, worker_id))
+                            .Register(registry)),
+      steps(prometheus::BuildCounter()
+                .Name("pdserve_worker_engine_steps_total")
+                .Help("Engine steps run")
+                .Labels(Constant(role, worker_id))
+                .Register(registry)
+                .Add({})),
+      preemptions(prometheus::BuildCounter()
+                      .Name("pdserve_worker_engine_preemptions_total")
+                      .Help("Requests preempted for KV blocks")
+                      .Labels(Constant(role, worker_id))
+                      .Register(registry)
+                      .Add({})),
+      held_blocks(prometheus::BuildGauge()
+                      .Name("pdserve_worker_engine_held_kv_blocks")
+                      .Help("KV blocks held for a transfer (prefill)")
+                      .Labels(Constant(role, worker_id))
+                      .Register(registry)
+                      .Add({})),
+      awaiting_kv(prometheus::BuildGauge()
+                      .Name("pdserve_worker_engine_awaiting_kv_requests")
+                      .Help("Reservations waiting for their KV (decode)")
+                      .Labels(Constant(role, worker_id))
+                      .Register(registry)
+                      .Add({})),
+      quarantined_blocks(prometheus::BuildGauge()
+                             .Name("pdserve_worker_kv_quarantined_blocks")
+                             .Help("KV blocks of aborted transfers not yet reusable (decode)")
+                             .Labels(Constant(role, worker_id))
+                             .Register(registry)
+                             .Add({})),
+      transfers_ok(transfers_family_.Add({{"outcome", "ok"}})),
+      transfers_failed(transfers_family_.Add({{"outcome", "failed"}})),
+      layers_streamed(prometheus::BuildCounter()
+                          .Name("pdserve_worker_kv_layers_streamed_total")
+                          .Help("Layers whose KV writes were queued during the prompt's forward (prefill)")
+                          .Labels(Constant(role, worker_id))
+                          .Register(registry)
+                          .Add({})),
+      stream_landed_bytes(prometheus::BuildCounter()
+                              .Name("pdserve_worker_kv_stream_landed_bytes_total")
+                              .Help("KV bytes written to the decode worker before the prompt's forward ended (prefill)")
+                              .Labels(Constant(role, worker_id))
+                              .Register(registry)
+                              .Add({})),
+      transfer_tail(prometheus::BuildHistogram()
+                        .Name("pdserve_worker_kv_transfer_tail_seconds")
+                        .Help("First token sampled -> KV verified by the decode worker (prefill)")
+                        .Labels(Constant(role, worker_id))
+                        .Register(registry)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                                                         0.05, 0.1, 0.2, 0.5, 1, 2, 5})) {}
+
+void EngineWorkerMetrics::Refresh(const EngineLoadSnapshot& s) {
+  if (s.steps > last_steps_) steps.Increment(static_cast<double>(s.steps - last_steps_));
+  if (s.preemptions > last_preemptions_) preemptions.Increment(static_cast<double>(s.preemptions - last_preemptions_));
+  last_steps_ = s.steps;
+  last_preemptions_ = s.preemptions;
+  held_blocks.Set(static_cast<double>(s.blocks_held));
+  awaiting_kv.Set(static_cast<double>(s.awaiting_kv));
+  quarantined_blocks.Set(s.quarantined_blocks);
+}
+
+}  // namespace pdserve::services

@@ -1,0 +1,246 @@
+#include "services/worker/engine_host.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/mapped_file.h"
+#include "kvtransfer/ucx/ucx_transport.h"
+#include "model/fingerprint.h"
+#include "services/common/request_log.h"
+#include "services/worker/model_instance.h"
+
+namespace pdserve::services::worker {
+
+Result<kvtransfer::KvLayout> ToTransferLayout(const engine::KvLayout& l) {
+  kvtransfer::KvLayout t;
+  t.num_layers = static_cast<uint32_t>(l.num_layers);
+  t.kv_lora_rank = static_cast<uint32_t>(l.latent_dim);
+  t.qk_rope_head_dim = static_cast<uint32_t>(l.rope_dim);
+  t.index_head_dim = static_cast<uint32_t>(l.index_dim);
+  t.tokens_per_block = static_cast<uint32_t>(l.block_tokens);
+  switch (l.latent_format) {
+    case model::KvLatentFormat::kFp8Blockwise: t.latent_format = kvtransfer::LatentFormat::kFp8Blockwise; break;
+    case model::KvLatentFormat::kBf16: t.latent_format = kvtransfer::LatentFormat::kBf16; break;
+    case model::KvLatentFormat::kInt8PerToken: t.latent_format = kvtransfer::LatentFormat::kInt8PerToken; break;
+  }
+  t.indexer_format = l.index_format == model::KvIndexFormat::kInt8 ? kvtransfer::IndexerFormat::kInt8
+                                                                    : kvtransfer::IndexerFormat::kFp8;
+  PDSERVE_RETURN_IF_ERROR(t.Validate());
+  // The two descriptions must agree byte for byte; a block size is the cheapest full check.
+  if (static_cast<int64_t>(t.BlockBytes()) != l.BlockBytes() ||
+      static_cast<int64_t>(t.TokenBytesPerLayer()) != l.TokenBytesPerLayer())
+    return Status::InvalidArgument("engine layout " + l.ToString() + " and transfer layout " + t.ToString() +
+                                   " disagree");
+  return t;
+}
+
+uint64_t CompatibilityHash(const std::string& config_json, uint64_t weights_fingerprint, const std::string& model_name,
+                           const engine::KvLayout& layout) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64: stable across processes and builds
+  auto mix = [&h](std::string_view s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+  };
+  mix(config_json);
+  mix(std::string_view(reinterpret_cast<const char*>(&weights_fingerprint), sizeof(weights_fingerprint)));
+  mix(model_name);
+  mix(layout.ToString());
+  return h == 0 ? 1 : h;
+}
+
+EngineHost::EngineHost(const WorkerServiceConfig& config, std::shared_ptr<prometheus::Registry> registry,
+                       ModelInstance* instance)
+    : config_(config), instance_(instance), registry_(std::move(registry)) {}
+
+Result<std::unique_ptr<EngineHost>> EngineHost::Create(const WorkerServiceConfig& config,
+                                                       std::shared_ptr<prometheus::Registry> registry,
+                                                       ModelInstance* instance, const WorkerHooks& hooks) {
+  std::unique_ptr<EngineHost> h(new EngineHost(config, std::move(registry), instance));
+  PDSERVE_RETURN_IF_ERROR(h->Init(hooks));
+  return h;
+}
+
+Status EngineHost::Init(const WorkerHooks& hooks) {
+  if (registry_) metrics_ = std::make_unique<EngineWorkerMetrics>(*registry_, config_.role, config_.worker_id);
+  PDSERVE_ASSIGN_OR_RETURN(std::string config_json, ReadFileToString(config_.model_dir + "/config.json"));
+  engine::EngineOptions eo;
+  eo.group = instance_->group();
+  eo.kv_cache_gib = config_.kv_cache_gib;
+  eo.block_tokens = config_.block_tokens;
+  if (config_.max_seqs > 0) eo.scheduler.max_num_seqs = config_.max_seqs;
+  eo.layer_fault_hook = hooks.layer_fault;
+  if (config_.role != WorkerRole::kColocated) {
+    kvtransfer::UcxTransportOptions to;
+    to.context.tls = config_.ucx_tls;
+    to.context.net_devices = config_.ucx_net_devices;
+    PDSERVE_ASSIGN_OR_RETURN(auto transport, kvtransfer::UcxTransport::Create(to));
+    transport_ = std::move(transport);
+  }
+  if (config_.role == WorkerRole::kDecode) {
+    // The whole pool is one region registered once with the transport (allocated by it, so
+    // shared-memory peers can map it); the engine builds its block pool over it.
+    const uint64_t bytes = static_cast<uint64_t>(config_.kv_cache_gib * (1ull << 30)) / 4096 * 4096;
+    PDSERVE_ASSIGN_OR_RETURN(region_, transport_->AllocateRegion(bytes));
+    if (reinterpret_cast<uintptr_t>(region_->data()) % 4096 != 0)
+      return Status::Internal("the transport's KV region is not 4 KiB aligned");
+    eo.kv_memory = region_->data();
+    eo.kv_memory_bytes = static_cast<int64_t>(region_->size());
+  }
+  PDSERVE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(eo, &instance_->model()));
+  const engine::KvLayout& layout = engine_->pool().layout();
+  // The weights themselves, not only config.json: a prefill and a decode worker with the same
+  // config but other weights must not pair (model/fingerprint.h).
+  PDSERVE_ASSIGN_OR_RETURN(const uint64_t fingerprint, model::WeightsFingerprint(config_.model_dir));
+  compat_hash_ = CompatibilityHash(config_json, fingerprint, config_.model_name, layout);
+  PDSERVE_ASSIGN_OR_RETURN(transfer_layout_, ToTransferLayout(layout));
+  return Status::Ok();
+}
+
+EngineHost::~EngineHost() {
+  SetAgent(nullptr);
+  DestroyEngine();
+  region_.reset();
+  transport_.reset();
+}
+
+void EngineHost::StopEngine() {
+  if (engine_) engine_->Stop();
+}
+
+void EngineHost::DestroyEngine() {
+  StopEngine();
+  engine_.reset();
+}
+
+void EngineHost::SetAgent(WorkerAgent* agent) {
+  std::lock_guard<std::mutex> lock(agent_mu_);
+  agent_ = agent;
+}
+
+WorkerMetrics* EngineHost::AgentMetrics() {
+  std::lock_guard<std::mutex> lock(agent_mu_);
+  return agent_ ? agent_->metrics() : nullptr;
+}
+
+void EngineHost::Send(TokenEventMsg ev) {
+  std::lock_guard<std::mutex> lock(agent_mu_);
+  if (agent_) agent_->SendTokenEvent(std::move(ev));
+}
+
+void EngineHost::SendKvReserved(KvReservedMsg reserved) {
+  std::lock_guard<std::mutex> lock(agent_mu_);
+  if (agent_) agent_->SendKvReserved(std::move(reserved));
+}
+
+WorkerCapacity EngineHost::Capacity() const {
+  WorkerCapacity c;
+  c.max_batch = static_cast<uint32_t>(config_.max_seqs > 0 ? config_.max_seqs : 64);
+  c.kv_blocks_total = static_cast<uint32_t>(engine_->pool().n_blocks());
+  c.kv_blocks_free = static_cast<uint32_t>(engine_->pool().n_free());
+  c.block_tokens = static_cast<uint32_t>(engine_->pool().layout().block_tokens);
+  c.max_context_tokens = static_cast<uint32_t>(engine_->max_sequence_length());
+  c.dp_ranks = static_cast<uint32_t>(instance_->dp_size());
+  return c;
+}
+
+WorkerLoad EngineHost::Load(uint32_t quarantined_blocks) {
+  const engine::EngineStats s = engine_->Stats();
+  WorkerLoad load;
+  load.running = static_cast<uint32_t>(s.running + s.awaiting_kv);
+  load.waiting = static_cast<uint32_t>(s.waiting);
+  load.queued_tokens = static_cast<uint64_t>(s.queued_tokens);
+  load.kv_blocks_free = static_cast<uint32_t>(s.blocks_free);
+  load.kv_blocks_total = static_cast<uint32_t>(s.blocks_total);
+  if (metrics_) metrics_->Refresh({s.steps, s.preemptions, s.blocks_held, s.awaiting_kv, quarantined_blocks});
+  return load;
+}
+
+Status EngineHost::Health() const {
+  if (config_.step_stall_timeout.count() == 0) return Status::Ok();
+  const double stuck = engine_->CurrentStepSeconds();
+  if (stuck * 1000 <= static_cast<double>(config_.step_stall_timeout.count())) return Status::Ok();
+  return Status::Unavailable(fmt::format("the engine's step has run for {:.1f} s (step_stall_timeout_ms {})", stuck,
+                                         config_.step_stall_timeout.count()));
+}
+
+Status EngineHost::CheckDpRank(const JobMsg& job) const {
+  // Every DP rank of an instance registers on its own: a job for another rank was mis-routed
+  // (or is stale), and running it here would mix two ranks' requests and caches.
+  if (job.dp_rank == static_cast<uint32_t>(instance_->dp_rank())) return Status::Ok();
+  return Status::InvalidArgument("job for DP rank " + std::to_string(job.dp_rank) + " reached " + config_.worker_id +
+                                 ", DP rank " + std::to_string(instance_->dp_rank()) + " of " +
+                                 std::to_string(instance_->dp_size()));
+}
+
+engine::SamplingParams EngineHost::ToSampling(const SamplingSpec& spec) const {
+  engine::SamplingParams p;
+  p.temperature = spec.temperature;
+  p.top_p = spec.top_p;
+  p.top_k = spec.top_k;
+  p.min_p = spec.min_p;
+  p.repetition_penalty = spec.repetition_penalty;
+  p.presence_penalty = spec.presence_penalty;
+  p.frequency_penalty = spec.frequency_penalty;
+  p.seed = spec.seed;
+  p.max_tokens = static_cast<int32_t>(std::min<uint32_t>(spec.max_tokens, 1u << 30));
+  p.stop_token_ids = spec.stop_token_ids;
+  // Stop strings are matched by the router on the detokenized stream (it aborts the job);
+  // the engine has no detokenizer here.
+  if (spec.logprobs) p.logprobs = static_cast<int32_t>(std::min<uint32_t>(spec.top_logprobs, 20));
+  p.resumed_output = static_cast<int32_t>(std::min<uint32_t>(spec.resumed_output, 1u << 30));
+  return p;
+}
+
+FinishReason EngineHost::ToFinish(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kNone: return FinishReason::kNone;
+    case engine::FinishReason::kStop: return FinishReason::kStop;
+    case engine::FinishReason::kLength: return FinishReason::kLength;
+    case engine::FinishReason::kAbort: return FinishReason::kAbort;
+    case engine::FinishReason::kError: return FinishReason::kError;
+  }
+  return FinishReason::kError;
+}
+
+TokenLogprob EngineHost::ToLogprob(const engine::TokenEvent& ev) {
+  TokenLogprob lp;
+  lp.logprob = ev.logprob;
+  for (const auto& [t, v] : ev.top_logprobs) lp.top.push_back({t, v});
+  return lp;
+}
+
+std::optional<TokenEventMsg> EngineHost::StreamEvent(const JobMsg& job, const engine::TokenEvent& ev, bool skip_token) {
+  TokenEventMsg msg;
+  msg.request_id = job.request_id;
+  if (ev.token >= 0 && !skip_token) {
+    msg.first_index = static_cast<uint32_t>(ev.index);
+    msg.tokens.push_back(ev.token);
+    if (job.sampling.logprobs) msg.logprobs.push_back(ToLogprob(ev));
+  } else {
+    msg.first_index = static_cast<uint32_t>(std::max<int64_t>(ev.index, 0));
+  }
+  if (!ev.finished) {
+    if (msg.tokens.empty()) return std::nullopt;
+    return msg;
+  }
+  msg.finish = ToFinish(ev.reason);
+  msg.error = ev.error;
+  if (msg.finish == FinishReason::kError && msg.error.ok()) msg.error = Status::Internal("engine error");
+  msg.prompt_tokens = static_cast<uint32_t>(ev.prompt_tokens);
+  msg.completion_tokens = static_cast<uint32_t>(ev.output_tokens);
+  msg.stop_string = ev.stop_string;
+  return msg;
+}
+
+TokenEventMsg EngineHost::EndEvent(const JobMsg& job, FinishReason finish, const Status& error) const {
+  TokenEventMsg ev;
+  ev.request_id = job.request_id;
+  ev.finish = finish;
+  ev.error = error;
+  ev.prompt_tokens = static_cast<uint32_t>(job.prompt.size());
+  if (!error.ok()) RequestLog("worker", job.request_tag).Warn("job {} failed: {}", job.request_id, error.ToString());
+  return ev;
+}
+
+}  // namespace pdserve::services::worker

@@ -1,0 +1,90 @@
+// PrefillWorker: the prefill role of a disaggregated cluster (docs/services.md).
+//
+//   Job(descriptor) -> Engine::AddRequest(max_tokens 1, hold_kv). With layer streaming
+//   (kv_stream_layers, default) the engine's KV export hooks start the KvSender over the
+//   request's blocks and queue each layer's writes as soon as the forward computed it, so the
+//   transfer overlaps the remaining layers; once the first token is sampled the transfer thread
+//   finishes it (flush, completion notice, the decode's verdict), releases the held blocks and
+//   sends the first token (index 0). Without streaming the transfer thread writes every layer
+//   after the forward.
+//
+// Safety: once the sender started, the request's blocks stay held by the engine whatever way
+// the request ends (engine KvExportHooks contract) and are released only by the transfer
+// thread after KvSender::Finish or Abort returned, so no write ever reads a block given to
+// another request. A job ending early (error mid-layers, abort, nothing to decode) is queued to
+// the transfer thread for that abort + release: the engine thread never waits on the network.
+//
+// Threading: as EngineWorker, plus one transfer thread (a std::jthread member stopped in the
+// destructor). `mu_` guards the job table and the transfer queue.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "kvtransfer/kv_descriptor.h"
+#include "kvtransfer/kv_sender.h"
+#include "services/worker/engine_worker.h"
+
+namespace pdserve::services::worker {
+
+class PrefillWorker final : public EngineWorker {
+ public:
+  // `hooks.wrap_sender_transport` (tests) wraps the transport the sender writes through.
+  // Errors: KvSender::Create's.
+  static Result<std::unique_ptr<PrefillWorker>> Create(std::unique_ptr<EngineHost> host, const WorkerHooks& hooks);
+  // Transfer thread, then the engine's loop, then the sender (it aborts its requests and
+  // returns once none of their writes, which read the engine's pool, is in flight), then the
+  // engine; the host last.
+  ~PrefillWorker() override;
+
+  Status StartJob(const JobMsg& job) override;
+  void AbortJob(uint64_t request_id, std::string_view reason) override;
+
+ private:
+  struct Job {
+    JobMsg msg;
+    engine::RequestId engine_id = 0;
+    bool ended = false;  // the finishing event was sent
+    std::optional<kvtransfer::KvDescriptor> descriptor;
+    bool sender_started = false;    // KvSender::Start succeeded: writes may be in flight
+    Status stream_status;           // the stream's Start failure, if any
+    bool cancel_requested = false;  // the router aborted while the prompt computed
+    std::chrono::steady_clock::time_point stream_began_at{}, sampled_at{};
+    int32_t token = -1;
+    engine::FinishReason engine_reason = engine::FinishReason::kNone;
+    TokenLogprob logprob;
+  };
+
+  explicit PrefillWorker(std::unique_ptr<EngineHost> host) : EngineWorker(std::move(host)) {}
+  void OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev);
+  // Ends a job with an error / abort event (once); mu_ held.
+  void EndLocked(Job& job, FinishReason finish, const Status& error);
+  // The prefill's single engine event (mu_ held; may erase the job).
+  void Sampled(Job& job, const engine::TokenEvent& ev);
+  // KV export hooks (engine step thread, mu_ not held).
+  void StreamBegin(uint64_t request_id, const std::vector<int32_t>& blocks);
+  void StreamLayer(uint64_t request_id, int64_t layer);
+  // A job that will not transfer: release its blocks now, or (writes may be in flight) hand it
+  // to the transfer thread to abort them first. mu_ held; may erase the job.
+  void RetireLocked(Job& job);
+  kvtransfer::KvSource SourceFor(const std::vector<int32_t>& blocks, uint32_t num_tokens);
+  void TransferLoop(std::stop_token stop);
+  void RunTransfer(uint64_t request_id);
+
+  std::unique_ptr<kvtransfer::Transport> send_transport_;  // tests' wrapper over the host's, if any
+  std::unique_ptr<kvtransfer::KvSender> sender_;
+
+  std::mutex mu_;
+  std::condition_variable_any cv_;          // transfer queue
+  std::unordered_map<uint64_t, Job> jobs_;  // by router request id
+  std::deque<uint64_t> transfers_;          // first token sampled (or job ended): KV to send or abort
+
+  std::jthread transfer_thread_;
+};
+
+}  // namespace pdserve::services::worker
