@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "common/logging.h"
 
@@ -115,6 +116,11 @@ Result<std::unique_ptr<Request>> Engine::NewRequest(std::vector<int32_t> prompt,
   if (o.kv_export.enabled() && (!o.hold_kv || o.sampling.max_tokens != 1))
     return Status::InvalidArgument("KV export needs hold_kv and max_tokens 1");
   auto r = std::make_unique<Request>();
+  if (o.constraint.active()) {
+    PDSERVE_ASSIGN_OR_RETURN(grammar::GrammarMatcher m, NewMatcher(o.constraint, prompt, resumed));
+    r->matcher.emplace(std::move(m));
+    r->export_constraint_state = o.constraint.export_state;
+  }
   // A resumed request's earlier output is output again: its positions are recomputed as output
   // rows (as after a preemption) and count for the penalties and the sampling index.
   r->prompt_len = n - resumed;
@@ -134,6 +140,43 @@ Result<std::unique_ptr<Request>> Engine::NewRequest(std::vector<int32_t> prompt,
   r->seed = r->params.seed ? *r->params.seed : seed_rng_();
   r->id = next_id_++;
   return r;
+}
+
+Result<grammar::GrammarMatcher> Engine::NewMatcher(const RequestConstraint& c, const std::vector<int32_t>& prompt,
+                                                   int64_t resumed) const {
+  const int64_t V = model_->config().vocab_size;
+  std::shared_ptr<const grammar::CompiledGrammar> g = c.compiled;
+  if (!g) {
+    if (!options_.grammars)
+      return Status::InvalidArgument("constraint: this engine has no grammar cache (EngineOptions::grammars); "
+                                     "pass a compiled grammar");
+    // Compiles here, on the caller's thread: the step thread never waits for a new schema.
+    PDSERVE_ASSIGN_OR_RETURN(g, options_.grammars->Get(c.spec));
+  }
+  if (g->vocabulary().size() != V)
+    return Status::InvalidArgument("constraint: the grammar is compiled over a vocabulary of " +
+                                   std::to_string(g->vocabulary().size()) + " ids; the model has " + std::to_string(V));
+  std::optional<grammar::GrammarMatcher> m;
+  if (!c.state.empty()) {
+    Result<grammar::GrammarMatcher> restored = grammar::GrammarMatcher::Deserialize(g, c.state);
+    if (!restored.ok()) return Status::InvalidArgument("constraint state: " + restored.status().message());
+    if (restored.value().n_tokens() != resumed)
+      return Status::InvalidArgument("constraint state: it follows " + std::to_string(restored.value().n_tokens()) +
+                                     " output tokens; the request resumes " + std::to_string(resumed));
+    m.emplace(std::move(restored).value());
+  } else {
+    m.emplace(g);
+    const std::span<const int32_t> earlier(prompt.data() + (prompt.size() - static_cast<size_t>(resumed)),
+                                           static_cast<size_t>(resumed));
+    if (Status st = m->AcceptTokens(earlier); !st.ok())
+      return Status::InvalidArgument("constraint: the resumed output does not follow the grammar: " + st.message());
+  }
+  if (m->IsTerminated()) return Status::InvalidArgument("constraint: the resumed output already completes the grammar");
+  // The first mask computes the token sets of the start node: do it here, off the step thread.
+  std::vector<uint32_t> mask(static_cast<size_t>(g->vocabulary().mask_words()));
+  if (!m->FillNextTokenBitmask(mask.data()))
+    return Status::InvalidArgument("constraint: no token may follow the resumed output (nesting too deep)");
+  return std::move(*m);
 }
 
 Result<RequestId> Engine::AddRequest(std::vector<int32_t> prompt, RequestOptions options) {
@@ -163,13 +206,13 @@ Result<KvImport> Engine::ReserveImport(std::vector<int32_t> prompt, RequestOptio
   return out;
 }
 
-Status Engine::CommitImport(RequestId id, int32_t first_token) {
+Status Engine::CommitImport(RequestId id, int32_t first_token, std::string constraint_state) {
   if (first_token < 0 || first_token >= model_->config().vocab_size)
     return Status::InvalidArgument("first token " + std::to_string(first_token) + " outside the vocabulary");
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!live_.count(id)) return Status::NotFound("no request " + std::to_string(id));
-    inbox_commits_.push_back({id, first_token});
+    inbox_commits_.push_back({id, first_token, std::move(constraint_state)});
   }
   cv_.notify_all();
   return Status::Ok();

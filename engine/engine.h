@@ -29,9 +29,11 @@
 // Errors: AddRequest / ReserveImport: InvalidArgument (empty prompt, token outside the
 // vocabulary, prompt not shorter than the model context or the KV pool capacity, invalid
 // sampling parameters, stop strings without a detokenizer, kv_export without hold_kv and
-// max_tokens 1, or on ReserveImport), ResourceExhausted (ReserveImport:
-// no blocks); Abort / CommitImport / ReleaseKv / HeldBlocks: NotFound for an unknown id,
-// FailedPrecondition for a request in the wrong state.
+// max_tokens 1, or on ReserveImport; a constraint that does not compile, is over another
+// vocabulary, needs EngineOptions::grammars, or whose state / replay of the resumed output does
+// not fit), ResourceExhausted (ReserveImport: no blocks); Abort / CommitImport / ReleaseKv /
+// HeldBlocks: NotFound for an unknown id, FailedPrecondition for a request in the wrong state.
+// Structured output: RequestOptions::constraint (RequestConstraint below).
 #pragma once
 
 #include <chrono>
@@ -57,6 +59,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "grammar/constraint.h"
 #include "model/model.h"
 
 namespace pdserve::engine {
@@ -89,6 +92,30 @@ struct EngineOptions {
   // profiled op by op into it (model/profile_ops.h; phase prefill when the step computes
   // prompt rows, decode otherwise).
   OpProfile* profile = nullptr;
+  // Compiles RequestConstraint::spec (borrowed; outlives the engine; built over this model's
+  // vocabulary). Without it only precompiled constraints are accepted.
+  grammar::GrammarCache* grammars = nullptr;
+};
+
+// Structured output (docs/structured-output.md): the grammar a request's output follows. Every
+// sampled token of the request is drawn from the tokens the grammar allows next (the mask is
+// applied to its logits before sampling, greedy or not); the request ends with kStop when the
+// grammar is complete (the stop token, allowed only then, was sampled), or with kLength at
+// max_tokens (the text is then a valid prefix, not a complete document).
+struct RequestConstraint {
+  // The constraint as the request carries it, compiled through EngineOptions::grammars on the
+  // caller's thread (AddRequest / ReserveImport), unless `compiled` is given.
+  grammar::Constraint spec;
+  // A grammar already compiled over this model's vocabulary (GrammarCache::Get).
+  std::shared_ptr<const grammar::CompiledGrammar> compiled;
+  // The matcher state after the output the request already has (SamplingParams::
+  // resumed_output tokens; TokenEvent::constraint_state of the attempt that made them). Empty:
+  // the engine replays those tokens through the grammar.
+  std::string state;
+  // The finishing event carries the matcher state (TokenEvent::constraint_state).
+  bool export_state = false;
+
+  bool active() const { return compiled != nullptr || spec.active(); }
 };
 
 struct RequestOptions {
@@ -99,6 +126,7 @@ struct RequestOptions {
   // (the request then ends in the step that computed its last chunk, so the exported blocks
   // can never be preempted).
   KvExportHooks kv_export;
+  RequestConstraint constraint;     // inactive by default
 };
 
 struct EngineStats {
@@ -113,6 +141,10 @@ struct EngineStats {
   int64_t finished = 0, aborted = 0;
   int64_t routed_expert_runs = 0, kv_bytes_read = 0;  // model::BatchStats, summed over steps
   double forward_seconds = 0, schedule_seconds = 0, sample_seconds = 0, event_seconds = 0;
+  // Structured output: rows sampled under a grammar mask, and the time of their masks (filling
+  // and applying them, and advancing the matchers; part of sample_seconds).
+  int64_t constrained_rows = 0;
+  double constraint_seconds = 0;
   // Share of step time spent outside the forward pass (scheduling, batch building,
   // sampling, stop checks, event delivery).
   double OverheadShare() const;
@@ -138,7 +170,11 @@ class Engine {
   Status Abort(RequestId id);
 
   Result<KvImport> ReserveImport(std::vector<int32_t> prompt, RequestOptions options);
-  Status CommitImport(RequestId id, int32_t first_token);
+  // `constraint_state` (a constrained request): the prefill side's matcher state after the
+  // first token (TokenEvent::constraint_state); empty: the first token is replayed through the
+  // grammar. A state that does not fit the request's grammar, or a first token the grammar does
+  // not allow, ends the request with an error event.
+  Status CommitImport(RequestId id, int32_t first_token, std::string constraint_state = {});
   Result<std::vector<int32_t>> HeldBlocks(RequestId id) const;
   Status ReleaseKv(RequestId id);
 
@@ -166,6 +202,9 @@ class Engine {
   Engine(const EngineOptions& options, const model::Model* model, std::unique_ptr<model::Model> owned,
          std::unique_ptr<ThreadPool> owned_pool, std::unique_ptr<BlockPool> pool);
   Result<std::unique_ptr<Request>> NewRequest(std::vector<int32_t> prompt, RequestOptions options);
+  // The request's grammar matcher after its resumed output (state restored or replayed).
+  Result<grammar::GrammarMatcher> NewMatcher(const RequestConstraint& c, const std::vector<int32_t>& prompt,
+                                             int64_t resumed) const;
   void Loop(std::stop_token st);
   // One step; `stopping`: schedule nothing (a group leader that is stopping still steps).
   // Returns whether a batch ran or events went out.
@@ -186,18 +225,28 @@ class Engine {
   // Starts the KV exports whose prompts complete in this step (fills exporting_); returns the
   // per-layer callback for the forward (empty when none).
   model::LayerKvDone BeginKvExports(const std::vector<ScheduledChunk>& chunks);
-  void SampleAndEmit(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>* events);
+  // Grammar masks applied in a step: constrained rows and the seconds they took.
+  struct ConstraintStep {
+    int64_t rows = 0;
+    double seconds = 0;
+  };
+  ConstraintStep SampleAndEmit(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>* events);
   // A failed forward ends every request of the step with an error event.
   void FailChunks(const std::vector<ScheduledChunk>& chunks, const Status& why, std::vector<TokenEvent>* events);
   void PublishStepStats(const StepBatch& batch, const model::BatchStats& bstats, int64_t n_exports,
-                        const StepTimes& times);
+                        const StepTimes& times, const ConstraintStep& constrained);
   // Runs the step's batch: the model directly, or through the group (sets group_stopped_).
   Status RunForward(const std::vector<ScheduledChunk>& chunks, std::span<const model::BatchSequence> batch,
                     bool stopping, model::BatchStats* stats, const model::LayerKvDone& on_layer);
   void ApplyInbox(std::vector<TokenEvent>* events);
   // Appends `token` to r, checks stop conditions; returns the event (finished if it ends r).
-  TokenEvent Emit(Request* r, const SampleResult& s);
+  // `advance`: the token still has to go through the request's grammar matcher.
+  TokenEvent Emit(Request* r, const SampleResult& s, bool advance = true);
   void Finish(Request* r, FinishReason reason, TokenEvent* ev);
+  // Fills and applies the grammar masks of the constrained rows among `to_sample` (row k's
+  // logits at logits_[k * V]); a row with nothing allowed ends with an error and becomes null.
+  // Returns the number of constrained rows.
+  int64_t MaskConstrainedRows(std::vector<Request*>* to_sample, std::vector<TokenEvent>* events);
   void Deliver(std::vector<TokenEvent>& events);
   // Moves a pending queue time into the request's next event.
   static void TakeQueueTime(Request* r, TokenEvent* ev);
@@ -215,6 +264,10 @@ class Engine {
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::unordered_map<RequestId, EventCallback> callbacks_;  // of requests finished this step
   std::vector<float> logits_;
+  std::vector<uint32_t> masks_;      // grammar masks of this step's constrained rows
+  std::vector<int32_t> constrained_; // their indices among the sampled rows
+  std::vector<uint8_t> mask_ok_;     // per constrained row: something is allowed
+  double advance_seconds_ = 0;       // this step's matcher advances
   std::vector<Request*> exporting_;  // this step's requests with a kv_export that began
   std::vector<int32_t> imported_;    // group: blocks of imports committed since the last step
   std::vector<GroupSequence> group_seqs_;  // group: this step's sequences (scratch)
@@ -226,7 +279,12 @@ class Engine {
   std::condition_variable_any cv_;
   std::vector<std::unique_ptr<Request>> inbox_adds_;
   std::vector<RequestId> inbox_aborts_;
-  std::vector<std::pair<RequestId, int32_t>> inbox_commits_;
+  struct InboxCommit {
+    RequestId id;
+    int32_t token;
+    std::string constraint_state;
+  };
+  std::vector<InboxCommit> inbox_commits_;
   std::unordered_set<RequestId> live_;                             // not yet finished
   std::unordered_map<RequestId, std::vector<int32_t>> held_;       // hold_kv, finished
   RequestId next_id_ = 1;

@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "engine/engine.h"
+#include "grammar/bitmask.h"
 #include "model/profile_ops.h"
 
 namespace pdserve::engine {
@@ -17,7 +18,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
   std::vector<std::unique_ptr<Request>> adds;
   std::vector<RequestId> aborts;
-  std::vector<std::pair<RequestId, int32_t>> commits;
+  std::vector<InboxCommit> commits;
   {
     std::lock_guard<std::mutex> lock(mu_);
     adds.swap(inbox_adds_);
@@ -31,7 +32,9 @@ void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
     if (r->state != RequestState::kAwaitingKv) scheduler_.AddWaiting(r.get());
     requests_[id] = std::move(r);
   }
-  for (const auto& [id, token] : commits) {
+  for (InboxCommit& commit : commits) {
+    const RequestId id = commit.id;
+    const int32_t token = commit.token;
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second->state != RequestState::kAwaitingKv) {
       GetLogger("engine")->warn("commit of request {} ignored: not awaiting KV", id);
@@ -46,7 +49,28 @@ void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
     scheduler_.AddRunning(r);
     SampleResult s;
     s.token = token;
-    events->push_back(Emit(r, s));
+    bool advance = true;
+    if (r->matcher && !commit.constraint_state.empty()) {
+      // The prefill side's state after the first token replaces this side's (which is at the
+      // end of the resumed output): it must follow exactly one more token.
+      Result<grammar::GrammarMatcher> m =
+          grammar::GrammarMatcher::Deserialize(r->matcher->grammar_ptr(), commit.constraint_state);
+      Status st = m.ok() ? Status::Ok() : m.status();
+      if (st.ok() && m.value().n_tokens() != r->matcher->n_tokens() + 1)
+        st = Status::InvalidArgument("it follows " + std::to_string(m.value().n_tokens()) +
+                                     " output tokens; the request has " + std::to_string(r->matcher->n_tokens() + 1));
+      if (!st.ok()) {
+        TokenEvent ev;
+        ev.id = id;
+        ev.error = Status(st.code(), "constraint state of the imported request: " + st.message());
+        Finish(r, FinishReason::kError, &ev);
+        events->push_back(std::move(ev));
+        continue;
+      }
+      *r->matcher = std::move(m).value();
+      advance = false;
+    }
+    events->push_back(Emit(r, s, advance));
   }
   for (RequestId id : aborts) {
     auto it = requests_.find(id);
@@ -58,9 +82,20 @@ void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
   }
 }
 
-TokenEvent Engine::Emit(Request* r, const SampleResult& s) {
+TokenEvent Engine::Emit(Request* r, const SampleResult& s, bool advance) {
   TokenEvent ev;
   ev.id = r->id;
+  if (r->matcher && advance) {
+    // Sampled under the mask, a token always fits; an imported first token may not.
+    const auto t = Clock::now();
+    Status st = r->matcher->AcceptToken(s.token);
+    advance_seconds_ += Seconds(t, Clock::now());
+    if (!st.ok()) {
+      ev.error = Status(st.code(), "constraint: " + st.message());
+      Finish(r, FinishReason::kError, &ev);
+      return ev;
+    }
+  }
   ev.token = s.token;
   ev.index = r->n_output();
   ev.logprob = s.logprob;
@@ -70,7 +105,9 @@ TokenEvent Engine::Emit(Request* r, const SampleResult& s) {
   r->penalties.AddOutput(s.token);
   const SamplingParams& p = r->params;
   FinishReason reason = FinishReason::kNone;
-  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), s.token) != p.stop_token_ids.end()) {
+  if (r->matcher && r->matcher->IsTerminated()) {
+    reason = FinishReason::kStop;  // the grammar is complete (its stop token was sampled)
+  } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), s.token) != p.stop_token_ids.end()) {
     reason = FinishReason::kStop;
   } else if (!p.stop.empty()) {
     // Decode a window of the last tokens (each token is at least one byte of text, so the
@@ -109,6 +146,7 @@ void Engine::Finish(Request* r, FinishReason reason, TokenEvent* ev) {
   ev->reason = reason;
   ev->prompt_tokens = r->prompt_len;
   ev->output_tokens = r->n_output();
+  if (r->matcher && r->export_constraint_state) ev->constraint_state = r->matcher->Serialize();
   TakeQueueTime(r, ev);
   // An exported request keeps its blocks however it ends: the exporter may still read them.
   const bool keep =
@@ -136,6 +174,43 @@ void Engine::Deliver(std::vector<TokenEvent>& events) {
     if (it->second) it->second(ev);
     if (ev.finished) callbacks_.erase(it);
   }
+}
+
+int64_t Engine::MaskConstrainedRows(std::vector<Request*>* to_sample, std::vector<TokenEvent>* events) {
+  constrained_.clear();
+  for (size_t k = 0; k < to_sample->size(); ++k)
+    if ((*to_sample)[k]->matcher) constrained_.push_back(static_cast<int32_t>(k));
+  if (constrained_.empty()) return 0;
+  const int64_t V = model_->config().vocab_size;
+  const int64_t words = grammar::MaskWords(V);
+  masks_.resize(static_cast<size_t>(words) * constrained_.size());
+  mask_ok_.assign(constrained_.size(), 1);
+  // Each constrained row: its matcher's mask (a copy of a cached token set, or computed once
+  // per new grammar state), applied to its logits row. Unconstrained rows are not touched.
+  model_->pool()->ParallelFor(static_cast<int64_t>(constrained_.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int32_t k = constrained_[static_cast<size_t>(i)];
+      uint32_t* mask = &masks_[static_cast<size_t>(i * words)];
+      if (!(*to_sample)[static_cast<size_t>(k)]->matcher->FillNextTokenBitmask(mask)) {
+        mask_ok_[static_cast<size_t>(i)] = 0;
+        continue;
+      }
+      grammar::ApplyTokenBitmask(&logits_[static_cast<size_t>(k * V)], V, mask);
+    }
+  }, 4);
+  for (size_t i = 0; i < constrained_.size(); ++i) {
+    if (mask_ok_[i]) continue;
+    Request*& r = (*to_sample)[static_cast<size_t>(constrained_[i])];
+    // A compiled grammar has no dead ends: only a text nested beyond the matcher's depth bound
+    // (CompileOptions::max_stack_depth) leaves nothing to sample.
+    TokenEvent ev;
+    ev.id = r->id;
+    ev.error = Status::ResourceExhausted("constraint: the output would nest deeper than the grammar's stack bound");
+    Finish(r, FinishReason::kError, &ev);
+    events->push_back(std::move(ev));
+    r = nullptr;
+  }
+  return static_cast<int64_t>(constrained_.size());
 }
 
 bool Engine::Step() { return StepOnce(false); }
@@ -169,6 +244,7 @@ Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<c
 // requests); deliver the events; publish the stats.
 bool Engine::StepOnce(bool stopping) {
   const auto t0 = Clock::now();
+  advance_seconds_ = 0;
   step_started_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count(),
                          std::memory_order_relaxed);
   OpProfileStep profile_step(options_.profile, model::kPhaseDecode);
@@ -191,10 +267,11 @@ bool Engine::StepOnce(bool stopping) {
   const auto t2 = Clock::now();
   const auto n_exports = static_cast<int64_t>(exporting_.size());
   exporting_.clear();  // (its requests may finish below)
+  ConstraintStep constrained;
   if (st.ok()) {
     scheduler_.Commit(out);
     op_scope.Switch(model::kOpSampling);
-    SampleAndEmit(out.chunks, &events);
+    constrained = SampleAndEmit(out.chunks, &events);
   } else {
     FailChunks(out.chunks, st, &events);
   }
@@ -203,7 +280,7 @@ bool Engine::StepOnce(bool stopping) {
   Deliver(events);
   const auto t4 = Clock::now();
   StepTimes times{Seconds(t0, t1), Seconds(t1, t2), Seconds(t2, t3), Seconds(t3, t4)};
-  PublishStepStats(batch, bstats, n_exports, times);
+  PublishStepStats(batch, bstats, n_exports, times, constrained);
   step_started_ns_.store(0, std::memory_order_relaxed);
   return !batch.sequences.empty() || !events.empty();
 }
@@ -257,23 +334,32 @@ model::LayerKvDone Engine::BeginKvExports(const std::vector<ScheduledChunk>& chu
   };
 }
 
-void Engine::SampleAndEmit(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>* events) {
+Engine::ConstraintStep Engine::SampleAndEmit(const std::vector<ScheduledChunk>& chunks,
+                                             std::vector<TokenEvent>* events) {
   const int64_t V = model_->config().vocab_size;
   // Sampling reads only its own logits row and request: rows run in parallel; appending
   // tokens, stop checks and finishing stay sequential.
   std::vector<Request*> to_sample;
   for (const ScheduledChunk& c : chunks)
     if (c.sample) to_sample.push_back(c.request);
+  // Grammar masks on the constrained rows only (a row its grammar ended becomes nullptr).
+  ConstraintStep constrained;
+  const auto tm = Clock::now();
+  constrained.rows = MaskConstrainedRows(&to_sample, events);
+  if (constrained.rows > 0) constrained.seconds = Seconds(tm, Clock::now());
   std::vector<SampleResult> sampled(to_sample.size());
   model_->pool()->ParallelFor(static_cast<int64_t>(to_sample.size()), [&](int64_t b, int64_t e) {
     Sampler sampler;
     for (int64_t k = b; k < e; ++k) {
       const Request* r = to_sample[static_cast<size_t>(k)];
+      if (!r) continue;  // ended by its grammar
       sampled[static_cast<size_t>(k)] = sampler.Sample(&logits_[static_cast<size_t>(k * V)], V, r->params,
                                                        r->penalties, r->seed, r->n_output());
     }
   }, 4);
-  for (size_t k = 0; k < to_sample.size(); ++k) events->push_back(Emit(to_sample[k], sampled[k]));
+  for (size_t k = 0; k < to_sample.size(); ++k)
+    if (to_sample[k]) events->push_back(Emit(to_sample[k], sampled[k]));
+  return constrained;
 }
 
 void Engine::FailChunks(const std::vector<ScheduledChunk>& chunks, const Status& why, std::vector<TokenEvent>* events) {
@@ -288,7 +374,7 @@ void Engine::FailChunks(const std::vector<ScheduledChunk>& chunks, const Status&
 }
 
 void Engine::PublishStepStats(const StepBatch& batch, const model::BatchStats& bstats, int64_t n_exports,
-                              const StepTimes& times) {
+                              const StepTimes& times, const ConstraintStep& constrained) {
   int64_t queued_tokens = 0;
   for (const auto& [id, r] : requests_) queued_tokens += QueuedTokens(*r);
   std::lock_guard<std::mutex> lock(mu_);
@@ -308,6 +394,8 @@ void Engine::PublishStepStats(const StepBatch& batch, const model::BatchStats& b
   stats_.forward_seconds += times.forward;
   stats_.sample_seconds += times.sample;
   stats_.event_seconds += times.events;
+  stats_.constrained_rows += constrained.rows;
+  stats_.constraint_seconds += constrained.seconds + advance_seconds_;
   has_work_ = !requests_.empty();
 }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "common/finish_reason.h"
 #include "common/status.h"
 #include "engine/block_pool.h"
+#include "grammar/matcher.h"
 #include "engine/sampler.h"
 
 namespace pdserve::engine {
@@ -41,6 +43,10 @@ struct TokenEvent {
   std::string stop_string;  // the stop string that matched (reason kStop by string)
   Status error;             // reason kError
   int64_t prompt_tokens = 0, output_tokens = 0;  // set on the finishing event
+  // The finishing event of a constrained request with RequestConstraint::export_state: its
+  // grammar matcher state after every output token (GrammarMatcher::Serialize). The prefill
+  // side sends it with the first token; CommitImport / RequestConstraint::state restore it.
+  std::string constraint_state;
 };
 
 // Called on the engine's step thread, never under an engine lock: it may call AddRequest /
@@ -75,6 +81,11 @@ struct Request {
   bool kv_export_begun = false; // kv_export.begin was called: the blocks are kept on any end
   uint64_t seed = 0;
   PenaltyState penalties;
+  // Structured output: the matcher of the request's grammar, at the end of its output so far
+  // (null: unconstrained). Masks each sampled row; finishes the request when the grammar
+  // completes (the stop token it allows was sampled).
+  std::optional<grammar::GrammarMatcher> matcher;
+  bool export_constraint_state = false;
   RequestState state = RequestState::kWaiting;
   BlockTable blocks;
   int64_t num_computed = 0;     // positions whose KV is in the cache

@@ -78,7 +78,9 @@ CloseResult StackOps::Close(const StackSet& raw, StackSet* out) {
 
 bool StackOps::Matches(const StackSet& from, std::span<const uint8_t> bytes) {
   if (bytes.empty()) return true;
-  StackSet cur = from, raw;
+  StackSet& cur = match_cur_;
+  StackSet& raw = match_raw_;
+  cur = from;
   for (size_t i = 0; i < bytes.size(); ++i) {
     Step(cur, bytes[i], &raw);
     if (raw.empty()) return false;

@@ -36,12 +36,12 @@ class StackOps {
   CloseResult Close(const StackSet& raw, StackSet* out);
 
   // Whether `bytes` can be consumed from the closed set `from` (returns at depth 1 end the
-  // text: no byte may follow them).
+  // text: no byte may follow them). REQUIRES: `from` is not one of this object's buffers.
   bool Matches(const StackSet& from, std::span<const uint8_t> bytes);
 
  private:
   const CompiledGrammar& g_;
-  std::vector<uint32_t> work_, seen_, a_, b_;
+  std::vector<uint32_t> work_, seen_, a_, match_cur_, match_raw_;
 };
 
 // Whether the record at rec (length-prefixed) occurs in the flat set `set`.

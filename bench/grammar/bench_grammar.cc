@@ -3,6 +3,7 @@
 // measured in the same run (goal: mask work < 5% of the step).
 //
 //   build/bin/bench_grammar [--steps N] [--context N] [--decode-steps N] [--model DIR] [--skip-decode]
+//                           [--engine-steps N] [--skip-engine]
 //
 // Per step and for all 64 rows: FillNextTokenBitmask (one thread, and on a 2-thread pool),
 // ApplyTokenBitmaskRows over 64 x 129,280 fp32 logits, AcceptToken of the row's next token.
@@ -11,6 +12,9 @@
 // staggered offsets, so they sit in different states. Steady state: every document was walked
 // once before timing (token sets are computed once per grammar node and kept); the first
 // walk's cost (the cold pass) is reported apart, with the compile time.
+// Then the same inside the engine: `small` made with the 129,280-id vocabulary (DIR-v129k), 64
+// decode rows all constrained vs none, the engine's own mask time (EngineStats::
+// constraint_seconds: fill + apply + advance) per step.
 // Writes bench/results/grammar.{json,md}.
 #include <algorithm>
 #include <cstring>
@@ -205,6 +209,89 @@ double DecodeStepMs(const std::string& model_dir, int64_t context, int steps, Th
   return Median(times) * 1e3;
 }
 
+// The masks inside the engine: `small` with the full 129,280-id vocabulary (so the logits and
+// masks have DeepSeek's size), kBatch decode rows: the same engine step with every row
+// constrained (half json_object, half the order schema; greedy and sampled) and with none.
+struct EngineMaskFigures {
+  double step_constrained_ms = 0, step_plain_ms = 0, mask_ms = 0, rows_per_step = 0;
+  std::string load_before, load_after;
+};
+
+bool EnsureModel(const std::string& dir, int64_t vocab) {
+  if (std::filesystem::exists(dir + "/config.json")) return true;
+  std::printf("making the small preset (vocab %lld) in %s ...\n", static_cast<long long>(vocab), dir.c_str());
+  model::MakeModelOptions o;
+  o.preset = "small";
+  o.out_dir = dir;
+  o.vocab = vocab;
+  if (Status s = model::MakeModel(o); !s.ok()) return std::fprintf(stderr, "%s\n", s.ToString().c_str()), false;
+  return true;
+}
+
+// Median step time (and mask time per step) of kBatch decode rows, after their prefill.
+bool EngineDecodeSteps(const model::Model& m, grammar::GrammarCache* cache, bool constrained, int64_t context,
+                       int steps, double* step_ms, double* mask_ms, double* rows_per_step) {
+  engine::EngineOptions eo;
+  eo.kv_cache_gib = 1.0;
+  eo.scheduler.max_num_seqs = kBatch;
+  eo.scheduler.max_step_tokens = 512;
+  eo.seed = 1;
+  eo.grammars = cache;
+  auto eng = engine::Engine::Create(eo, &m);
+  if (!eng.ok()) return std::fprintf(stderr, "%s\n", eng.status().ToString().c_str()), false;
+  engine::Engine& e = **eng;
+  for (int r = 0; r < kBatch; ++r) {
+    std::vector<int32_t> prompt(static_cast<size_t>(context));
+    for (int64_t i = 0; i < context; ++i)
+      prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + r * 104729 + 13) % 128000);
+    engine::RequestOptions ro;
+    ro.sampling.temperature = r % 2 ? 1.0f : 0.0f;
+    ro.sampling.max_tokens = 100000;
+    if (constrained) {
+      ro.constraint.spec = r % 4 < 2 ? grammar::Constraint{.kind = grammar::ConstraintKind::kJsonObject}
+                                     : grammar::Constraint{.kind = grammar::ConstraintKind::kJsonSchema, .text = kOrderSchema};
+    }
+    if (auto id = e.AddRequest(std::move(prompt), std::move(ro)); !id.ok())
+      return std::fprintf(stderr, "%s\n", id.status().ToString().c_str()), false;
+  }
+  for (int guard = 0; guard < 10000; ++guard) {
+    const engine::EngineStats s = e.Stats();
+    if (s.waiting == 0 && s.prompt_rows >= kBatch * context && s.generated_tokens >= kBatch) break;
+    e.Step();
+  }
+  for (int k = 0; k < 3; ++k) e.Step();  // decode rows only; the grammar nodes met first are classified
+  std::vector<double> times, masks;
+  int64_t rows = 0;
+  for (int s = 0; s < steps; ++s) {
+    const engine::EngineStats before = e.Stats();
+    const auto t = Clock::now();
+    e.Step();
+    times.push_back(SecondsSince(t));
+    const engine::EngineStats after = e.Stats();
+    masks.push_back(after.constraint_seconds - before.constraint_seconds);
+    rows += after.constrained_rows - before.constrained_rows;
+  }
+  *step_ms = Median(times) * 1e3;
+  *mask_ms = Median(masks) * 1e3;
+  *rows_per_step = static_cast<double>(rows) / steps;
+  return true;
+}
+
+EngineMaskFigures MeasureEngineMasks(const std::string& model_dir, grammar::GrammarCache* cache, int64_t context,
+                                     int steps, ThreadPool* pool) {
+  EngineMaskFigures f;
+  if (!EnsureModel(model_dir, kModelVocab)) std::exit(1);
+  auto m = model::Model::Load(model_dir, pool);
+  if (!m.ok()) std::fprintf(stderr, "%s\n", m.status().ToString().c_str()), std::exit(1);
+  f.load_before = CommandOutput("uptime");
+  double unused = 0;
+  if (!EngineDecodeSteps(**m, cache, true, context, steps, &f.step_constrained_ms, &f.mask_ms, &f.rows_per_step) ||
+      !EngineDecodeSteps(**m, cache, false, context, steps, &f.step_plain_ms, &unused, &unused))
+    std::exit(1);
+  f.load_after = CommandOutput("uptime");
+  return f;
+}
+
 std::vector<int32_t> Tokens(const tokenizer::Tokenizer& tok, const std::string& text) {
   std::vector<int32_t> ids = tok.Encode(text).value();
   ids.push_back(*tok.eos_id());
@@ -216,10 +303,13 @@ int Main(int argc, char** argv) {
   int steps = 200, decode_steps = 5;
   int64_t context = 128;
   std::string model_dir = "models/small";
-  bool skip_decode = false;
+  bool skip_decode = false, skip_engine = false;
+  int engine_steps = 8;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--skip-decode") skip_decode = true;
+    else if (a == "--skip-engine") skip_engine = true;
+    else if (i + 1 < argc && a == "--engine-steps") engine_steps = std::atoi(argv[++i]);
     else if (i + 1 < argc && a == "--steps") steps = std::atoi(argv[++i]);
     else if (i + 1 < argc && a == "--decode-steps") decode_steps = std::atoi(argv[++i]);
     else if (i + 1 < argc && a == "--context") context = std::atoll(argv[++i]);
@@ -243,6 +333,9 @@ int Main(int argc, char** argv) {
   const std::string load_mid = CommandOutput("uptime");
   const double decode_ms = skip_decode ? 0 : DecodeStepMs(model_dir, context, decode_steps, &pool);
   const std::string load_after = CommandOutput("uptime");
+  EngineMaskFigures ef;
+  grammar::GrammarCache cache(vocab);
+  if (!skip_engine) ef = MeasureEngineMasks(model_dir + "-v129k", &cache, context, engine_steps, &pool);
 
   nlohmann::json j = {{"bench", "grammar"}, {"batch", kBatch}, {"vocab", kModelVocab}, {"steps", steps},
                       {"decode_step_ms", decode_ms}, {"decode_context", context}, {"machine", MachineName()},
@@ -277,6 +370,27 @@ int Main(int argc, char** argv) {
                 static_cast<long long>(context), decode_ms, decode_steps, load_before.c_str(), load_mid.c_str(),
                 load_after.c_str(), MachineName().c_str(), GitRevision().c_str());
   md += tail;
+  if (!skip_engine) {
+    const double of_step = ef.step_constrained_ms > 0 ? ef.mask_ms / ef.step_constrained_ms : 0;
+    const double of_small = decode_ms > 0 ? ef.mask_ms / decode_ms : 0;
+    j["engine"] = {{"model", "small, vocab 129280"}, {"steps", engine_steps}, {"rows_masked_per_step", ef.rows_per_step},
+                   {"mask_ms_per_step", ef.mask_ms}, {"step_constrained_ms", ef.step_constrained_ms},
+                   {"step_unconstrained_ms", ef.step_plain_ms}, {"share_of_constrained_step", of_step},
+                   {"share_of_small_decode_step", of_small}, {"uptime_before", ef.load_before},
+                   {"uptime_after", ef.load_after}};
+    char eng[2048];
+    std::snprintf(eng, sizeof(eng),
+                  "\n## Inside the engine\n\n`small` made with the 129,280-id vocabulary, %d decode rows (context %lld), "
+                  "%d steps (medians): every row constrained (half json_object, half the order schema; half greedy, half "
+                  "sampled), then the same rows unconstrained, in the same run.\n\n"
+                  "| rows masked per step | masks per step (fill + apply + advance) | step, constrained | step, unconstrained | "
+                  "masks / constrained step | masks / `small` decode step (vocab 32,000, above) |\n|---|---|---|---|---|---|\n"
+                  "| %.1f | %.3f ms | %.1f ms | %.1f ms | %.2f%% | %.2f%% |\n\nLoad: before `%s`; after `%s`.\n",
+                  kBatch, static_cast<long long>(context), engine_steps, ef.rows_per_step, ef.mask_ms,
+                  ef.step_constrained_ms, ef.step_plain_ms, 100 * of_step, 100 * of_small, ef.load_before.c_str(),
+                  ef.load_after.c_str());
+    md += eng;
+  }
   WriteResults("grammar", j, md);
   return 0;
 }

@@ -31,7 +31,7 @@ Result<std::unique_ptr<AutoscalerLoop>> AutoscalerLoop::Create(const ClusterConf
   std::unique_ptr<AutoscalerLoop> loop(new AutoscalerLoop(config, std::move(router_host), router_port, std::move(hooks)));
   if (!config.router.api_keys_file.empty()) {
     // The key file's format (api_auth.h): one key a line, '#' comments, whitespace trimmed.
-    PDSERVE_ASSIGN_OR_RETURN(std::string keys, services::ReadFile(config.router.api_keys_file));
+    PDSERVE_ASSIGN_OR_RETURN(std::string keys, ReadFileToString(config.router.api_keys_file));
     std::istringstream in(keys);
     for (std::string line; loop->api_key_.empty() && std::getline(in, line);) {
       const size_t b = line.find_first_not_of(" \t\r");
