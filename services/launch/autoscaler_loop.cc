@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "common/mapped_file.h"
 #include "services/common/process_util.h"
 
 namespace pdserve::launch {
