@@ -85,7 +85,7 @@ Status Run(const CommandLine& args) {
   }
   auto done = client->Generate(req, [&](const api::Output& o) {
     if (as_json) {
-      nlohmann::json j = {{"tokens", o.tokens}, {"text", o.text}, {"finish_reason", api::FinishName(o.finish)}};
+      nlohmann::json j = {{"tokens", o.tokens}, {"text", o.text}, {"finish_reason", FinishReasonName(o.finish)}};
       if (o.finishing()) j["usage"] = {{"prompt_tokens", o.prompt_tokens}, {"completion_tokens", o.completion_tokens}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
@@ -98,7 +98,7 @@ Status Run(const CommandLine& args) {
   if (!as_json) {
     std::printf("\n");
     std::fprintf(stderr, "[%s] finish %s, %u prompt + %u completion tokens\n", done->tag.c_str(),
-                 api::FinishName(done->finish), done->prompt_tokens, done->completion_tokens);
+                 FinishReasonName(done->finish), done->prompt_tokens, done->completion_tokens);
   }
   return Status::Ok();
 }

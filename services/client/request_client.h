@@ -70,7 +70,7 @@ struct Completion {
   std::string tag;                 // the router's request id (its logs, the workers' logs)
   std::vector<int32_t> tokens;     // every token received (hidden stop tokens excluded)
   std::string text;
-  services::api::Finish finish = services::api::Finish::kNone;
+  FinishReason finish = FinishReason::kNone;
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
 };

@@ -1,6 +1,7 @@
 #include "services/launch/launcher.h"
 
 #include <signal.h>
+#include <poll.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -418,7 +419,17 @@ int Launcher::Run() {
   if (!config_.log_dir.empty()) fs::create_directories(config_.log_dir, ec);
 
   auto fail = [&](const Status& s) {
-    if (signal_ != 0 && failure_.empty()) {
+    // A signal sent to the whole process group (a terminal's Ctrl-C, `kill -- -PGID`) may stop
+    // a child first: its death is then part of the same request, not a failure. Give the
+    // launcher's own copy of the signal a moment to arrive before calling it one.
+    if (signal_ == 0 && !failure_.empty()) {
+      pollfd pfd{signal_fd_, POLLIN, 0};
+      if (poll(&pfd, 1, 250) == 1) {
+        signalfd_siginfo info;
+        if (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) signal_ = static_cast<int>(info.ssi_signo);
+      }
+    }
+    if (signal_ != 0) {
       // Ctrl-C while starting is a request, not an error; the exit code still says the cluster
       // never served.
       Say(fmt::format("start-up interrupted by signal {}", signal_));

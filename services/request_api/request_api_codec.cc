@@ -14,16 +14,6 @@ namespace pdserve::services::api {
 
 namespace rp = ::pdserve::proto::request_api;
 
-const char* FinishName(Finish f) {
-  switch (f) {
-    case Finish::kStop: return "stop";
-    case Finish::kLength: return "length";
-    case Finish::kAbort: return "abort";
-    case Finish::kNone: break;
-  }
-  return "none";
-}
-
 const char* MessageName(const Message& m) {
   static constexpr const char* kNames[] = {"submit", "abort", "ping", "accepted", "output", "error", "pong", "keepalive"};
   return kNames[m.index()];
@@ -138,10 +128,12 @@ struct Encoder {
     b.setText(AsText(m.text));
     SetLogprobs(b.initLogprobs(static_cast<unsigned>(m.logprobs.size())), m.logprobs);
     switch (m.finish) {
-      case Finish::kNone: b.setFinishReason(rp::FinishReason::NONE); break;
-      case Finish::kStop: b.setFinishReason(rp::FinishReason::STOP); break;
-      case Finish::kLength: b.setFinishReason(rp::FinishReason::LENGTH); break;
-      case Finish::kAbort: b.setFinishReason(rp::FinishReason::ABORT); break;
+      case FinishReason::kNone: b.setFinishReason(rp::FinishReason::NONE); break;
+      case FinishReason::kStop: b.setFinishReason(rp::FinishReason::STOP); break;
+      case FinishReason::kLength: b.setFinishReason(rp::FinishReason::LENGTH); break;
+      case FinishReason::kAbort: b.setFinishReason(rp::FinishReason::ABORT); break;
+      case FinishReason::kError:
+        return Status::InvalidArgument("an Output cannot finish with 'error': a failed request ends with an Error message");
     }
     b.setPromptTokens(m.prompt_tokens);
     b.setCompletionTokens(m.completion_tokens);
@@ -271,10 +263,10 @@ Result<Message> DecodeOutput(rp::Output::Reader r) {
     m.logprobs.push_back(std::move(v));
   }
   switch (r.getFinishReason()) {
-    case rp::FinishReason::NONE: m.finish = Finish::kNone; break;
-    case rp::FinishReason::STOP: m.finish = Finish::kStop; break;
-    case rp::FinishReason::LENGTH: m.finish = Finish::kLength; break;
-    case rp::FinishReason::ABORT: m.finish = Finish::kAbort; break;
+    case rp::FinishReason::NONE: m.finish = FinishReason::kNone; break;
+    case rp::FinishReason::STOP: m.finish = FinishReason::kStop; break;
+    case rp::FinishReason::LENGTH: m.finish = FinishReason::kLength; break;
+    case rp::FinishReason::ABORT: m.finish = FinishReason::kAbort; break;
     default: return Status::InvalidArgument("output.finishReason is unknown");
   }
   m.prompt_tokens = r.getPromptTokens();

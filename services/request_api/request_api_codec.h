@@ -17,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/finish_reason.h"
 #include "common/status.h"
 #include "services/control/control_messages.h"
 
@@ -94,18 +95,15 @@ struct Accepted {
   bool operator==(const Accepted&) const = default;
 };
 
-enum class Finish : uint8_t { kNone, kStop, kLength, kAbort };
-const char* FinishName(Finish finish);  // "none" | "stop" | "length" | "abort"
-
 struct Output {
   uint64_t request_id = 0;
   std::vector<int32_t> tokens;
   std::string text;
   std::vector<TokenLogprob> logprobs;  // empty or parallel to tokens
-  Finish finish = Finish::kNone;
+  FinishReason finish = FinishReason::kNone;  // never kError: an error is an Error message
   uint32_t prompt_tokens = 0;          // usage, on the finishing event
   uint32_t completion_tokens = 0;
-  bool finishing() const { return finish != Finish::kNone; }
+  bool finishing() const { return finish != FinishReason::kNone; }
   bool operator==(const Output&) const = default;
 };
 

@@ -40,7 +40,7 @@ std::vector<Message> Samples() {
   chat.sampling.presence_penalty = -2;
   chat.sampling.frequency_penalty = 2;
   chat.sampling.repetition_penalty = 1.1;
-  Output out{5, {4, 5}, "xy", {{-0.5f, {{4, -0.5f}, {6, -1.5f}}}, {-1.0f, {}}}, Finish::kLength, 3, 2};
+  Output out{5, {4, 5}, "xy", {{-0.5f, {{4, -0.5f}, {6, -1.5f}}}, {-1.0f, {}}}, FinishReason::kLength, 3, 2};
   return {ids, text, chat, Abort{7, "bye"}, Ping{99}, Accepted{7, "cmpl-1", 4, 16}, out,
           Error{7, 404, "invalid_request_error", "model_not_found", "", "no such model"}, Pong{99}, Keepalive{}};
 }

@@ -155,7 +155,7 @@ void ExpectSameAsHttp(const TestCluster& c, RequestClient& client, const Pair& x
   ASSERT_TRUE(done.ok()) << done.status().ToString() << "\n" << c.Logs();
   EXPECT_EQ(done->text, http_text);
   EXPECT_EQ(streamed, http_text);
-  EXPECT_EQ(api::FinishName(done->finish), choice["finish_reason"].get<std::string>());
+  EXPECT_EQ(FinishReasonName(done->finish), choice["finish_reason"].get<std::string>());
   EXPECT_EQ(done->prompt_tokens, j["usage"]["prompt_tokens"].get<uint32_t>());
   EXPECT_EQ(done->completion_tokens, j["usage"]["completion_tokens"].get<uint32_t>());
   // Token ids and text agree (a stop string may end the text inside the last token).
@@ -242,7 +242,7 @@ TEST(RequestApiE2eTest, AbortAndDisconnectFreeEverything) {
     int outputs = 0;
     auto done = client->Generate(s, [&](const api::Output&) { return ++outputs < 2; });
     ASSERT_TRUE(done.ok()) << done.status().ToString();
-    EXPECT_EQ(done->finish, api::Finish::kAbort);
+    EXPECT_EQ(done->finish, FinishReason::kAbort);
     EXPECT_LT(done->completion_tokens, 500u);
     EXPECT_TRUE(WaitFor([&] { return aborted("w0") == 1; }, 3s)) << c.Logs();
     // The same client keeps working after an abort.
@@ -346,7 +346,7 @@ TEST(RequestApiE2eTest, MalformedMessagesGetErrorRepliesAndTheRouterKeepsServing
     still_serving();
   }
   // A message kind only the router sends.
-  for (const api::Message& wrong : {api::Message(api::Output{7, {1, 2}, "x", {}, api::Finish::kStop, 1, 2}),
+  for (const api::Message& wrong : {api::Message(api::Output{7, {1, 2}, "x", {}, FinishReason::kStop, 1, 2}),
                                     api::Message(api::Accepted{7, "tag", 1, 1}), api::Message(api::Keepalive{})}) {
     ASSERT_TRUE(client->Send(wrong).ok());
     const api::Error e = next_error();
@@ -466,7 +466,7 @@ TEST(RequestApiE2eTest, ApiKeysGuardSubmitsLikeHttpAndAbortsAreScopedToTheirConn
     auto d = cl.Generate(req);
     ASSERT_TRUE(d.ok()) << d.status().ToString() << "\n" << c.Logs();
     EXPECT_EQ(d->tokens, expected);
-    EXPECT_EQ(d->finish, api::Finish::kLength);
+    EXPECT_EQ(d->finish, FinishReason::kLength);
   };
   served("sk-req-two", *client);
 
@@ -533,8 +533,8 @@ TEST(RequestApiE2eTest, ApiKeysGuardSubmitsLikeHttpAndAbortsAreScopedToTheirConn
   ASSERT_TRUE(other->Send(api::Abort{7, "not yours"}).ok());
   ASSERT_TRUE(other->Ping(5s).ok());  // the router has handled the abort (one thread, in order)
   uint32_t tokens = 0;
-  api::Finish finish = api::Finish::kNone;
-  while (finish == api::Finish::kNone) {
+  FinishReason finish = FinishReason::kNone;
+  while (finish == FinishReason::kNone) {
     auto m = client->Receive(5s);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     ASSERT_FALSE(std::holds_alternative<api::Error>(m.value())) << client->last_error()->message;
@@ -543,7 +543,7 @@ TEST(RequestApiE2eTest, ApiKeysGuardSubmitsLikeHttpAndAbortsAreScopedToTheirConn
       finish = o->finish;
     }
   }
-  EXPECT_EQ(finish, api::Finish::kLength);
+  EXPECT_EQ(finish, FinishReason::kLength);
   EXPECT_EQ(tokens, 40u);
   EXPECT_LE(RouterMetric(c, "pdserve_router_requests_total", "outcome=\"cancelled\""), 0);  // 0, or -1: no series
 }

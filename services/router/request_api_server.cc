@@ -22,10 +22,10 @@ RequestOutcome OutcomeForStatus(int http_status) {
   return RequestOutcome::kError;
 }
 
-api::Finish FinishFor(const std::string& reason) {
-  if (reason == "stop") return api::Finish::kStop;
-  if (reason == "length") return api::Finish::kLength;
-  return api::Finish::kNone;
+FinishReason FinishFor(const std::string& reason) {
+  if (reason == "stop") return FinishReason::kStop;
+  if (reason == "length") return FinishReason::kLength;
+  return FinishReason::kNone;
 }
 
 }  // namespace
@@ -273,7 +273,7 @@ void RequestApiServer::HandleAbort(const std::string& peer, const api::Abort& ab
   s.gen->Cancel(abort.reason.empty() ? "aborted by the client" : abort.reason);
   api::Output out;
   out.request_id = s.client_id;
-  out.finish = api::Finish::kAbort;
+  out.finish = FinishReason::kAbort;
   out.prompt_tokens = s.gen->prompt_tokens();
   out.completion_tokens = s.gen->completion_tokens();
   Send(peer, out);

@@ -21,9 +21,7 @@ Status ColocatedWorker::StartJob(const JobMsg& job) {
 }
 
 void ColocatedWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev) {
-  if (ev.queue_seconds >= 0) {
-    if (WorkerMetrics* wm = host_->AgentMetrics()) wm->queue_time.Observe(ev.queue_seconds);
-  }
+  host_->ObserveQueueTime(ev);
   std::optional<TokenEventMsg> msg;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -38,15 +38,11 @@ DecodeWorker::~DecodeWorker() {
 }
 
 void DecodeWorker::EndLocked(Job& job, FinishReason finish, const Status& error) {
-  if (job.ended) return;
-  job.ended = true;
-  host_->Send(host_->EndEvent(job.msg, finish, error));
+  host_->SendEndOnce(job.msg, &job.ended, finish, error);
 }
 
 void DecodeWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev) {
-  if (ev.queue_seconds >= 0) {
-    if (WorkerMetrics* wm = host_->AgentMetrics()) wm->queue_time.Observe(ev.queue_seconds);
-  }
+  host_->ObserveQueueTime(ev);
   std::optional<TokenEventMsg> msg;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -100,6 +100,17 @@ WorkerMetrics* EngineHost::AgentMetrics() {
   return agent_ ? agent_->metrics() : nullptr;
 }
 
+void EngineHost::ObserveQueueTime(const engine::TokenEvent& ev) {
+  if (ev.queue_seconds < 0) return;
+  if (WorkerMetrics* wm = AgentMetrics()) wm->queue_time.Observe(ev.queue_seconds);
+}
+
+void EngineHost::SendEndOnce(const JobMsg& job, bool* ended, FinishReason finish, const Status& error) {
+  if (*ended) return;
+  *ended = true;
+  Send(EndEvent(job, finish, error));
+}
+
 void EngineHost::Send(TokenEventMsg ev) {
   std::lock_guard<std::mutex> lock(agent_mu_);
   if (agent_) agent_->SendTokenEvent(std::move(ev));

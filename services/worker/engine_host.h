@@ -72,6 +72,8 @@ class EngineHost {
   void SetAgent(WorkerAgent* agent);
   // The agent's metrics (nullptr when detached).
   WorkerMetrics* AgentMetrics();
+  // Records an engine event's queue time (the first event of a request carries it).
+  void ObserveQueueTime(const engine::TokenEvent& ev);
   void Send(TokenEventMsg ev);
   void SendKvReserved(KvReservedMsg reserved);
 
@@ -95,6 +97,8 @@ class EngineHost {
   static std::optional<TokenEventMsg> StreamEvent(const JobMsg& job, const engine::TokenEvent& ev, bool skip_token);
   // An error or abort event ending `job` (logged when an error).
   TokenEventMsg EndEvent(const JobMsg& job, FinishReason finish, const Status& error) const;
+  // Sends `job`'s EndEvent unless `*ended` says one went out already; sets it.
+  void SendEndOnce(const JobMsg& job, bool* ended, FinishReason finish, const Status& error);
   static TokenLogprob ToLogprob(const engine::TokenEvent& ev);
 
  private:

@@ -47,15 +47,11 @@ PrefillWorker::~PrefillWorker() {
 }
 
 void PrefillWorker::EndLocked(Job& job, FinishReason finish, const Status& error) {
-  if (job.ended) return;
-  job.ended = true;
-  host_->Send(host_->EndEvent(job.msg, finish, error));
+  host_->SendEndOnce(job.msg, &job.ended, finish, error);
 }
 
 void PrefillWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev) {
-  if (ev.queue_seconds >= 0) {
-    if (WorkerMetrics* wm = host_->AgentMetrics()) wm->queue_time.Observe(ev.queue_seconds);
-  }
+  host_->ObserveQueueTime(ev);
   if (!ev.finished) return;  // max_tokens 1: the token comes with the finish
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(request_id);

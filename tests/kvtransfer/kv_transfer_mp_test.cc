@@ -13,8 +13,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "services/testing/child_process.h"
 
@@ -24,6 +26,21 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using services::testing::ChildProcess;
+
+// Waits until the kernel reports `pid` stopped (state 'T' in /proc/<pid>/stat): SIGSTOP is
+// asynchronous, and a fault test must know its fault is in place before it goes on.
+bool WaitStopped(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t paren = stat.rfind(')');  // the state follows the command name
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
 
 std::map<std::string, std::string> Fields(const std::string& line) {
   std::map<std::string, std::string> out;
@@ -197,9 +214,11 @@ TEST_P(KvTransferMpTest, KilledPrefillFreesTheBlocks) {
   ASSERT_TRUE(prefill->WaitForLine("PAUSED", Clock::now() + 20s).ok()) << Dump(*prefill);
   prefill->Signal(SIGKILL);
   const auto killed = Clock::now();
-  auto line = decode->WaitForLine("RESULT", killed + 10s);
+  auto line = decode->WaitForLine("RESULT", killed + 30s);
   ASSERT_TRUE(line.ok()) << Dump(*decode);
-  EXPECT_LT(Clock::now() - killed, 1500ms + 1s);  // within the transfer deadline
+  // Freed by the transfer deadline (1.5 s) or sooner, not by a much later timeout; the slack
+  // is generous so a loaded machine does not fail the test, a missing deadline still does.
+  EXPECT_LT(Clock::now() - killed, 1500ms + 6s);
   auto r = Fields(line.value());
   EXPECT_EQ(r["state"], "aborted");
   EXPECT_TRUE(r["code"] == "Unavailable" || r["code"] == "DeadlineExceeded") << line.value();
@@ -227,7 +246,7 @@ TEST_P(KvTransferMpTest, KilledDecodeFailsThePrefillInTime) {
   ASSERT_EQ(results.size(), 1u) << Dump(*prefill);
   EXPECT_TRUE(results[0]["code"] == "Unavailable" || results[0]["code"] == "DeadlineExceeded")
       << Dump(*prefill);
-  EXPECT_LT(std::stod(results[0]["ms"]), 2000 + 1000) << Dump(*prefill);
+  EXPECT_LT(std::stod(results[0]["ms"]), 2000 + 6000) << Dump(*prefill);  // the deadline, with load slack
   auto stats = Results(*prefill, "STATS");
   ASSERT_EQ(stats.size(), 1u);
   // Nothing in flight, no key or connection left to the dead peer, no request state.
@@ -276,13 +295,14 @@ TEST_P(KvTransferMpTest, StalledDecodeHitsTheDeadlineOnBothSides) {
   ASSERT_NE(prefill, nullptr);
   ASSERT_TRUE(prefill->WaitForLine("PAUSED", Clock::now() + 20s).ok()) << Dump(*prefill);
   decode->Signal(SIGSTOP);  // alive but unresponsive
+  ASSERT_TRUE(WaitStopped(decode->pid(), 10s)) << "the decode process never stopped";
   ASSERT_TRUE(prefill->WriteLine("go").ok());
-  auto line = prefill->WaitForLine("RESULT", Clock::now() + 10s);
+  auto line = prefill->WaitForLine("RESULT", Clock::now() + 30s);
   decode->Signal(SIGCONT);
   ASSERT_TRUE(line.ok()) << Dump(*prefill);
   auto r = Fields(line.value());
   EXPECT_TRUE(r["code"] == "DeadlineExceeded" || r["code"] == "Unavailable") << line.value();
-  EXPECT_LT(std::stod(r["ms"]), 1000 + 1000) << line.value();
+  EXPECT_LT(std::stod(r["ms"]), 1000 + 6000) << line.value();  // the deadline, with load slack
   ExpectExit0(*prefill, 20s);
   ExpectExit0(*decode, 30s);
   // The last word on the request (a completion accepted just before the writer gave up is
