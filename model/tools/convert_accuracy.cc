@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "model/model.h"
+#include "model/tools/greedy_run.h"
 
 namespace pdserve::model {
 
@@ -19,9 +20,6 @@ double Cosine(const float* a, const float* b, int64_t n) {
   return aa == 0 || bb == 0 ? (aa == bb ? 1.0 : 0.0) : ab / std::sqrt(aa * bb);
 }
 
-int32_t Argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
 
 }  // namespace
 
@@ -92,7 +90,7 @@ Result<AccuracyReport> CompareW8A8(const std::string& reference_dir, const std::
   std::vector<int32_t> ref_tokens;
   double sum_cos = 0;
   for (int64_t step = 0; step < steps; ++step) {
-    const int32_t ta_tok = Argmax(la), tb_tok = Argmax(lb);
+    const int32_t ta_tok = GreedyToken(la), tb_tok = GreedyToken(lb);
     r.top1_agree += ta_tok == tb_tok;
     const double cs = Cosine(la.data(), lb.data(), c.vocab_size);
     r.min_step_logits_cos = std::min(r.min_step_logits_cos, cs);
@@ -108,7 +106,7 @@ Result<AccuracyReport> CompareW8A8(const std::string& reference_dir, const std::
   SequenceKvCache cf(w8->config());
   PDSERVE_RETURN_IF_ERROR(w8->Forward(prompt.data(), S, &cf, lb.data()));
   for (int64_t step = 0; step < steps; ++step) {
-    const int32_t t = Argmax(lb);
+    const int32_t t = GreedyToken(lb);
     if (t != ref_tokens[static_cast<size_t>(step)]) break;
     ++r.free_run_prefix;
     PDSERVE_RETURN_IF_ERROR(w8->Forward(&t, 1, &cf, lb.data()));

@@ -12,14 +12,12 @@
 
 namespace pdserve::model {
 
-namespace {
-int32_t Argmax(const std::vector<float>& v) {
+int32_t GreedyToken(const std::vector<float>& logits) {
   int32_t best = 0;
-  for (size_t i = 1; i < v.size(); ++i)
-    if (v[i] > v[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
   return best;
 }
-}  // namespace
 
 Result<GreedyRun> RunGreedy(const Model& model, const std::vector<int32_t>& prompt, int64_t max_new,
                             const std::vector<int32_t>* forced_topk, const KvCacheFormats& kv, OpProfile* profile) {
@@ -46,7 +44,7 @@ Result<GreedyRun> RunGreedy(const Model& model, const std::vector<int32_t>& prom
     OpProfileStep profile_step(step + 1 < max_new ? profile : nullptr, kPhaseDecode);
     OpScope op_scope(kOpSampling);
     run.step_logits.insert(run.step_logits.end(), logits.begin(), logits.end());
-    const int32_t next = Argmax(logits);
+    const int32_t next = GreedyToken(logits);
     run.output.push_back(next);
     if (step + 1 == max_new) break;
     op_scope.Switch(kOpOther);

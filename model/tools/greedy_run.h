@@ -19,6 +19,10 @@
 
 namespace pdserve::model {
 
+// The greedy choice: the first index of the largest logit (ties go to the lower id). One
+// definition for the greedy runs and the accuracy tools, so they agree on ties.
+int32_t GreedyToken(const std::vector<float>& logits);
+
 struct GreedyRun {
   std::vector<int32_t> prompt;
   std::vector<int32_t> output;

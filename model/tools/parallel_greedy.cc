@@ -5,17 +5,11 @@
 
 #include "model/parallel.h"
 #include "model/profile_ops.h"
+#include "model/tools/greedy_run.h"
 
 namespace pdserve::model {
 
 namespace {
-
-int32_t Argmax(const std::vector<float>& v) {
-  int32_t best = 0;
-  for (size_t i = 1; i < v.size(); ++i)
-    if (v[i] > v[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
-  return best;
-}
 
 double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -36,7 +30,7 @@ Result<GreedyRun> RunGreedyCp(const Model& model, const std::vector<int32_t>& pr
   const auto t1 = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < max_new; ++step) {
     run.step_logits.insert(run.step_logits.end(), logits.begin(), logits.end());
-    const int32_t next = Argmax(logits);
+    const int32_t next = GreedyToken(logits);
     run.output.push_back(next);
     if (step + 1 == max_new) break;
     PDSERVE_RETURN_IF_ERROR(model.Forward(&next, 1, &cache, logits.data()));
@@ -113,7 +107,7 @@ Result<std::vector<GreedyRun>> RunGreedyDp(const Model& model, comm::DpCoordinat
     runs[i].step_logits.insert(runs[i].step_logits.end(), logits[i].begin(), logits[i].end());
     if (!prefilled[i]) runs[i].prefill_logits = logits[i];
     prefilled[i] = true;
-    next_tokens[i] = Argmax(logits[i]);
+    next_tokens[i] = GreedyToken(logits[i]);
     runs[i].output.push_back(next_tokens[i]);
   };
   OpProfileStep* profile_step = nullptr;  // the open step's, while profiling
