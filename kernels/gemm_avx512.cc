@@ -26,6 +26,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/avx512_transpose.h"
 #include "kernels/isa_kernels.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__) || \
@@ -52,31 +53,6 @@ constexpr int64_t kKc = 256;  // k per packed block: 2 panels of 16 outputs x kK
 constexpr int kMr = 12;       // x rows per microkernel
 inline int64_t F32Stride(int64_t n_in) { return RoundUp(n_in, 8); }  // avx2's prepared rows
 
-// 16x16 transpose of dwords: r[row][col] -> r[col][row].
-inline void Transpose16(__m512i r[16]) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-  }
-  // b[4q + c], 128-bit lane L: rows 4q..4q+3 of column 4L + c.
-  for (int c = 0; c < 4; ++c) {
-    const __m512i s0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
-    const __m512i s1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
-    const __m512i s2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
-    const __m512i s3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-    r[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
-    r[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
-    r[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
-  }
-}
 
 // Packs weight rows [0, n_rows) (n_rows <= 16; missing rows zero) x k in [k0, k0 + kc) (k >= n_in
 // zero) as fp32 into dst[k][16].
