@@ -102,38 +102,41 @@ void Launcher::OnExit(const ProcessExit& e) {
   const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(now - in->started);
   const RestartConfig& rc = RestartOf(*in);
   const bool clean = e.status == 0;
+  // Said after the ready file holds the new state, so whoever reads the log line finds it there.
+  std::string message;
   if (in->state == InstanceState::kDraining) {
-    Say(fmt::format("{} left the pool (it {} after a scale-down)", in->name, DescribeExit(e.status)));
+    message = fmt::format("{} left the pool (it {} after a scale-down)", in->name, DescribeExit(e.status));
     in->state = InstanceState::kLeft;
   } else if (rc.policy == RestartPolicy::kNever || (clean && rc.policy == RestartPolicy::kOnFailure)) {
-    Say(fmt::format("{} (pid {}) {} after {}; restart policy '{}': it stays down{}", in->name, e.pid,
-                    DescribeExit(e.status), Millis(ran), RestartPolicyName(rc.policy),
-                    clean ? " (drained: it left the pool)" : ""));
+    message = fmt::format("{} (pid {}) {} after {}; restart policy '{}': it stays down{}", in->name, e.pid,
+                          DescribeExit(e.status), Millis(ran), RestartPolicyName(rc.policy),
+                          clean ? " (drained: it left the pool)" : "");
     in->state = InstanceState::kLeft;
   } else {
     // A run that lasted reset_after was healthy: this exit starts a new count.
     if (ran >= rc.reset_after) in->consecutive_failures = 0;
     if (!clean) ++in->consecutive_failures;
     if (rc.max_restarts > 0 && in->consecutive_failures > rc.max_restarts) {
-      Say(fmt::format("error: {} (pid {}) {} after {}: {} failed runs in a row, the cap "
+      message = fmt::format("error: {} (pid {}) {} after {}: {} failed runs in a row, the cap "
                       "(max_restarts {}); giving up on it, the rest of the cluster keeps serving",
                       in->name, e.pid, DescribeExit(e.status), Millis(ran), in->consecutive_failures,
-                      rc.max_restarts));
+                      rc.max_restarts);
       in->state = InstanceState::kGaveUp;
       if (in->group < 0) failure_ = "the router failed " + std::to_string(in->consecutive_failures) + " times in a row";
     } else {
       auto delay = rc.backoff;
       for (uint32_t k = 1; k < std::max<uint32_t>(1, in->consecutive_failures) && delay < rc.max_backoff; ++k) delay *= 2;
       delay = std::min(delay, rc.max_backoff);
-      Say(fmt::format("{} (pid {}) {} after {}; restarting in {} (policy '{}', failure {} in a row{})",
+      message = fmt::format("{} (pid {}) {} after {}; restarting in {} (policy '{}', failure {} in a row{})",
                       in->name, e.pid, DescribeExit(e.status), Millis(ran), Millis(delay),
                       RestartPolicyName(rc.policy), in->consecutive_failures,
-                      rc.max_restarts > 0 ? fmt::format(" of at most {}", rc.max_restarts) : std::string()));
+                      rc.max_restarts > 0 ? fmt::format(" of at most {}", rc.max_restarts) : std::string());
       in->state = InstanceState::kRestartPending;
       in->restart_at = now + delay;
     }
   }
   if (Status s = WriteReadyFile(); !s.ok()) Say("warning: " + s.ToString());
+  Say(message);
 }
 
 void Launcher::StartDueRestarts() {
