@@ -29,6 +29,17 @@ Status SamplingParams::Validate(int64_t vocab_size) const {
     if (t < 0 || t >= vocab_size)
       return Status::InvalidArgument("stop token id " + std::to_string(t) + " outside the vocabulary [0, " +
                                      std::to_string(vocab_size) + ")");
+  if (logit_bias.size() > kMaxLogitBias)
+    return Status::InvalidArgument("logit_bias has " + std::to_string(logit_bias.size()) + " entries, at most " +
+                                   std::to_string(kMaxLogitBias) + " are allowed");
+  for (const LogitBias& b : logit_bias) {
+    if (b.token < 0 || b.token >= vocab_size)
+      return Status::InvalidArgument("logit_bias token id " + std::to_string(b.token) + " outside the vocabulary [0, " +
+                                     std::to_string(vocab_size) + ")");
+    if (!(b.bias >= -100.0f && b.bias <= 100.0f))
+      return Status::InvalidArgument(Range("logit_bias", b.bias) + " for token " + std::to_string(b.token) +
+                                     " must be in [-100, 100]");
+  }
   for (const std::string& s : stop)
     if (s.empty()) return Status::InvalidArgument("empty stop string");
   return Status::Ok();

@@ -15,8 +15,17 @@
 
 namespace pdserve {
 
+// An additive bias on one token's logit (OpenAI's logit_bias): -100 bans the token in
+// practice, +100 all but forces it.
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;  // [-100, 100]
+  bool operator==(const LogitBias&) const = default;
+};
+
 struct SamplingParams {
-  static constexpr int32_t kMaxLogprobs = 20;  // top-n alternatives per token at most
+  static constexpr int32_t kMaxLogprobs = 20;      // top-n alternatives per token at most
+  static constexpr size_t kMaxLogitBias = 1024;    // logit_bias entries at most
 
   float temperature = 1.0f;          // >= 0; 0 = greedy
   int32_t top_k = 0;                 // 0 or -1: off; else >= 1
@@ -30,6 +39,7 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;     // stop strings: matched by whoever detokenizes (an engine
                                      // with a detokenizer; in the cluster, the router)
+  std::vector<LogitBias> logit_bias;  // tokens in the vocabulary; a repeated token's biases add
   std::optional<int32_t> logprobs;   // top-n logprobs per token, n in [0, kMaxLogprobs]; the sampled
                                      // token's logprob is reported whenever this is set
   // A resumed request (the router migrated it from a failed worker): the prompt's last

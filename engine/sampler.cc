@@ -55,7 +55,8 @@ SampleResult Sampler::Sample(float* logits, int64_t V, const SamplingParams& p, 
     }
   }
 
-  // 2. Penalties.
+  // 2. Logit bias (before the penalties, as vLLM applies it), then the penalties.
+  for (const LogitBias& b : p.logit_bias) logits[b.token] += b.bias;
   if (p.repetition_penalty != 1.0f) {
     auto apply = [&](int32_t t) { logits[t] = logits[t] > 0 ? logits[t] / p.repetition_penalty : logits[t] * p.repetition_penalty; };
     for (int32_t t : pen.prompt_unique()) apply(t);

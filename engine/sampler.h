@@ -3,9 +3,9 @@
 //
 // Order of operations (as vLLM applies them):
 //   1. logprobs, when asked, from the raw model distribution (log_softmax of the logits);
-//   2. penalties: repetition (multiplicative, on every token seen in prompt + output: logit /
-//      r if positive, logit * r otherwise), then frequency (- f * count in output) and presence
-//      (- p if the token occurs in the output);
+//   2. logit_bias added to its tokens' logits; then penalties: repetition (multiplicative, on
+//      every token seen in prompt + output: logit / r if positive, logit * r otherwise), then
+//      frequency (- f * count in output) and presence (- p if the token occurs in the output);
 //   3. temperature == 0: greedy argmax (lowest id on ties), done;
 //   4. logits / temperature; top-k (the k largest, lowest id on ties); top-p (the smallest
 //      prefix, in descending probability, whose mass reaches top_p); min-p (drop tokens whose

@@ -32,6 +32,40 @@ TEST(SamplingParamsTest, RejectsOutOfRangeValues) {
   EXPECT_EQ(bad([](SamplingParams& p) { p.logprobs = 21; }).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad([](SamplingParams& p) { p.stop_token_ids = {100}; }).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad([](SamplingParams& p) { p.stop = {""}; }).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(bad([](SamplingParams& p) { p.logit_bias = {{0, -100.0f}, {99, 100.0f}}; }).ok());
+  EXPECT_NE(bad([](SamplingParams& p) { p.logit_bias = {{100, 1.0f}}; }).message().find("logit_bias token id 100"),
+            std::string::npos);
+  EXPECT_NE(bad([](SamplingParams& p) { p.logit_bias = {{3, 100.5f}}; }).message().find("[-100, 100]"), std::string::npos);
+  EXPECT_EQ(bad([](SamplingParams& p) { p.logit_bias = {{3, NAN}}; }).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad([](SamplingParams& p) { p.logit_bias.assign(SamplingParams::kMaxLogitBias + 1, {1, 1.0f}); }).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// logit_bias is added before the penalties and the greedy choice; the reported logprobs stay
+// those of the raw model distribution.
+TEST(SamplerTest, LogitBiasShiftsTheChoiceButNotTheRawLogprobs) {
+  Sampler s;
+  PenaltyState none;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logprobs = 1;
+  p.logit_bias = {{3, 5.0f}, {1, -100.0f}};
+  std::vector<float> l = {1.0f, 3.0f, 2.0f, -1.0f};
+  const SampleResult r = s.Sample(l.data(), 4, p, none, 1, 0);
+  EXPECT_EQ(r.token, 3);  // -1 + 5 beats 2
+  double z = 0;
+  for (float v : {1.0f, 3.0f, 2.0f, -1.0f}) z += std::exp(v);
+  EXPECT_NEAR(r.logprob, -1.0 - std::log(z), 1e-5);
+  ASSERT_EQ(r.top_logprobs.size(), 1u);
+  EXPECT_EQ(r.top_logprobs[0].first, 1);
+  // Sampled, a -100 bias all but bans the token and +100 all but forces it.
+  p.temperature = 1.0f;
+  p.logprobs.reset();
+  p.logit_bias = {{2, 100.0f}};
+  for (int64_t i = 0; i < 50; ++i) {
+    l = {1.0f, 3.0f, 2.0f, -1.0f};
+    EXPECT_EQ(s.Sample(l.data(), 4, p, none, 7, i).token, 2);
+  }
 }
 
 TEST(SamplerTest, GreedyPenaltiesAndLogprobs) {

@@ -47,6 +47,7 @@ struct Constraint {
   bool active() const { return kind != ConstraintKind::kNone; }
   // A byte string identifying the constraint (cache key; equal keys compile equally).
   std::string Key() const;
+  bool operator==(const Constraint&) const = default;
 };
 
 // Errors: InvalidArgument from the front end (json_schema.h, regex_parser.h, ebnf_parser.h),

@@ -47,6 +47,7 @@ struct JsonSchemaOptions {
   // additionalProperties absent means false (OpenAI's strict mode); false: absent means any
   // value under other keys (plain JSON Schema).
   bool strict = true;
+  bool operator==(const JsonSchemaOptions&) const = default;
 };
 
 // Adds a JSON value constrained by the schema (text) to `g`. `where` prefixes error messages

@@ -136,6 +136,31 @@ struct SamplingParams {
   resumedOutput @14 :UInt32;      # a migrated request: the prompt's last N tokens are its
                                   # earlier output (penalties, sampling index; maxTokens counts
                                   # new tokens only). 0: a fresh request
+  logitBias @15 :List(LogitBias); # added to the logits before the penalties
+}
+
+struct LogitBias {
+  token @0 :Int32;
+  bias @1 :Float32;               # [-100, 100]
+}
+
+# What the output must follow (grammar/constraint.h). The worker compiles it over its model's
+# vocabulary (a cache per worker); the router has already checked it compiles.
+enum ConstraintKind {
+  none @0;
+  jsonObject @1;   # any JSON object; text unused
+  jsonSchema @2;   # text: a JSON Schema
+  regex @3;        # text: a regex the whole output matches
+  ebnf @4;         # text: a grammar in pdserve's EBNF (tool calls too)
+}
+
+struct Constraint {
+  kind @0 :ConstraintKind;
+  text @1 :Text;
+  freeTextUntil @2 :Text;         # free text up to and including this marker first ("</think>")
+  jsonCompact @3 :Bool;           # JSON shape options (grammar/json_schema.h JsonSchemaOptions)
+  jsonMaxWhitespace @4 :Int32;
+  jsonStrict @5 :Bool;
 }
 
 enum JobPhase {
@@ -159,6 +184,7 @@ struct Job {
   # The placement: the DP rank (Register.dpRank) of the worker's instance the router chose.
   # A worker refuses a job for any other rank (mis-routed or stale) with an error.
   dpRank @9 :UInt32;
+  constraint @10 :Constraint;     # kind none: unconstrained
 }
 
 # D -> R: blocks are reserved for the request (answer to a decode-phase job).
@@ -184,6 +210,8 @@ struct FirstToken {
   requestId @0 :UInt64;
   token @1 :Int32;
   logprob @2 :TokenLogprob;     # when logprobs were asked for
+  constraintState @3 :Data;     # a constrained request: the prefill's matcher state after the
+                                # first token (from its TokenEvent); empty: decode replays it
 }
 
 enum FinishReason {
@@ -205,6 +233,8 @@ struct TokenEvent {
   promptTokens @7 :UInt32;      # usage, on the finishing event
   completionTokens @8 :UInt32;
   stopString @9 :Text;          # the stop string that matched, when the worker matched one
+  constraintState @10 :Data;    # prefill's finishing event of a constrained request: the
+                                # matcher state after the first token (forwarded in FirstToken)
 }
 
 struct Abort {

@@ -90,6 +90,31 @@ Status CheckSampling(const SamplingParams& s) {
     return Status::InvalidArgument("top_logprobs beyond the control-plane limit");
   if (s.max_tokens < 0) return Status::InvalidArgument("negative max_tokens");
   if (s.resumed_output < 0) return Status::InvalidArgument("negative resumed_output");
+  if (s.logit_bias.size() > SamplingParams::kMaxLogitBias) return Status::InvalidArgument("too many logit_bias entries");
+  return Status::Ok();
+}
+
+cp::ConstraintKind ToWire(grammar::ConstraintKind k) {
+  switch (k) {
+    case grammar::ConstraintKind::kJsonObject: return cp::ConstraintKind::JSON_OBJECT;
+    case grammar::ConstraintKind::kJsonSchema: return cp::ConstraintKind::JSON_SCHEMA;
+    case grammar::ConstraintKind::kRegex: return cp::ConstraintKind::REGEX;
+    case grammar::ConstraintKind::kEbnf: return cp::ConstraintKind::EBNF;
+    case grammar::ConstraintKind::kNone: break;
+  }
+  return cp::ConstraintKind::NONE;
+}
+
+Status SetConstraint(cp::Constraint::Builder b, const grammar::Constraint& c) {
+  if (c.text.size() > ControlLimits::kMaxConstraintBytes)
+    return Status::InvalidArgument("constraint text larger than the control-plane limit");
+  PDSERVE_RETURN_IF_ERROR(CheckText(c.free_text_until, "constraint.freeTextUntil"));
+  b.setKind(ToWire(c.kind));
+  b.setText(AsText(c.text));
+  b.setFreeTextUntil(AsText(c.free_text_until));
+  b.setJsonCompact(c.json.compact);
+  b.setJsonMaxWhitespace(c.json.max_whitespace);
+  b.setJsonStrict(c.json.strict);
   return Status::Ok();
 }
 
@@ -187,6 +212,12 @@ struct Encoder {
     s.setLogprobs(sp.logprobs.has_value());
     s.setTopLogprobs(static_cast<uint32_t>(sp.logprobs.value_or(0)));
     s.setResumedOutput(static_cast<uint32_t>(sp.resumed_output));
+    auto bias = s.initLogitBias(static_cast<unsigned>(sp.logit_bias.size()));
+    for (size_t i = 0; i < sp.logit_bias.size(); ++i) {
+      bias[static_cast<unsigned>(i)].setToken(sp.logit_bias[i].token);
+      bias[static_cast<unsigned>(i)].setBias(sp.logit_bias[i].bias);
+    }
+    PDSERVE_RETURN_IF_ERROR(SetConstraint(b.initConstraint(), m.constraint));
     b.setDeadlineUnixMs(m.deadline_unix_ms);
     b.setKvDescriptor(AsData(m.kv_descriptor));
     b.setDecodeWorkerId(AsText(m.decode_worker_id));
@@ -208,10 +239,13 @@ struct Encoder {
   Status operator()(const FirstTokenMsg& m) {
     if (m.logprob.top.size() > ControlLimits::kMaxTopLogprobs)
       return Status::InvalidArgument("too many top logprobs");
+    if (m.constraint_state.size() > ControlLimits::kMaxBlobBytes)
+      return Status::InvalidArgument("constraintState larger than the control-plane limit");
     auto b = root.initFirstToken();
     b.setRequestId(m.request_id);
     b.setToken(m.token);
     SetLogprob(b.initLogprob(), m.logprob);
+    b.setConstraintState(AsData(m.constraint_state));
     return Status::Ok();
   }
   Status operator()(const TokenEventMsg& m) {
@@ -223,6 +257,8 @@ struct Encoder {
       if (lp.top.size() > ControlLimits::kMaxTopLogprobs)
         return Status::InvalidArgument("too many top logprobs");
     PDSERVE_RETURN_IF_ERROR(CheckText(m.stop_string, "stopString"));
+    if (m.constraint_state.size() > ControlLimits::kMaxBlobBytes)
+      return Status::InvalidArgument("constraintState larger than the control-plane limit");
     auto b = root.initTokenEvent();
     b.setRequestId(m.request_id);
     b.setFirstIndex(m.first_index);
@@ -238,6 +274,7 @@ struct Encoder {
     b.setPromptTokens(m.prompt_tokens);
     b.setCompletionTokens(m.completion_tokens);
     b.setStopString(AsText(m.stop_string));
+    b.setConstraintState(AsData(m.constraint_state));
     return Status::Ok();
   }
   Status operator()(const AbortMsg& m) {
@@ -353,6 +390,25 @@ Result<ControlMessage> DecodeHeartbeat(cp::Heartbeat::Reader r) {
   return ControlMessage(std::move(m));
 }
 
+Result<grammar::Constraint> ReadConstraint(cp::Constraint::Reader r) {
+  grammar::Constraint c;
+  switch (r.getKind()) {
+    case cp::ConstraintKind::NONE: c.kind = grammar::ConstraintKind::kNone; break;
+    case cp::ConstraintKind::JSON_OBJECT: c.kind = grammar::ConstraintKind::kJsonObject; break;
+    case cp::ConstraintKind::JSON_SCHEMA: c.kind = grammar::ConstraintKind::kJsonSchema; break;
+    case cp::ConstraintKind::REGEX: c.kind = grammar::ConstraintKind::kRegex; break;
+    case cp::ConstraintKind::EBNF: c.kind = grammar::ConstraintKind::kEbnf; break;
+    default: return Status::InvalidArgument("job.constraint.kind is unknown");
+  }
+  PDSERVE_ASSIGN_OR_RETURN(c.text, ReadText(r.getText(), "job.constraint.text", ControlLimits::kMaxConstraintBytes));
+  PDSERVE_ASSIGN_OR_RETURN(c.free_text_until, ReadText(r.getFreeTextUntil(), "job.constraint.freeTextUntil"));
+  c.json.compact = r.getJsonCompact();
+  c.json.max_whitespace = r.getJsonMaxWhitespace();
+  c.json.strict = r.getJsonStrict();
+  if (c.json.max_whitespace < 0) return Status::InvalidArgument("job.constraint.jsonMaxWhitespace is negative");
+  return c;
+}
+
 Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
   JobMsg m;
   m.request_id = r.getRequestId();
@@ -397,6 +453,13 @@ Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
   if (s.getResumedOutput() >= m.prompt.size())
     return Status::InvalidArgument("job.sampling.resumedOutput must be below the prompt length");
   sp.resumed_output = static_cast<int32_t>(s.getResumedOutput());
+  auto bias = s.getLogitBias();
+  if (bias.size() > SamplingParams::kMaxLogitBias) return Status::InvalidArgument("job.sampling.logitBias too long");
+  for (auto b : bias) {
+    PDSERVE_RETURN_IF_ERROR(CheckFinite(b.getBias(), "job.sampling.logitBias[].bias"));
+    sp.logit_bias.push_back({b.getToken(), b.getBias()});
+  }
+  PDSERVE_ASSIGN_OR_RETURN(m.constraint, ReadConstraint(r.getConstraint()));
   m.deadline_unix_ms = r.getDeadlineUnixMs();
   PDSERVE_ASSIGN_OR_RETURN(m.kv_descriptor, ReadData(r.getKvDescriptor(), "job.kvDescriptor", ControlLimits::kMaxBlobBytes));
   PDSERVE_ASSIGN_OR_RETURN(m.decode_worker_id, ReadText(r.getDecodeWorkerId(), "job.decodeWorkerId"));
@@ -435,6 +498,8 @@ Result<ControlMessage> DecodeTokenEvent(cp::TokenEvent::Reader r) {
   m.prompt_tokens = r.getPromptTokens();
   m.completion_tokens = r.getCompletionTokens();
   PDSERVE_ASSIGN_OR_RETURN(m.stop_string, ReadText(r.getStopString(), "tokenEvent.stopString"));
+  PDSERVE_ASSIGN_OR_RETURN(m.constraint_state,
+                           ReadData(r.getConstraintState(), "tokenEvent.constraintState", ControlLimits::kMaxBlobBytes));
   return ControlMessage(std::move(m));
 }
 
@@ -474,6 +539,8 @@ Result<ControlMessage> DecodeRoot(cp::ControlMessage::Reader root) {
       m.token = r.getToken();
       if (m.token < 0) return Status::InvalidArgument("firstToken.token is negative");
       PDSERVE_ASSIGN_OR_RETURN(m.logprob, ReadLogprob(r.getLogprob()));
+      PDSERVE_ASSIGN_OR_RETURN(m.constraint_state,
+                               ReadData(r.getConstraintState(), "firstToken.constraintState", ControlLimits::kMaxBlobBytes));
       return ControlMessage(std::move(m));
     }
     case cp::ControlMessage::TOKEN_EVENT: return DecodeTokenEvent(root.getTokenEvent());

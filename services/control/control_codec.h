@@ -29,7 +29,8 @@ struct ControlLimits {
   static constexpr size_t kMaxStopStringBytes = 4096;
   static constexpr size_t kMaxTopLogprobs = 64;
   static constexpr size_t kMaxTextBytes = 64 * 1024;     // ids, addresses, messages, reasons
-  static constexpr size_t kMaxBlobBytes = size_t{16} << 20;  // KV descriptors
+  static constexpr size_t kMaxBlobBytes = size_t{16} << 20;  // KV descriptors, matcher states
+  static constexpr size_t kMaxConstraintBytes = size_t{1} << 20;  // a schema / regex / grammar
 };
 
 // Errors: InvalidArgument when the message breaks a limit above.

@@ -40,6 +40,13 @@ JobMsg SampleJob() {
   j.sampling.stop_token_ids = {1, 2};
   j.sampling.stop = {"\n\n", "END"};
   j.sampling.logprobs = 3;
+  j.sampling.logit_bias = {{7, -100.0f}, {9, 2.5f}};
+  j.constraint.kind = grammar::ConstraintKind::kJsonSchema;
+  j.constraint.text = R"({"type":"object","properties":{"a":{"type":"integer"}}})";
+  j.constraint.free_text_until = "</think>";
+  j.constraint.json.compact = true;
+  j.constraint.json.max_whitespace = 3;
+  j.constraint.json.strict = false;
   j.deadline_unix_ms = 1234567;
   j.dp_rank = 3;
   j.kv_descriptor = std::string("\0\x01\x02binary", 9);
@@ -89,6 +96,7 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
   ev.prompt_tokens = 4;
   ev.completion_tokens = 5;
   ev.stop_string = "END";
+  ev.constraint_state = std::string("\x00state\xff", 7);
 
   const std::vector<ControlMessage> messages = {
       reg,
@@ -98,7 +106,7 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
       HeartbeatAckMsg{9, true, 1},
       SampleJob(),
       KvReservedMsg{5, std::string("desc\0x", 6), "addr", 12},
-      FirstTokenMsg{5, 42, {-0.25f, {{42, -0.25f}}}},
+      FirstTokenMsg{5, 42, {-0.25f, {{42, -0.25f}}}, std::string("st\0ate", 6)},
       ev,
       AbortMsg{5, "client gone"},
       DrainMsg{1000},

@@ -32,7 +32,8 @@ bool TokenEventMsg::operator==(const TokenEventMsg& o) const {
   return request_id == o.request_id && first_index == o.first_index && tokens == o.tokens &&
          logprobs == o.logprobs && finish == o.finish && error.code() == o.error.code() &&
          error.message() == o.error.message() && prompt_tokens == o.prompt_tokens &&
-         completion_tokens == o.completion_tokens && stop_string == o.stop_string;
+         completion_tokens == o.completion_tokens && stop_string == o.stop_string &&
+         constraint_state == o.constraint_state;
 }
 
 const char* ControlMessageName(const ControlMessage& message) {

@@ -15,6 +15,7 @@
 
 #include "common/finish_reason.h"
 #include "common/sampling_params.h"
+#include "grammar/constraint.h"
 #include "common/status.h"
 
 namespace pdserve::services {
@@ -103,6 +104,7 @@ struct JobMsg {
   std::string decode_worker_id;         // prefill phase
   std::string decode_transfer_address;  // prefill phase
   uint32_t dp_rank = 0;                 // the target DP rank (RegisterMsg::dp_rank)
+  grammar::Constraint constraint;       // inactive: unconstrained
   bool operator==(const JobMsg&) const = default;
 };
 
@@ -130,6 +132,7 @@ struct FirstTokenMsg {
   uint64_t request_id = 0;
   int32_t token = -1;
   TokenLogprob logprob;
+  std::string constraint_state;  // the prefill's matcher state (TokenEventMsg::constraint_state)
   bool operator==(const FirstTokenMsg&) const = default;
 };
 
@@ -143,6 +146,7 @@ struct TokenEventMsg {
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
   std::string stop_string;
+  std::string constraint_state;  // prefill's finishing event of a constrained request
 
   // A finishing event ends the sender's part of the job.
   bool finishing() const { return finish != FinishReason::kNone || !error.ok(); }
