@@ -8,11 +8,14 @@
 # socket is a ZeroMQ CURVE server (the client needs the router's public key).
 #
 # Flows (C = client, R = router):
-#   Generate   C -> R submit         (prompt: token ids, text, or chat messages; sampling)
+#   Generate   C -> R submit         (prompt: token ids, text, or chat messages; sampling;
+#                                     output constraint, tools, n choices)
 #              R -> C accepted       (the request's tag -- the X-Request-Id of the HTTP API --
 #                                     prompt tokens, resolved max tokens), then
-#              R -> C output*        (token ids + text delta; the last one has finishReason
-#                                     != none and the usage)
+#              R -> C output*        (one choice's token ids + text delta, and for chat its
+#                                     reasoning and tool-call deltas; each choice's last one has
+#                                     finishReason != none and its usage: the request ends
+#                                     when all n choices have ended)
 #           or R -> C error          (at any point; ends the request; OpenAI's error type and
 #                                     code, and the HTTP status the HTTP API would have used)
 #   Abort      C -> R abort          R aborts the request on every worker and ends it with
@@ -81,6 +84,43 @@ struct Sampling {
   seed @17 :Int64;
 }
 
+struct LogitBias {
+  token @0 :Int32;
+  bias @1 :Float32;   # [-100, 100]
+}
+
+struct Tool {
+  name @0 :Text;         # [A-Za-z0-9_-]{1,64}
+  description @1 :Text;
+  parameters @2 :Text;   # a JSON Schema as JSON text; empty: no parameters
+}
+
+enum ToolChoiceMode {
+  auto @0;       # the model may call a tool or answer
+  none @1;       # no calls
+  required @2;   # one or more calls (constrained)
+  function @3;   # one call of ToolChoice.function (constrained)
+}
+
+struct ToolChoice {
+  mode @0 :ToolChoiceMode;
+  function @1 :Text;
+}
+
+enum ResponseFormatType {
+  text @0;        # unconstrained
+  jsonObject @1;  # any JSON object
+  jsonSchema @2;  # ResponseFormat.text: the schema (JSON text; its property order is kept)
+  regex @3;       # ResponseFormat.text: a regex the whole output matches
+  grammar @4;     # ResponseFormat.text: pdserve's EBNF
+}
+
+struct ResponseFormat {
+  type @0 :ResponseFormatType;
+  text @1 :Text;
+  strict @2 :Bool = true;   # jsonSchema: absent additionalProperties means false
+}
+
 struct Submit {
   requestId @0 :UInt64;   # the client's id; unique among its requests in flight
   model @1 :Text;
@@ -99,6 +139,11 @@ struct Submit {
   topLogprobs @12 :UInt32;
   user @13 :Text;
   apiKey @14 :Text;       # one of router.api_keys_file when the router has it set (else ignored)
+  n @15 :UInt32;          # choices to generate; 0 means 1
+  logitBias @16 :List(LogitBias);
+  tools @17 :List(Tool);            # chat only
+  toolChoice @18 :ToolChoice;       # chat only
+  responseFormat @19 :ResponseFormat;
 }
 
 struct Abort {
@@ -118,6 +163,7 @@ enum FinishReason {
   stop @1;     # a stop token or stop string
   length @2;   # max tokens
   abort @3;    # the client aborted
+  toolCalls @4;  # chat: stopped, and the message holds tool calls
 }
 
 struct TopLogprob {
@@ -130,6 +176,13 @@ struct TokenLogprob {
   top @1 :List(TopLogprob);
 }
 
+struct ToolCallDelta {
+  index @0 :UInt32;      # the call's position in the message
+  id @1 :Text;           # "call_..."; on the call's first delta only
+  name @2 :Text;         # on the call's first delta only
+  arguments @3 :Text;    # the next piece of the arguments' JSON text
+}
+
 struct Output {
   requestId @0 :UInt64;
   tokenIds @1 :List(Int32);        # tokens rendered by this event (a hidden stop token is not)
@@ -137,8 +190,12 @@ struct Output {
                                    # of a stop string)
   logprobs @3 :List(TokenLogprob); # parallel to tokenIds when requested
   finishReason @4 :FinishReason;
-  promptTokens @5 :UInt32;         # usage, on the finishing event
+  promptTokens @5 :UInt32;         # usage, on the finishing event (of this choice)
   completionTokens @6 :UInt32;
+  index @7 :UInt32;                # the choice (0 .. n-1)
+  reasoningText @8 :Text;          # chat: reasoning delta (text is then the content delta)
+  toolCalls @9 :List(ToolCallDelta);  # chat: tool-call deltas
+  reasoningTokens @10 :UInt32;     # usage: completion tokens that were reasoning
 }
 
 struct Error {

@@ -174,6 +174,8 @@ Result<Completion> RequestClient::Generate(api::Submit request, const OutputCall
   const uint64_t id = request.request_id;
   PDSERVE_RETURN_IF_ERROR(Send(request));
   Completion out;
+  out.choices.resize(request.n == 0 ? 1 : request.n);
+  size_t open = out.choices.size();
   bool aborting = false;
   while (true) {
     PDSERVE_ASSIGN_OR_RETURN(api::Message m, Receive(options_.timeout));
@@ -181,17 +183,36 @@ Result<Completion> RequestClient::Generate(api::Submit request, const OutputCall
       if (a->request_id == id) out.tag = a->tag;
     } else if (auto* o = std::get_if<api::Output>(&m)) {
       if (o->request_id != id) continue;  // a previous request's late event
-      out.tokens.insert(out.tokens.end(), o->tokens.begin(), o->tokens.end());
-      out.text += o->text;
+      if (o->index >= out.choices.size()) return Status::Internal("the router sent an output of an unknown choice");
+      CompletedChoice& c = out.choices[o->index];
+      c.tokens.insert(c.tokens.end(), o->tokens.begin(), o->tokens.end());
+      c.text += o->text;
+      c.reasoning += o->reasoning_text;
+      for (const auto& d : o->tool_calls) {
+        if (d.index >= api::Limits::kMaxListItems) return Status::Internal("the router sent a tool call index out of range");
+        if (d.index >= c.tool_calls.size()) c.tool_calls.resize(d.index + 1);
+        CompletedToolCall& call = c.tool_calls[d.index];
+        if (!d.id.empty()) call.id = d.id;
+        if (!d.name.empty()) call.name = d.name;
+        call.arguments += d.arguments;
+      }
       if (on_output && !aborting && !on_output(*o) && !o->finishing()) {
         aborting = true;
         PDSERVE_RETURN_IF_ERROR(Send(api::Abort{id, "aborted by the client"}));
       }
-      if (o->finishing()) {
-        out.finish = o->finish;
+      if (o->finishing() && c.finish == FinishReason::kNone) {
+        c.finish = o->finish;
+        c.tool_calls_finish = o->tool_calls_finish;
+        c.completion_tokens = o->completion_tokens;
+        c.reasoning_tokens = o->reasoning_tokens;
         out.prompt_tokens = o->prompt_tokens;
-        out.completion_tokens = o->completion_tokens;
-        return out;
+        out.completion_tokens += o->completion_tokens;
+        if (--open == 0) {
+          out.tokens = out.choices[0].tokens;
+          out.text = out.choices[0].text;
+          out.finish = out.choices[0].finish;
+          return out;
+        }
       }
     } else if (auto* e = std::get_if<api::Error>(&m)) {
       if (e->request_id == id || e->request_id == 0) return StatusFromApiError(*e);

@@ -66,13 +66,34 @@ Result<std::string> ReadApiKeyFile(const std::string& path);
 Result<services::CurveOptions> CurveClientOptions(const std::string& server_public_key_file,
                                                  const std::string& secret_key_file = "");
 
+// A tool call a chat choice made, assembled from its deltas.
+struct CompletedToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
+// One choice of a request (Submit::n of them).
+struct CompletedChoice {
+  std::vector<int32_t> tokens;     // every token received (hidden stop tokens excluded)
+  std::string text;                // completions: the text; chat: the message content
+  std::string reasoning;           // chat: the reasoning content
+  std::vector<CompletedToolCall> tool_calls;  // chat
+  FinishReason finish = FinishReason::kNone;
+  bool tool_calls_finish = false;  // finish kStop with tool calls ("tool_calls")
+  uint32_t completion_tokens = 0;
+  uint32_t reasoning_tokens = 0;
+};
+
 struct Completion {
   std::string tag;                 // the router's request id (its logs, the workers' logs)
-  std::vector<int32_t> tokens;     // every token received (hidden stop tokens excluded)
+  // Choice 0's output (the whole request when n is 1).
+  std::vector<int32_t> tokens;
   std::string text;
   FinishReason finish = FinishReason::kNone;
   uint32_t prompt_tokens = 0;
-  uint32_t completion_tokens = 0;
+  uint32_t completion_tokens = 0;  // all choices together
+  std::vector<CompletedChoice> choices;  // by index
 };
 
 // Called for every output event; return false to abort the request.
@@ -91,9 +112,9 @@ class RequestClient {
   RequestClient(const RequestClient&) = delete;
   RequestClient& operator=(const RequestClient&) = delete;
 
-  // Streams one request to its end. request.request_id 0: the client numbers it. When the
-  // callback returns false the client sends abort and waits for the router's final event
-  // (finish kAbort). Errors: the router's error reply (see above), DeadlineExceeded (silence
+  // Streams one request to its end: every one of its request.n choices finished. request_id 0:
+  // the client numbers it. When the callback returns false the client sends abort and waits
+  // for the router's final events (finish kAbort). Errors: the router's error reply (see above), DeadlineExceeded (silence
   // beyond options.timeout, or no connection within options.connect_timeout), Internal.
   Result<Completion> Generate(services::api::Submit request, const OutputCallback& on_output = nullptr);
   // Round trip to the router. Errors: DeadlineExceeded, Internal.

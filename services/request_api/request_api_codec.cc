@@ -99,6 +99,38 @@ struct Encoder {
     b.setTopLogprobs(m.top_logprobs);
     b.setUser(AsText(m.user));
     b.setApiKey(AsText(m.api_key));
+    PDSERVE_RETURN_IF_ERROR(CheckSize(m.logit_bias.size(), Limits::kMaxListItems, "submit.logitBias"));
+    PDSERVE_RETURN_IF_ERROR(CheckSize(m.tools.size(), Limits::kMaxListItems, "submit.tools"));
+    b.setN(m.n);
+    auto bias = b.initLogitBias(static_cast<unsigned>(m.logit_bias.size()));
+    for (size_t i = 0; i < m.logit_bias.size(); ++i) {
+      bias[i].setToken(m.logit_bias[i].token);
+      bias[i].setBias(m.logit_bias[i].bias);
+    }
+    auto tools = b.initTools(static_cast<unsigned>(m.tools.size()));
+    for (size_t i = 0; i < m.tools.size(); ++i) {
+      tools[i].setName(AsText(m.tools[i].name));
+      tools[i].setDescription(AsText(m.tools[i].description));
+      tools[i].setParameters(AsText(m.tools[i].parameters));
+    }
+    auto choice = b.initToolChoice();
+    switch (m.tool_choice.mode) {
+      case ToolChoiceMode::kAuto: choice.setMode(rp::ToolChoiceMode::AUTO); break;
+      case ToolChoiceMode::kNone: choice.setMode(rp::ToolChoiceMode::NONE); break;
+      case ToolChoiceMode::kRequired: choice.setMode(rp::ToolChoiceMode::REQUIRED); break;
+      case ToolChoiceMode::kFunction: choice.setMode(rp::ToolChoiceMode::FUNCTION); break;
+    }
+    choice.setFunction(AsText(m.tool_choice.function));
+    auto rf = b.initResponseFormat();
+    switch (m.response_format.type) {
+      case ResponseFormatType::kText: rf.setType(rp::ResponseFormatType::TEXT); break;
+      case ResponseFormatType::kJsonObject: rf.setType(rp::ResponseFormatType::JSON_OBJECT); break;
+      case ResponseFormatType::kJsonSchema: rf.setType(rp::ResponseFormatType::JSON_SCHEMA); break;
+      case ResponseFormatType::kRegex: rf.setType(rp::ResponseFormatType::REGEX); break;
+      case ResponseFormatType::kGrammar: rf.setType(rp::ResponseFormatType::GRAMMAR); break;
+    }
+    rf.setText(AsText(m.response_format.text));
+    rf.setStrict(m.response_format.strict);
     return Status::Ok();
   }
   Status operator()(const Abort& m) {
@@ -122,14 +154,29 @@ struct Encoder {
   Status operator()(const Output& m) {
     if (!m.logprobs.empty() && m.logprobs.size() != m.tokens.size())
       return Status::InvalidArgument("output.logprobs is not parallel to tokenIds");
+    PDSERVE_RETURN_IF_ERROR(CheckSize(m.tool_calls.size(), Limits::kMaxListItems, "output.toolCalls"));
+    if (m.tool_calls_finish && m.finish != FinishReason::kStop)
+      return Status::InvalidArgument("output: a tool-calls finish is a stop");
     auto b = root.initOutput();
     b.setRequestId(m.request_id);
+    b.setIndex(m.index);
     SetInts<int32_t>(b.initTokenIds(static_cast<unsigned>(m.tokens.size())), m.tokens);
     b.setText(AsText(m.text));
+    b.setReasoningText(AsText(m.reasoning_text));
+    auto calls = b.initToolCalls(static_cast<unsigned>(m.tool_calls.size()));
+    for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+      calls[i].setIndex(m.tool_calls[i].index);
+      calls[i].setId(AsText(m.tool_calls[i].id));
+      calls[i].setName(AsText(m.tool_calls[i].name));
+      calls[i].setArguments(AsText(m.tool_calls[i].arguments));
+    }
+    b.setReasoningTokens(m.reasoning_tokens);
     SetLogprobs(b.initLogprobs(static_cast<unsigned>(m.logprobs.size())), m.logprobs);
     switch (m.finish) {
       case FinishReason::kNone: b.setFinishReason(rp::FinishReason::NONE); break;
-      case FinishReason::kStop: b.setFinishReason(rp::FinishReason::STOP); break;
+      case FinishReason::kStop:
+        b.setFinishReason(m.tool_calls_finish ? rp::FinishReason::TOOL_CALLS : rp::FinishReason::STOP);
+        break;
       case FinishReason::kLength: b.setFinishReason(rp::FinishReason::LENGTH); break;
       case FinishReason::kAbort: b.setFinishReason(rp::FinishReason::ABORT); break;
       case FinishReason::kError:
@@ -243,15 +290,60 @@ Result<Message> DecodeSubmit(rp::Submit::Reader r) {
   m.top_logprobs = r.getTopLogprobs();
   PDSERVE_ASSIGN_OR_RETURN(m.user, ReadText(r.getUser(), "submit.user"));
   PDSERVE_ASSIGN_OR_RETURN(m.api_key, ReadText(r.getApiKey(), "submit.apiKey"));
+  m.n = r.getN() == 0 ? 1 : r.getN();
+  if (m.n > Limits::kMaxChoices) return Status::InvalidArgument("submit.n exceeds its limit");
+  PDSERVE_RETURN_IF_ERROR(CheckSize(r.getLogitBias().size(), Limits::kMaxListItems, "submit.logitBias"));
+  for (auto lb : r.getLogitBias()) m.logit_bias.push_back({lb.getToken(), lb.getBias()});
+  PDSERVE_RETURN_IF_ERROR(CheckSize(r.getTools().size(), Limits::kMaxListItems, "submit.tools"));
+  for (auto t : r.getTools()) {
+    Tool tool;
+    PDSERVE_ASSIGN_OR_RETURN(tool.name, ReadText(t.getName(), "submit.tools[].name"));
+    PDSERVE_ASSIGN_OR_RETURN(tool.description, ReadText(t.getDescription(), "submit.tools[].description", Limits::kMaxTextBytes));
+    PDSERVE_ASSIGN_OR_RETURN(tool.parameters, ReadText(t.getParameters(), "submit.tools[].parameters", Limits::kMaxTextBytes));
+    m.tools.push_back(std::move(tool));
+  }
+  auto choice = r.getToolChoice();
+  switch (choice.getMode()) {
+    case rp::ToolChoiceMode::AUTO: m.tool_choice.mode = ToolChoiceMode::kAuto; break;
+    case rp::ToolChoiceMode::NONE: m.tool_choice.mode = ToolChoiceMode::kNone; break;
+    case rp::ToolChoiceMode::REQUIRED: m.tool_choice.mode = ToolChoiceMode::kRequired; break;
+    case rp::ToolChoiceMode::FUNCTION: m.tool_choice.mode = ToolChoiceMode::kFunction; break;
+    default: return Status::InvalidArgument("submit.toolChoice.mode is unknown");
+  }
+  PDSERVE_ASSIGN_OR_RETURN(m.tool_choice.function, ReadText(choice.getFunction(), "submit.toolChoice.function"));
+  auto rf = r.getResponseFormat();
+  switch (rf.getType()) {
+    case rp::ResponseFormatType::TEXT: m.response_format.type = ResponseFormatType::kText; break;
+    case rp::ResponseFormatType::JSON_OBJECT: m.response_format.type = ResponseFormatType::kJsonObject; break;
+    case rp::ResponseFormatType::JSON_SCHEMA: m.response_format.type = ResponseFormatType::kJsonSchema; break;
+    case rp::ResponseFormatType::REGEX: m.response_format.type = ResponseFormatType::kRegex; break;
+    case rp::ResponseFormatType::GRAMMAR: m.response_format.type = ResponseFormatType::kGrammar; break;
+    default: return Status::InvalidArgument("submit.responseFormat.type is unknown");
+  }
+  PDSERVE_ASSIGN_OR_RETURN(m.response_format.text,
+                           ReadText(rf.getText(), "submit.responseFormat.text", Limits::kMaxTextBytes));
+  m.response_format.strict = rf.getStrict();
   return Message(std::move(m));
 }
 
 Result<Message> DecodeOutput(rp::Output::Reader r) {
   Output m;
   m.request_id = r.getRequestId();
+  m.index = r.getIndex();
   PDSERVE_RETURN_IF_ERROR(CheckSize(r.getTokenIds().size(), Limits::kMaxPromptTokens, "output.tokenIds"));
   m.tokens = ReadInts(r.getTokenIds());
   PDSERVE_ASSIGN_OR_RETURN(m.text, ReadText(r.getText(), "output.text", Limits::kMaxTextBytes));
+  PDSERVE_ASSIGN_OR_RETURN(m.reasoning_text, ReadText(r.getReasoningText(), "output.reasoningText", Limits::kMaxTextBytes));
+  PDSERVE_RETURN_IF_ERROR(CheckSize(r.getToolCalls().size(), Limits::kMaxListItems, "output.toolCalls"));
+  for (auto tc : r.getToolCalls()) {
+    ToolCallDelta d;
+    d.index = tc.getIndex();
+    PDSERVE_ASSIGN_OR_RETURN(d.id, ReadText(tc.getId(), "output.toolCalls[].id"));
+    PDSERVE_ASSIGN_OR_RETURN(d.name, ReadText(tc.getName(), "output.toolCalls[].name"));
+    PDSERVE_ASSIGN_OR_RETURN(d.arguments, ReadText(tc.getArguments(), "output.toolCalls[].arguments", Limits::kMaxTextBytes));
+    m.tool_calls.push_back(std::move(d));
+  }
+  m.reasoning_tokens = r.getReasoningTokens();
   auto lps = r.getLogprobs();
   if (lps.size() != 0 && lps.size() != m.tokens.size())
     return Status::InvalidArgument("output.logprobs is not parallel to tokenIds");
@@ -267,6 +359,10 @@ Result<Message> DecodeOutput(rp::Output::Reader r) {
     case rp::FinishReason::STOP: m.finish = FinishReason::kStop; break;
     case rp::FinishReason::LENGTH: m.finish = FinishReason::kLength; break;
     case rp::FinishReason::ABORT: m.finish = FinishReason::kAbort; break;
+    case rp::FinishReason::TOOL_CALLS:
+      m.finish = FinishReason::kStop;
+      m.tool_calls_finish = true;
+      break;
     default: return Status::InvalidArgument("output.finishReason is unknown");
   }
   m.prompt_tokens = r.getPromptTokens();

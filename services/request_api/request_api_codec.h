@@ -30,7 +30,8 @@ struct Limits {
   static constexpr size_t kMaxPromptTokens = size_t{1} << 22;
   static constexpr size_t kMaxTextBytes = size_t{32} << 20;  // prompt text, chat content
   static constexpr size_t kMaxMessages = 65536;
-  static constexpr size_t kMaxListItems = 4096;              // stop strings, stop ids, tool calls
+  static constexpr size_t kMaxListItems = 4096;              // stop strings, stop ids, tool calls, tools, logit bias
+  static constexpr uint32_t kMaxChoices = 1024;              // n (the router's own cap is lower)
 };
 
 struct ToolCall {
@@ -44,6 +45,28 @@ struct ChatMessage {
   std::optional<std::string> content;
   std::vector<ToolCall> tool_calls;
   bool operator==(const ChatMessage&) const = default;
+};
+
+struct Tool {
+  std::string name;
+  std::string description;
+  std::string parameters;  // JSON Schema text; "" none
+  bool operator==(const Tool&) const = default;
+};
+
+enum class ToolChoiceMode : uint8_t { kAuto, kNone, kRequired, kFunction };
+struct ToolChoice {
+  ToolChoiceMode mode = ToolChoiceMode::kAuto;
+  std::string function;  // kFunction
+  bool operator==(const ToolChoice&) const = default;
+};
+
+enum class ResponseFormatType : uint8_t { kText, kJsonObject, kJsonSchema, kRegex, kGrammar };
+struct ResponseFormat {
+  ResponseFormatType type = ResponseFormatType::kText;
+  std::string text;     // the schema / regex / EBNF
+  bool strict = true;   // kJsonSchema
+  bool operator==(const ResponseFormat&) const = default;
 };
 
 // Unset: as if the OpenAI JSON key were absent.
@@ -73,6 +96,11 @@ struct Submit {
   uint32_t top_logprobs = 0;
   std::string user;
   std::string api_key;                 // router.api_keys_file; never logged
+  uint32_t n = 1;                      // choices
+  std::vector<LogitBias> logit_bias;
+  std::vector<Tool> tools;             // kChat
+  ToolChoice tool_choice;              // kChat
+  ResponseFormat response_format;
   bool operator==(const Submit&) const = default;
 };
 
@@ -95,14 +123,27 @@ struct Accepted {
   bool operator==(const Accepted&) const = default;
 };
 
+struct ToolCallDelta {
+  uint32_t index = 0;
+  std::string id;    // first delta of the call only
+  std::string name;  // first delta of the call only
+  std::string arguments;
+  bool operator==(const ToolCallDelta&) const = default;
+};
+
 struct Output {
   uint64_t request_id = 0;
   std::vector<int32_t> tokens;
-  std::string text;
+  std::string text;                    // completions: the text; chat: the content
   std::vector<TokenLogprob> logprobs;  // empty or parallel to tokens
   FinishReason finish = FinishReason::kNone;  // never kError: an error is an Error message
-  uint32_t prompt_tokens = 0;          // usage, on the finishing event
+  uint32_t prompt_tokens = 0;          // usage, on the finishing event (of this choice)
   uint32_t completion_tokens = 0;
+  uint32_t index = 0;                  // the choice
+  std::string reasoning_text{};        // chat
+  std::vector<ToolCallDelta> tool_calls{};  // chat
+  bool tool_calls_finish = false;      // finish kStop with tool calls (the wire's toolCalls)
+  uint32_t reasoning_tokens = 0;
   bool finishing() const { return finish != FinishReason::kNone; }
   bool operator==(const Output&) const = default;
 };

@@ -40,8 +40,35 @@ std::vector<Message> Samples() {
   chat.sampling.presence_penalty = -2;
   chat.sampling.frequency_penalty = 2;
   chat.sampling.repetition_penalty = 1.1;
-  Output out{5, {4, 5}, "xy", {{-0.5f, {{4, -0.5f}, {6, -1.5f}}}, {-1.0f, {}}}, FinishReason::kLength, 3, 2};
-  return {ids, text, chat, Abort{7, "bye"}, Ping{99}, Accepted{7, "cmpl-1", 4, 16}, out,
+  Output out;
+  out.request_id = 5;
+  out.tokens = {4, 5};
+  out.text = "xy";
+  out.logprobs = {{-0.5f, {{4, -0.5f}, {6, -1.5f}}}, {-1.0f, {}}};
+  out.finish = FinishReason::kLength;
+  out.prompt_tokens = 3;
+  out.completion_tokens = 2;
+  // The structured-output fields: a constrained chat with tools and n choices, and a chat
+  // choice's reasoning and tool-call deltas ending with tool_calls.
+  Submit tools = chat;
+  tools.n = 3;
+  tools.logit_bias = {{5, -100.0f}, {7, 2.5f}};
+  tools.tools = {{"get_weather", "the weather", R"({"type":"object","properties":{"city":{"type":"string"}}})"},
+                 {"noop", "", ""}};
+  tools.tool_choice = {ToolChoiceMode::kFunction, "get_weather"};
+  Submit schema = ids;
+  schema.response_format = {ResponseFormatType::kJsonSchema, R"({"type":"object","properties":{"b":{},"a":{}}})", false};
+  Output calls;
+  calls.request_id = 5;
+  calls.index = 2;
+  calls.tokens = {9};
+  calls.text = "ok";
+  calls.reasoning_text = "hmm";
+  calls.tool_calls = {{0, "call_1", "get_weather", "{\"city\""}, {1, "", "", "}"}};
+  calls.finish = FinishReason::kStop;
+  calls.tool_calls_finish = true;
+  calls.reasoning_tokens = 4;
+  return {ids, text, chat, tools, schema, Abort{7, "bye"}, Ping{99}, Accepted{7, "cmpl-1", 4, 16}, out, calls,
           Error{7, 404, "invalid_request_error", "model_not_found", "", "no such model"}, Pong{99}, Keepalive{}};
 }
 
@@ -105,6 +132,10 @@ TEST(RequestApiCodecTest, ApiKeyIsOptionalOnTheWireAndBounded) {
   ASSERT_TRUE(std::holds_alternative<Submit>(old.value()));
   EXPECT_EQ(std::get<Submit>(old.value()).api_key, "");
   EXPECT_EQ(std::get<Submit>(old.value()).request_id, 3u);
+  // ... as are the structured-output fields: one choice, free text, no tools.
+  EXPECT_EQ(std::get<Submit>(old.value()).n, 1u);
+  EXPECT_EQ(std::get<Submit>(old.value()).response_format, ResponseFormat{});
+  EXPECT_EQ(std::get<Submit>(old.value()).tool_choice.mode, ToolChoiceMode::kAuto);
 
   // A key set survives the trip; an absurdly long one is refused by name.
   Submit s;
@@ -126,6 +157,10 @@ TEST(RequestApiCodecTest, LimitsAreEnforcedOnEncode) {
   o.tokens = {1, 2};
   o.logprobs.resize(1);
   EXPECT_EQ(EncodeMessage(o).status().code(), StatusCode::kInvalidArgument);
+  Output calls;
+  calls.finish = FinishReason::kLength;
+  calls.tool_calls_finish = true;  // only a stop can be a tool-calls finish
+  EXPECT_EQ(EncodeMessage(calls).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

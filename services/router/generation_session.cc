@@ -2,9 +2,36 @@
 
 #include <fmt/format.h>
 
+#include "services/common/process_util.h"
+
 namespace pdserve::router {
 
 using Clock = std::chrono::steady_clock;
+
+void AppendChatDelta(tokenizer::ChatDelta* into, tokenizer::ChatDelta&& from) {
+  into->reasoning_content += from.reasoning_content;
+  into->content += from.content;
+  for (auto& call : from.tool_calls) {
+    if (!into->tool_calls.empty() && into->tool_calls.back().index == call.index) {
+      tokenizer::ToolCallDelta& last = into->tool_calls.back();
+      if (call.name && !last.name) last.name = std::move(call.name);
+      last.arguments += call.arguments;
+    } else {
+      into->tool_calls.push_back(std::move(call));
+    }
+  }
+}
+
+void AppendStep(SessionStep* into, SessionStep&& step) {
+  into->text += step.text;
+  for (auto& t : step.tokens) into->tokens.push_back(std::move(t));
+  AppendChatDelta(&into->chat, std::move(step.chat));
+  if (step.finished) {
+    into->finished = true;
+    into->finish_reason = std::move(step.finish_reason);
+    into->error = std::move(step.error);
+  }
+}
 
 GenerationSession::GenerationSession(RouterCore* core, std::shared_ptr<ActiveRequest> request,
                                      const tokenizer::Tokenizer& tokenizer, Options options, RouterMetrics* metrics)
@@ -15,7 +42,17 @@ GenerationSession::GenerationSession(RouterCore* core, std::shared_ptr<ActiveReq
       detokenizer_(tokenizer, tokenizer::DecodeOptions{options.skip_special_tokens}),
       matcher_(std::move(options.stop_strings)),
       stop_ids_(options.stop_token_ids.begin(), options.stop_token_ids.end()) {
+  if (options.chat) parser_.emplace(*options.chat);
   metrics_->waiting.Increment();
+}
+
+void GenerationSession::Emit(std::string text, bool count_token, SessionStep* step) {
+  if (parser_) {
+    // A token counts as reasoning when the parser is in the reasoning as its text arrives.
+    if (count_token && parser_->in_reasoning()) ++reasoning_tokens_;
+    if (!text.empty()) AppendChatDelta(&step->chat, parser_->Push(text));
+  }
+  step->text += text;
 }
 
 GenerationSession::~GenerationSession() {
@@ -42,11 +79,17 @@ void GenerationSession::Finish(SessionStep* step, std::string reason, Status err
   if (step->error.ok()) {
     // The held-back tail of an incomplete character or a possible stop-string prefix is final now.
     if (!matcher_.matched()) {
-      step->text += matcher_.Push(detokenizer_.Finish());
-      step->text += matcher_.Flush();
+      Emit(matcher_.Push(detokenizer_.Finish()), false, step);
+      Emit(matcher_.Flush(), false, step);
+    }
+    if (parser_) {
+      AppendChatDelta(&step->chat, parser_->Finish());
+      // A reply that calls tools says so, unless max_tokens cut it.
+      if (step->finish_reason == "stop" && !parser_->message().tool_calls.empty()) step->finish_reason = "tool_calls";
     }
     metrics_->e2e_latency.Observe(std::chrono::duration<double>(Clock::now() - request_->arrival()).count());
   }
+  NameToolCalls(*step);
 }
 
 void GenerationSession::Consume(RequestEvent& ev, SessionStep* step) {
@@ -73,7 +116,7 @@ void GenerationSession::Consume(RequestEvent& ev, SessionStep* step) {
         Finish(step, "", Status::Internal(fmt::format("a worker produced token id {} outside the vocabulary", token)));
         return;
       }
-      step->text += matcher_.Push(piece.value());
+      Emit(matcher_.Push(piece.value()), true, step);
       OutputToken out{token, std::nullopt};
       if (i < ev.logprobs.size()) out.logprob = ev.logprobs[i];
       step->tokens.push_back(std::move(out));
@@ -108,7 +151,14 @@ std::optional<SessionStep> GenerationSession::Next(Clock::time_point until) {
     if (finished_) break;
     Consume(ev, &step);
   }
+  NameToolCalls(step);
   return step;
+}
+
+void GenerationSession::NameToolCalls(const SessionStep& step) {
+  for (const auto& call : step.chat.tool_calls)
+    while (tool_call_ids_.size() <= static_cast<size_t>(call.index))
+      tool_call_ids_.push_back(fmt::format("call_{:016x}", services::RandomU64()));
 }
 
 }  // namespace pdserve::router

@@ -1,7 +1,7 @@
 // pdserve-router: the OpenAI-compatible front of the cluster (docs/router.md).
 //
 //   pdserve-router [--config FILE] [--host H] [--port P] [--control ENDPOINT] [--model-name N]
-//                  [--tokenizer DIR] [--mode auto|disaggregated|colocated]
+//                  [--tokenizer DIR] [--chat-format F] [--mode auto|disaggregated|colocated]
 //                  [--prefill-policy P] [--decode-policy P] [--colocated-policy P]
 //                  [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N]
 //                  [--request-timeout-ms N] [--first-token-timeout-ms N]
@@ -42,6 +42,7 @@ const pdserve::services::CommandSpec kSpec{
      {"control", "ENDPOINT", "control endpoint the workers dial (default tcp://127.0.0.1:7000; tcp://HOST:* picks a port)"},
      {"model-name", "NAME", "the model served; workers must register with it (default pdserve)"},
      {"tokenizer", "DIR", "tokenizer.json + tokenizer_config.json (default: the bundled DeepSeek-V3 tokenizer)"},
+     {"chat-format", "F", "auto | deepseek_v3 | deepseek_v31 (chat prompt format; default auto)"},
      {"mode", "MODE", "auto | disaggregated | colocated"},
      {"prefill-policy", "P", "round_robin | least_outstanding_tokens"},
      {"decode-policy", "P", "round_robin | least_outstanding_tokens | kv_capacity_aware"},
@@ -77,6 +78,7 @@ Result<RouterConfig> BuildConfig(const pdserve::services::CommandLine& cl) {
   c.control_endpoint = cl.GetOr("control", c.control_endpoint);
   c.model_name = cl.GetOr("model-name", c.model_name);
   c.tokenizer_dir = cl.GetOr("tokenizer", c.tokenizer_dir);
+  c.chat_format = cl.GetOr("chat-format", c.chat_format);
   c.routing.mode = cl.GetOr("mode", c.routing.mode);
   c.routing.prefill_policy = cl.GetOr("prefill-policy", c.routing.prefill_policy);
   c.routing.decode_policy = cl.GetOr("decode-policy", c.routing.decode_policy);

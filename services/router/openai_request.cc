@@ -5,12 +5,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/json_schema.h"
 #include "tokenizer/chat_request.h"
+#include "tokenizer/tools.h"
 
 namespace pdserve::router {
 
 namespace {
-using nlohmann::json;
+// Ordered: a JSON Schema's property order is the order the constrained output writes them in.
+using json = nlohmann::ordered_json;
 
 // Looks up `key`; absent and JSON null are both "not given".
 const json* Field(const json& body, const char* key) {
@@ -130,27 +133,206 @@ std::optional<ApiError> ParseStop(const json& body, ParsedRequest* out) {
   return std::nullopt;
 }
 
-std::optional<ApiError> Unsupported(const json& body, ApiEndpoint endpoint) {
+std::optional<ApiError> ParseChoicesAndUnsupported(const json& body, ApiEndpoint endpoint, ParsedRequest* out) {
   std::optional<int64_t> n;
-  if (auto e = GetInt(body, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &n)) return e;
-  if (n && *n != 1) return ApiError::BadRequest("only n=1 is supported", "n");
+  if (auto e = GetInt(body, "n", 1, kMaxChoices, &n)) return e;
+  if (n) out->n = static_cast<uint32_t>(*n);
   std::optional<int64_t> best_of;
   if (auto e = GetInt(body, "best_of", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &best_of)) return e;
-  if (best_of && *best_of != 1) return ApiError::BadRequest("only best_of=1 is supported", "best_of");
+  // best_of > n would generate choices nobody sees; equal to n it asks for nothing more.
+  if (best_of && *best_of != 1 && *best_of != out->n)
+    return ApiError::BadRequest("only best_of=1 (or equal to n) is supported", "best_of");
   if (endpoint == ApiEndpoint::kCompletions) {
     bool echo = false;
     if (auto e = GetBool(body, "echo", &echo)) return e;
     if (echo) return ApiError::BadRequest("'echo' is not supported", "echo");
     if (Field(body, "suffix")) return ApiError::BadRequest("'suffix' is not supported", "suffix");
   }
-  if (const json* lb = Field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    return ApiError::BadRequest("'logit_bias' is not supported", "logit_bias");
-  if (const json* t = Field(body, "tools"); t && !(t->is_array() && t->empty()))
-    return ApiError::BadRequest("'tools' are not supported", "tools");
-  if (const json* rf = Field(body, "response_format")) {
-    if (!rf->is_object() || rf->value("type", std::string()) != "text")
-      return ApiError::BadRequest("only response_format {\"type\": \"text\"} is supported", "response_format");
+  return std::nullopt;
+}
+
+// OpenAI's logit_bias: {"<token id>": bias}. Ids are checked against the vocabulary by
+// request_prep.h.
+std::optional<ApiError> ParseLogitBias(const json& body, ParsedRequest* out) {
+  const json* lb = Field(body, "logit_bias");
+  if (!lb) return std::nullopt;
+  if (!lb->is_object())
+    return ApiError::BadRequest("'logit_bias' must be an object mapping token ids (as strings) to biases", "logit_bias");
+  if (lb->size() > SamplingParams::kMaxLogitBias)
+    return ApiError::BadRequest("'logit_bias' has more than " + std::to_string(SamplingParams::kMaxLogitBias) +
+                                    " entries",
+                                "logit_bias");
+  for (const auto& [key, value] : lb->items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max())
+      return ApiError::BadRequest("'logit_bias' key '" + key + "' is not a token id", "logit_bias");
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100)
+      return ApiError::BadRequest("'logit_bias' value for token " + key + " must be a number in [-100, 100]",
+                                  "logit_bias");
+    out->sampling.logit_bias.push_back({static_cast<int32_t>(id), static_cast<float>(value.get<double>())});
   }
+  return std::nullopt;
+}
+
+// Escapes `s` as a literal of an ECMAScript regex.
+std::string RegexLiteral(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::string_view("\\^$.|?*+()[]{}/").find(c) != std::string_view::npos) out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The schema text of `v` (an object or boolean schema, or a string holding one), keeping the
+// property order. nullopt when `v` is neither.
+std::optional<std::string> SchemaText(const json& v) {
+  if (v.is_object() || v.is_boolean()) return v.dump();
+  if (v.is_string()) return v.get<std::string>();
+  return std::nullopt;
+}
+
+// Sets the constraint from one source and checks it: a schema with ValidateJsonSchema (the
+// message names `where`, the keyword and its pointer), a regex or grammar by building it.
+std::optional<ApiError> SetConstraint(grammar::ConstraintKind kind, std::string text, const std::string& where,
+                                      const std::string& param, ParsedRequest* out) {
+  if (out->constraint.active())
+    return ApiError::BadRequest("'" + param + "' cannot be combined with '" + out->constraint_param +
+                                    "': a request has one output constraint",
+                                param);
+  grammar::Constraint& c = out->constraint;
+  c.kind = kind;
+  c.text = std::move(text);
+  out->constraint_param = param;
+  Status st = kind == grammar::ConstraintKind::kJsonSchema ? grammar::ValidateJsonSchema(c.text, where, c.json)
+                                                           : grammar::BuildGrammar(c).status();
+  if (!st.ok()) {
+    std::string msg = st.message();
+    if (kind != grammar::ConstraintKind::kJsonSchema) msg = where + ": " + msg;
+    return ApiError::BadRequest(std::move(msg), param);
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseResponseFormat(const json& body, ParsedRequest* out) {
+  using grammar::ConstraintKind;
+  if (const json* rf = Field(body, "response_format")) {
+    const char* p = "response_format";
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      return ApiError::BadRequest("'response_format' must be an object with a string 'type'", p);
+    const std::string type = (*rf)["type"].get<std::string>();
+    auto text_field = [&](const char* key) -> std::optional<std::string> {
+      const json* v = Field(*rf, key);
+      if (!v || !v->is_string()) return std::nullopt;
+      return v->get<std::string>();
+    };
+    if (type == "text") {
+      // free text: nothing to constrain
+    } else if (type == "json_object") {
+      if (auto e = SetConstraint(ConstraintKind::kJsonObject, "", "response_format", p, out)) return e;
+    } else if (type == "json_schema") {
+      const json* js = Field(*rf, "json_schema");
+      if (!js || !js->is_object())
+        return ApiError::BadRequest("'response_format.json_schema' must be an object with a 'schema'", p);
+      if (const json* name = Field(*js, "name")) {
+        const bool ok = name->is_string() && !name->get<std::string>().empty() && name->get<std::string>().size() <= 64 &&
+                        name->get<std::string>().find_first_not_of(
+                            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == std::string::npos;
+        if (!ok) return ApiError::BadRequest("'response_format.json_schema.name' must match [A-Za-z0-9_-]{1,64}", p);
+      }
+      bool strict = true;
+      if (auto e = GetBool(*js, "strict", &strict))
+        return ApiError::BadRequest("'response_format.json_schema.strict' must be a boolean", p);
+      const json* schema = Field(*js, "schema");
+      std::optional<std::string> text = schema ? SchemaText(*schema) : std::nullopt;
+      if (!text) return ApiError::BadRequest("'response_format.json_schema.schema' must be a JSON Schema object", p);
+      out->constraint.json.strict = strict;
+      if (auto e = SetConstraint(ConstraintKind::kJsonSchema, std::move(*text), "response_format.json_schema.schema",
+                                 p, out))
+        return e;
+    } else if (type == "regex") {
+      auto re = text_field("regex");
+      if (!re) return ApiError::BadRequest("'response_format.regex' must be a string", p);
+      if (auto e = SetConstraint(ConstraintKind::kRegex, std::move(*re), "response_format.regex", p, out)) return e;
+    } else if (type == "grammar" || type == "ebnf") {
+      auto g = text_field(type.c_str());
+      if (!g) return ApiError::BadRequest("'response_format." + type + "' must be a string (EBNF)", p);
+      if (auto e = SetConstraint(ConstraintKind::kEbnf, std::move(*g), "response_format." + type, p, out)) return e;
+    } else {
+      return ApiError::BadRequest("'response_format.type' must be one of text, json_object, json_schema, regex, "
+                                  "grammar; got '" + type + "'",
+                                  p);
+    }
+  }
+  // vLLM's spellings.
+  if (const json* gj = Field(body, "guided_json")) {
+    std::optional<std::string> text = SchemaText(*gj);
+    if (!text) return ApiError::BadRequest("'guided_json' must be a JSON Schema (an object or its text)", "guided_json");
+    if (auto e = SetConstraint(ConstraintKind::kJsonSchema, std::move(*text), "guided_json", "guided_json", out))
+      return e;
+  }
+  if (const json* gr = Field(body, "guided_regex")) {
+    if (!gr->is_string()) return ApiError::BadRequest("'guided_regex' must be a string", "guided_regex");
+    if (auto e = SetConstraint(ConstraintKind::kRegex, gr->get<std::string>(), "guided_regex", "guided_regex", out))
+      return e;
+  }
+  if (const json* gg = Field(body, "guided_grammar")) {
+    if (!gg->is_string()) return ApiError::BadRequest("'guided_grammar' must be a string (EBNF)", "guided_grammar");
+    if (auto e = SetConstraint(ConstraintKind::kEbnf, gg->get<std::string>(), "guided_grammar", "guided_grammar", out))
+      return e;
+  }
+  if (const json* gc = Field(body, "guided_choice")) {
+    if (!gc->is_array() || gc->empty())
+      return ApiError::BadRequest("'guided_choice' must be a non-empty list of strings", "guided_choice");
+    std::string re;
+    for (const auto& c : *gc) {
+      if (!c.is_string() || c.get<std::string>().empty())
+        return ApiError::BadRequest("'guided_choice' must be a non-empty list of non-empty strings", "guided_choice");
+      re += (re.empty() ? "" : "|") + RegexLiteral(c.get<std::string>());
+    }
+    if (auto e = SetConstraint(ConstraintKind::kRegex, "(?:" + re + ")", "guided_choice", "guided_choice", out))
+      return e;
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseTools(const json& body, ParsedRequest* out) {
+  const json* t = Field(body, "tools");
+  const json* tc = Field(body, "tool_choice");
+  if (out->endpoint != ApiEndpoint::kChat) {
+    if (t) return ApiError::BadRequest("'tools' are only supported by /v1/chat/completions", "tools");
+    if (tc) return ApiError::BadRequest("'tool_choice' is only supported by /v1/chat/completions", "tool_choice");
+    return std::nullopt;
+  }
+  auto tools = tokenizer::ParseTools(t ? *t : json(nullptr));
+  if (!tools.ok()) return ApiError::BadRequest(tools.status().message(), "tools");
+  // Each function's parameters on their own first, so a refusal names the tool.
+  for (size_t i = 0; i < tools.value().size(); ++i) {
+    const std::string& params = tools.value()[i].parameters;
+    if (params.empty()) continue;
+    const std::string where = "tools[" + std::to_string(i) + "].function.parameters";
+    if (Status st = grammar::ValidateJsonSchema(params, where); !st.ok())
+      return ApiError::BadRequest(st.message(), "tools");
+  }
+  auto choice = tokenizer::ParseToolChoice(tc ? *tc : json(nullptr), tools.value());
+  if (!choice.ok()) return ApiError::BadRequest(choice.status().message(), "tool_choice");
+  out->chat_options.tools = std::move(tools).value();
+  out->chat_options.tool_choice = std::move(choice).value();
+  const auto mode = out->chat_options.tool_choice.mode;
+  if (out->constraint.active() &&
+      (mode == tokenizer::ToolChoiceMode::kRequired || mode == tokenizer::ToolChoiceMode::kFunction))
+    return ApiError::BadRequest("'tool_choice' " + std::string(mode == tokenizer::ToolChoiceMode::kRequired
+                                                                    ? "\"required\""
+                                                                    : "naming a function") +
+                                    " cannot be combined with '" + out->constraint_param +
+                                    "': both constrain the output",
+                                "tool_choice");
+  if (const json* ptc = Field(body, "parallel_tool_calls"); ptc && !ptc->is_boolean())
+    return ApiError::BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
   return std::nullopt;
 }
 
@@ -192,8 +374,12 @@ std::optional<ApiError> ParseChat(const json& body, ParsedRequest* out) {
   if (auto e = GetBool(body, "thinking", &thinking)) return e;
   if (const json* kw = Field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) return ApiError::BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-    if (Field(*kw, "thinking")) {
-      if (auto e = GetBool(*kw, "thinking", &thinking)) return ApiError::BadRequest("'chat_template_kwargs.thinking' must be a boolean", "chat_template_kwargs");
+    // DeepSeek's own key, and the one vLLM / SGLang users send for other models.
+    for (const char* key : {"thinking", "enable_thinking"}) {
+      if (!Field(*kw, key)) continue;
+      if (GetBool(*kw, key, &thinking))
+        return ApiError::BadRequest(std::string("'chat_template_kwargs.") + key + "' must be a boolean",
+                                    "chat_template_kwargs");
       has_thinking = true;
     }
   }
@@ -203,7 +389,7 @@ std::optional<ApiError> ParseChat(const json& body, ParsedRequest* out) {
 
 }  // namespace
 
-std::optional<ApiError> ParseRequestJson(ApiEndpoint endpoint, const json& body, ParsedRequest* out) {
+std::optional<ApiError> ParseRequestJson(ApiEndpoint endpoint, const nlohmann::ordered_json& body, ParsedRequest* out) {
   *out = ParsedRequest();
   out->endpoint = endpoint;
   if (!body.is_object()) return ApiError::BadRequest("the request body must be a JSON object");
@@ -212,12 +398,15 @@ std::optional<ApiError> ParseRequestJson(ApiEndpoint endpoint, const json& body,
   if (!model->is_string()) return ApiError::BadRequest("'model' must be a string", "model");
   out->model = model->get<std::string>();
 
-  if (auto e = Unsupported(body, endpoint)) return e;
+  if (auto e = ParseChoicesAndUnsupported(body, endpoint, out)) return e;
   if (endpoint == ApiEndpoint::kCompletions) {
     if (auto e = ParsePrompt(body, out)) return e;
   } else {
     if (auto e = ParseChat(body, out)) return e;
   }
+  if (auto e = ParseResponseFormat(body, out)) return e;
+  if (auto e = ParseTools(body, out)) return e;
+  if (auto e = ParseLogitBias(body, out)) return e;
 
   std::optional<int64_t> max_tokens;
   if (auto e = GetInt(body, "max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens)) return e;

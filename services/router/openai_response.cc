@@ -19,7 +19,7 @@ json ByteList(const std::string& s) {
 }  // namespace
 
 ResponseBuilder::ResponseBuilder(ApiEndpoint endpoint, std::string id, std::string model, bool include_usage,
-                                 bool logprobs, const tokenizer::Tokenizer& tokenizer)
+                                 bool logprobs, const tokenizer::Tokenizer& tokenizer, uint32_t n)
     : endpoint_(endpoint),
       id_(std::move(id)),
       model_(std::move(model)),
@@ -27,12 +27,15 @@ ResponseBuilder::ResponseBuilder(ApiEndpoint endpoint, std::string id, std::stri
                    .count()),
       include_usage_(include_usage),
       logprobs_(logprobs),
-      tokenizer_(tokenizer) {}
+      tokenizer_(tokenizer),
+      text_offset_(n, 0) {}
 
-json UsageJson(uint32_t prompt_tokens, uint32_t completion_tokens) {
-  return {{"prompt_tokens", prompt_tokens},
-          {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+json UsageJson(const UsageCounts& u) {
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (u.reasoning_tokens) j["completion_tokens_details"] = {{"reasoning_tokens", *u.reasoning_tokens}};
+  return j;
 }
 
 std::string SseEvent(const json& payload) { return "data: " + DumpJson(payload) + "\n\n"; }
@@ -41,7 +44,7 @@ json ResponseBuilder::Base(const char* object) const {
   return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
 }
 
-json ResponseBuilder::Logprobs(const std::vector<OutputToken>& tokens) {
+json ResponseBuilder::Logprobs(uint32_t index, const std::vector<OutputToken>& tokens) {
   if (!logprobs_) return nullptr;
   auto token_text = [&](int32_t id) {
     auto bytes = tokenizer_.TokenBytes(id, false);
@@ -74,60 +77,114 @@ json ResponseBuilder::Logprobs(const std::vector<OutputToken>& tokens) {
     if (t.logprob)
       for (const auto& alt : t.logprob->top) top[token_text(alt.token)] = JsonLogprob(alt.logprob);
     tops.push_back(top);
-    offsets.push_back(text_offset_);
-    text_offset_ += text.size();
+    offsets.push_back(text_offset_[index]);
+    text_offset_[index] += text.size();
   }
   return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-json ResponseBuilder::Full(const std::string& text, const std::vector<OutputToken>& tokens,
-                           const std::string& finish_reason, uint32_t prompt_tokens, uint32_t completion_tokens) {
-  json r;
-  if (endpoint_ == ApiEndpoint::kChat) {
-    r = Base("chat.completion");
-    r["choices"] = json::array({{{"index", 0},
-                                 {"message", {{"role", "assistant"}, {"content", text}}},
-                                 {"logprobs", Logprobs(tokens)},
-                                 {"finish_reason", finish_reason}}});
-  } else {
-    r = Base("text_completion");
-    r["choices"] = json::array(
-        {{{"index", 0}, {"text", text}, {"logprobs", Logprobs(tokens)}, {"finish_reason", finish_reason}}});
+json ResponseBuilder::Message(const ChoiceOutput& c) const {
+  json m = {{"role", "assistant"}};
+  if (!c.message) {
+    m["content"] = c.text;
+    return m;
   }
-  r["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  const tokenizer::ParsedMessage& pm = *c.message;
+  // OpenAI: a reply that is only tool calls has null content.
+  m["content"] = pm.content.empty() && !pm.tool_calls.empty() ? json(nullptr) : json(pm.content);
+  if (!pm.reasoning_content.empty()) m["reasoning_content"] = pm.reasoning_content;
+  if (!pm.tool_calls.empty()) {
+    json calls = json::array();
+    for (size_t k = 0; k < pm.tool_calls.size(); ++k)
+      calls.push_back({{"id", k < c.tool_call_ids.size() ? c.tool_call_ids[k] : std::string()},
+                       {"type", "function"},
+                       {"function", {{"name", pm.tool_calls[k].name}, {"arguments", pm.tool_calls[k].arguments}}}});
+    m["tool_calls"] = std::move(calls);
+  }
+  return m;
+}
+
+json ResponseBuilder::Full(const std::vector<ChoiceOutput>& choices, const UsageCounts& usage) {
+  json r = Base(endpoint_ == ApiEndpoint::kChat ? "chat.completion" : "text_completion");
+  json list = json::array();
+  for (uint32_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutput& c = choices[i];
+    if (endpoint_ == ApiEndpoint::kChat) {
+      list.push_back({{"index", i},
+                      {"message", Message(c)},
+                      {"logprobs", Logprobs(i, c.tokens)},
+                      {"finish_reason", c.finish_reason}});
+    } else {
+      list.push_back(
+          {{"index", i}, {"text", c.text}, {"logprobs", Logprobs(i, c.tokens)}, {"finish_reason", c.finish_reason}});
+    }
+  }
+  r["choices"] = std::move(list);
+  r["usage"] = UsageJson(usage);
   return r;
 }
 
-json ResponseBuilder::RoleChunk() const {
+json ResponseBuilder::RoleChunk(uint32_t index) const {
   json c = Base("chat.completion.chunk");
-  c["choices"] = json::array(
-      {{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+  c["choices"] = json::array({{{"index", index},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
   if (include_usage_) c["usage"] = nullptr;
   return c;
 }
 
-json ResponseBuilder::Chunk(const std::string& text, const std::vector<OutputToken>& tokens,
+bool ResponseBuilder::HasOutput(const SessionStep& step) const {
+  if (logprobs_ && !step.tokens.empty()) return true;
+  if (endpoint_ == ApiEndpoint::kChat && !step.text.empty() && step.chat.empty()) {
+    // Text the parser holds back (a possible marker) shows up in a later step.
+    return false;
+  }
+  return !step.text.empty() || !step.chat.empty();
+}
+
+json ResponseBuilder::Chunk(uint32_t index, const SessionStep& step, const std::vector<std::string>& tool_call_ids,
                             const std::optional<std::string>& finish_reason) {
   json c;
   json fr = finish_reason ? json(*finish_reason) : json(nullptr);
-  json lp = tokens.empty() ? json(nullptr) : Logprobs(tokens);
+  json lp = step.tokens.empty() ? json(nullptr) : Logprobs(index, step.tokens);
   if (endpoint_ == ApiEndpoint::kChat) {
     c = Base("chat.completion.chunk");
+    const tokenizer::ChatDelta& d = step.chat;
     json delta = json::object();
-    if (!text.empty() || !finish_reason) delta["content"] = text;
-    c["choices"] = json::array({{{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", fr}}});
+    if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
+    if (!d.content.empty() || (!finish_reason && d.reasoning_content.empty() && d.tool_calls.empty()))
+      delta["content"] = d.content;
+    if (!d.tool_calls.empty()) {
+      json calls = json::array();
+      for (const auto& t : d.tool_calls) {
+        json call = {{"index", t.index}};
+        json function = json::object();
+        if (t.name) {
+          const auto k = static_cast<size_t>(t.index);
+          call["id"] = k < tool_call_ids.size() ? tool_call_ids[k] : std::string();
+          call["type"] = "function";
+          function["name"] = *t.name;
+        }
+        function["arguments"] = t.arguments;
+        call["function"] = std::move(function);
+        calls.push_back(std::move(call));
+      }
+      delta["tool_calls"] = std::move(calls);
+    }
+    c["choices"] = json::array({{{"index", index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", fr}}});
   } else {
     c = Base("text_completion");
-    c["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", lp}, {"finish_reason", fr}}});
+    c["choices"] = json::array({{{"index", index}, {"text", step.text}, {"logprobs", lp}, {"finish_reason", fr}}});
   }
   if (include_usage_) c["usage"] = nullptr;
   return c;
 }
 
-json ResponseBuilder::UsageChunk(uint32_t prompt_tokens, uint32_t completion_tokens) const {
+json ResponseBuilder::UsageChunk(const UsageCounts& usage) const {
   json c = Base(endpoint_ == ApiEndpoint::kChat ? "chat.completion.chunk" : "text_completion");
   c["choices"] = json::array();
-  c["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  c["usage"] = UsageJson(usage);
   return c;
 }
 

@@ -10,7 +10,8 @@
 namespace pdserve::router {
 
 namespace api = services::api;
-using nlohmann::json;
+// Ordered: a schema's property order is the order the constrained output writes them in.
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -23,9 +24,16 @@ RequestOutcome OutcomeForStatus(int http_status) {
 }
 
 FinishReason FinishFor(const std::string& reason) {
-  if (reason == "stop") return FinishReason::kStop;
+  if (reason == "stop" || reason == "tool_calls") return FinishReason::kStop;
   if (reason == "length") return FinishReason::kLength;
   return FinishReason::kNone;
+}
+
+// A JSON Schema given as text, parsed keeping its property order; nullopt when it is not JSON.
+std::optional<json> SchemaJson(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
 }
 
 }  // namespace
@@ -81,12 +89,83 @@ std::optional<ApiError> ApiSubmitToParsed(const api::Submit& m, ParsedRequest* o
     return ApiError::BadRequest("'top_logprobs' requires 'logprobs': true", "top_logprobs");
   }
   if (!m.user.empty()) body["user"] = m.user;
+  if (m.n != 1) body["n"] = m.n;
+  if (!m.logit_bias.empty()) {
+    json bias = json::object();
+    for (const LogitBias& b : m.logit_bias) {
+      // Repeated ids add up, as SamplingParams::logit_bias does; the map keeps one entry each.
+      const std::string key = std::to_string(b.token);
+      bias[key] = (bias.contains(key) ? bias[key].get<double>() : 0.0) + b.bias;
+    }
+    body["logit_bias"] = std::move(bias);
+  }
+  if (!m.tools.empty()) {
+    if (m.kind != api::PromptKind::kChat)
+      return ApiError::BadRequest("'tools' are only supported with chat messages", "tools");
+    json tools = json::array();
+    for (size_t i = 0; i < m.tools.size(); ++i) {
+      const api::Tool& t = m.tools[i];
+      json f = {{"name", t.name}};
+      if (!t.description.empty()) f["description"] = t.description;
+      if (!t.parameters.empty()) {
+        auto params = SchemaJson(t.parameters);
+        if (!params)
+          return ApiError::BadRequest("tools[" + std::to_string(i) + "].function.parameters is not JSON", "tools");
+        f["parameters"] = std::move(*params);
+      }
+      tools.push_back({{"type", "function"}, {"function", std::move(f)}});
+    }
+    body["tools"] = std::move(tools);
+  }
+  switch (m.tool_choice.mode) {
+    case api::ToolChoiceMode::kAuto: break;  // the default, with or without tools
+    case api::ToolChoiceMode::kNone: body["tool_choice"] = "none"; break;
+    case api::ToolChoiceMode::kRequired: body["tool_choice"] = "required"; break;
+    case api::ToolChoiceMode::kFunction:
+      body["tool_choice"] = {{"type", "function"}, {"function", {{"name", m.tool_choice.function}}}};
+      break;
+  }
+  const api::ResponseFormat& rf = m.response_format;
+  switch (rf.type) {
+    case api::ResponseFormatType::kText: break;
+    case api::ResponseFormatType::kJsonObject: body["response_format"] = {{"type", "json_object"}}; break;
+    case api::ResponseFormatType::kJsonSchema: {
+      auto schema = SchemaJson(rf.text);
+      if (!schema)
+        return ApiError::BadRequest("response_format.json_schema.schema: json_schema: not valid JSON",
+                                    "response_format");
+      body["response_format"] = {{"type", "json_schema"},
+                                 {"json_schema", {{"name", "response"}, {"schema", std::move(*schema)},
+                                                  {"strict", rf.strict}}}};
+      break;
+    }
+    case api::ResponseFormatType::kRegex: body["response_format"] = {{"type", "regex"}, {"regex", rf.text}}; break;
+    case api::ResponseFormatType::kGrammar:
+      body["response_format"] = {{"type", "grammar"}, {"grammar", rf.text}};
+      break;
+  }
   body["stream"] = true;
   try {
     return ParseRequestJson(endpoint, body, out);
   } catch (const json::exception& e) {
     return ApiError::BadRequest(std::string("malformed request: ") + e.what());
   }
+}
+
+bool RequestApiServer::Session::started() const {
+  for (const auto& g : gens)
+    if (!g->finished() && !g->has_first_token()) return false;
+  return true;
+}
+
+bool RequestApiServer::Session::finished() const {
+  for (const auto& g : gens)
+    if (!g->finished()) return false;
+  return true;
+}
+
+void RequestApiServer::Session::Cancel(std::string_view reason) {
+  for (auto& g : gens) g->Cancel(reason);
 }
 
 RequestApiServer::RequestApiServer(Context context) : ctx_(context) {}
@@ -164,7 +243,7 @@ void RequestApiServer::Shutdown() {
   // Every request of this front ends with a 503, as HTTP streams do.
   const ApiError e = ApiError::Unavailable("the router is shutting down", "shutting_down");
   for (auto& [key, s] : sessions_) {
-    s.gen->Cancel("router shutting down");
+    s.Cancel("router shutting down");
     SendError(s.peer, s.client_id, e);
     ctx_.metrics->CountRequest(RequestOutcome::kUnavailable);
   }
@@ -235,34 +314,36 @@ void RequestApiServer::HandleSubmit(const std::string& peer, api::Submit m, Cloc
     rlog.Debug("rejected: {}", e->message);
     return reject(*e);
   }
-  auto submitted = ctx_.core->Submit(prep.spec);
+  auto submitted = SubmitChoices(*ctx_.core, prep);
   if (!submitted.ok()) {
     rlog.Debug("not dispatched: {}", submitted.status().ToString());
     return reject(SubmitError(submitted.status(), tag, chat));
   }
   ctx_.metrics->queue_time.Observe(std::chrono::duration<double>(Clock::now() - arrival).count());
   ctx_.metrics->prompt_tokens.Increment(prep.prompt_tokens);
-  std::shared_ptr<ActiveRequest> request = std::move(submitted).value();
   const uint64_t key = next_key_++;
   Session s;
   s.peer = peer;
   s.client_id = m.request_id;
   s.deadline = arrival + ctx_.config->request_timeout;
   s.first_deadline = std::min(s.deadline, arrival + ctx_.config->first_token_timeout);
-  s.gen = std::make_unique<GenerationSession>(ctx_.core, request, *ctx_.tokenizer, std::move(prep.session),
-                                              ctx_.metrics);
+  const uint32_t max_tokens = submitted.value()[0]->max_tokens();
+  std::weak_ptr<Mailbox> weak = mailbox_;
+  for (auto& request : submitted.value()) {
+    s.gens.push_back(std::make_unique<GenerationSession>(ctx_.core, request, *ctx_.tokenizer, prep.session,
+                                                         ctx_.metrics));
+    s.gens.back()->SetListener([weak, key] {
+      if (auto mb = weak.lock()) {
+        std::lock_guard<std::mutex> lock(mb->mu);
+        mb->ready.push_back(key);
+        if (mb->channel) mb->channel->Wake();
+      }
+    });
+  }
   sessions_.emplace(key, std::move(s));
   by_client_[{peer, m.request_id}] = key;
-  std::weak_ptr<Mailbox> weak = mailbox_;
-  request->SetListener([weak, key] {
-    if (auto mb = weak.lock()) {
-      std::lock_guard<std::mutex> lock(mb->mu);
-      mb->ready.push_back(key);
-      if (mb->channel) mb->channel->Wake();
-    }
-  });
-  Send(peer, api::Accepted{m.request_id, tag, prep.prompt_tokens, request->max_tokens()});
-  Drain(key);  // events that arrived before the listener was set
+  Send(peer, api::Accepted{m.request_id, tag, prep.prompt_tokens, max_tokens});
+  Drain(key);  // events that arrived before the listeners were set
 }
 
 void RequestApiServer::HandleAbort(const std::string& peer, const api::Abort& abort) {
@@ -270,15 +351,22 @@ void RequestApiServer::HandleAbort(const std::string& peer, const api::Abort& ab
   if (it == by_client_.end()) return;  // finished already, or never existed: nothing to do
   const uint64_t key = it->second;
   Session& s = sessions_.at(key);
-  s.gen->Cancel(abort.reason.empty() ? "aborted by the client" : abort.reason);
-  api::Output out;
-  out.request_id = s.client_id;
-  out.finish = FinishReason::kAbort;
-  out.prompt_tokens = s.gen->prompt_tokens();
-  out.completion_tokens = s.gen->completion_tokens();
-  Send(peer, out);
+  // Every choice still running ends with an abort output.
+  for (uint32_t i = 0; i < s.gens.size(); ++i) {
+    GenerationSession& g = *s.gens[i];
+    if (g.finished()) continue;
+    g.Cancel(abort.reason.empty() ? "aborted by the client" : abort.reason);
+    api::Output out;
+    out.request_id = s.client_id;
+    out.index = i;
+    out.finish = FinishReason::kAbort;
+    out.prompt_tokens = g.prompt_tokens();
+    out.completion_tokens = g.completion_tokens();
+    out.reasoning_tokens = g.reasoning_tokens();
+    Send(peer, out);
+  }
   ctx_.metrics->CountRequest(RequestOutcome::kCancelled);
-  services::RequestLog("router", s.gen->tag()).Info("aborted by the client");
+  services::RequestLog("router", s.tag()).Info("aborted by the client");
   End(key);
 }
 
@@ -289,9 +377,9 @@ void RequestApiServer::DropPeer(const std::string& peer) {
     keys.push_back(it->second);
   for (uint64_t key : keys) {
     Session& s = sessions_.at(key);
-    s.gen->Cancel("client disconnected");
+    s.Cancel("client disconnected");
     ctx_.metrics->CountRequest(RequestOutcome::kCancelled);
-    services::RequestLog("router", s.gen->tag()).Info("client disconnected");
+    services::RequestLog("router", s.tag()).Info("client disconnected");
     End(key);
   }
 }
@@ -303,43 +391,74 @@ void RequestApiServer::End(uint64_t key) {
   sessions_.erase(it);  // an unfinished GenerationSession cancels its request
 }
 
+void RequestApiServer::SendStep(Session& s, uint32_t index, SessionStep& step) {
+  GenerationSession& g = *s.gens[index];
+  const bool done = step.finished && step.error.ok();
+  // A chat choice reports its parsed fields; text the parser holds back shows up later.
+  const bool chat = g.parses_chat();
+  if (step.tokens.empty() && (chat ? step.chat.empty() : step.text.empty()) && !done) return;
+  api::Output out;
+  out.request_id = s.client_id;
+  out.index = index;
+  if (chat) {
+    out.text = std::move(step.chat.content);
+    out.reasoning_text = std::move(step.chat.reasoning_content);
+    for (auto& d : step.chat.tool_calls) {
+      api::ToolCallDelta t;
+      t.index = static_cast<uint32_t>(d.index);
+      if (d.name) {
+        t.name = std::move(*d.name);
+        t.id = g.tool_call_ids().at(static_cast<size_t>(d.index));
+      }
+      t.arguments = std::move(d.arguments);
+      out.tool_calls.push_back(std::move(t));
+    }
+  } else {
+    out.text = std::move(step.text);
+  }
+  out.tokens.reserve(step.tokens.size());
+  bool any_logprob = false;
+  for (const auto& t : step.tokens) any_logprob |= t.logprob.has_value();
+  for (const auto& t : step.tokens) {
+    out.tokens.push_back(t.id);
+    if (any_logprob) out.logprobs.push_back(t.logprob.value_or(services::TokenLogprob{}));
+  }
+  if (done) {
+    out.finish = FinishFor(step.finish_reason);
+    out.tool_calls_finish = step.finish_reason == "tool_calls";
+    out.prompt_tokens = g.prompt_tokens();
+    out.completion_tokens = g.completion_tokens();
+    out.reasoning_tokens = g.reasoning_tokens();
+  }
+  s.sent_tokens |= !out.tokens.empty();
+  Send(s.peer, out);
+}
+
 void RequestApiServer::Drain(uint64_t key) {
   auto it = sessions_.find(key);
   if (it == sessions_.end()) return;  // ended; a late wake-up
   Session& s = it->second;
-  auto step = s.gen->Next(Clock::now());  // never blocks: the deadline has passed
-  if (!step) return;
-  const bool before_output = !s.sent_tokens;
-  if (!step->tokens.empty() || !step->text.empty() || (step->finished && step->error.ok())) {
-    api::Output out;
-    out.request_id = s.client_id;
-    out.text = std::move(step->text);
-    out.tokens.reserve(step->tokens.size());
-    bool any_logprob = false;
-    for (const auto& t : step->tokens) any_logprob |= t.logprob.has_value();
-    for (const auto& t : step->tokens) {
-      out.tokens.push_back(t.id);
-      if (any_logprob) out.logprobs.push_back(t.logprob.value_or(services::TokenLogprob{}));
-    }
-    if (step->finished && step->error.ok()) {
-      out.finish = FinishFor(step->finish_reason);
-      out.prompt_tokens = s.gen->prompt_tokens();
-      out.completion_tokens = s.gen->completion_tokens();
-    }
-    s.sent_tokens |= !out.tokens.empty();
-    Send(s.peer, out);
-  }
-  if (!step->finished) return;
-  if (step->error.ok()) {
-    ctx_.metrics->CountRequest(RequestOutcome::kOk);
-  } else {
-    const ApiError e = ApiError::FromStatus(step->error, s.gen->tag());
+  for (uint32_t i = 0; i < s.gens.size(); ++i) {
+    GenerationSession& g = *s.gens[i];
+    if (g.finished()) continue;
+    auto step = g.Next(Clock::now());  // never blocks: the deadline has passed
+    if (!step) continue;
+    const bool before_output = !s.sent_tokens;
+    SendStep(s, i, *step);
+    if (!step->finished || step->error.ok()) continue;
+    // One failed choice fails the request, as over HTTP.
+    const ApiError e = ApiError::FromStatus(step->error, s.tag());
+    s.Cancel("another choice of the request failed");
     SendError(s.peer, s.client_id, e);
     // As over HTTP: a failure before any output has its status's outcome; after, "error".
     ctx_.metrics->CountRequest(before_output ? OutcomeForStatus(e.http_status) : RequestOutcome::kError);
-    services::RequestLog("router", s.gen->tag()).Warn("failed: {}", step->error.ToString());
+    services::RequestLog("router", s.tag()).Warn("failed: {}", step->error.ToString());
+    return End(key);
   }
-  End(key);
+  if (s.finished()) {
+    ctx_.metrics->CountRequest(RequestOutcome::kOk);
+    End(key);
+  }
 }
 
 void RequestApiServer::Timers(Clock::time_point now) {
@@ -347,17 +466,17 @@ void RequestApiServer::Timers(Clock::time_point now) {
   std::map<std::string, bool> peers;
   for (auto& [key, s] : sessions_) {
     peers[s.peer] = true;
-    if (now >= s.deadline || (!s.gen->has_first_token() && now >= s.first_deadline)) expired.push_back(key);
+    if (now >= s.deadline || (!s.started() && now >= s.first_deadline)) expired.push_back(key);
   }
   for (uint64_t key : expired) {
     Session& s = sessions_.at(key);
-    const bool first = !s.gen->has_first_token();
-    s.gen->Cancel("router-side deadline");
+    const bool first = !s.started();
+    s.Cancel("router-side deadline");
     SendError(s.peer, s.client_id,
               ApiError::Timeout(fmt::format("{} (request id {})",
                                             first ? "no first token within the router's deadline"
                                                   : "the request exceeded the router's deadline",
-                                            s.gen->tag())));
+                                            s.tag())));
     ctx_.metrics->CountRequest(RequestOutcome::kTimeout);
     End(key);
   }

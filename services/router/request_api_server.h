@@ -45,6 +45,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -102,12 +103,18 @@ class RequestApiServer {
     bool stop = false;                      // the destructor asks the channel thread to finish
     bool stopped = false;                   // ... and it did
   };
+  // One submitted request: its n choices, each a GenerationSession (choice i: gens[i]).
   struct Session {
     std::string peer;
     uint64_t client_id = 0;
-    std::unique_ptr<GenerationSession> gen;
+    std::vector<std::unique_ptr<GenerationSession>> gens;
     Clock::time_point first_deadline, deadline;
     bool sent_tokens = false;
+
+    const std::string& tag() const { return gens[0]->tag(); }
+    bool started() const;   // every choice has its first token or finished
+    bool finished() const;  // every choice finished
+    void Cancel(std::string_view reason);
   };
 
   explicit RequestApiServer(Context context);
@@ -120,7 +127,9 @@ class RequestApiServer {
   void DropPeer(const std::string& peer);
   void Drain(uint64_t key);
   void Timers(Clock::time_point now);
-  // Ends a session: forgets it (its GenerationSession must be finished or is cancelled).
+  // Sends what choice `index` of the session produced in `step` (nothing when it is empty).
+  void SendStep(Session& s, uint32_t index, SessionStep& step);
+  // Ends a session: forgets it (its GenerationSessions must be finished or are cancelled).
   void End(uint64_t key);
   void Send(const std::string& peer, const services::api::Message& message);
   void SendError(const std::string& peer, uint64_t client_id, const ApiError& error);

@@ -4,7 +4,7 @@ namespace pdserve::router {
 
 Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   RouterConfig c;
-  PDSERVE_RETURN_IF_ERROR(s.CheckKeys({"host", "port", "control_endpoint", "model_name", "tokenizer_dir", "routing",
+  PDSERVE_RETURN_IF_ERROR(s.CheckKeys({"host", "port", "control_endpoint", "model_name", "tokenizer_dir", "chat_format", "routing",
                                        "heartbeat_interval_ms", "heartbeat_timeout_ms", "request_timeout_ms",
                                        "first_token_timeout_ms", "default_max_tokens", "max_body_bytes",
                                        "max_outstanding_requests", "max_migrations", "stall_timeout_ms", "http_threads",
@@ -20,6 +20,7 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.Get("control_endpoint", &c.control_endpoint));
   PDSERVE_RETURN_IF_ERROR(s.Get("model_name", &c.model_name));
   PDSERVE_RETURN_IF_ERROR(s.Get("tokenizer_dir", &c.tokenizer_dir));
+  PDSERVE_RETURN_IF_ERROR(s.GetEnum("chat_format", {"auto", "deepseek_v3", "deepseek_v31"}, &c.chat_format));
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection r, s.Section("routing"));
   PDSERVE_RETURN_IF_ERROR(r.CheckKeys({"mode", "prefill_policy", "decode_policy", "colocated_policy"}));
   PDSERVE_RETURN_IF_ERROR(r.GetEnum("mode", {"auto", "disaggregated", "colocated"}, &c.routing.mode));
@@ -76,6 +77,8 @@ Status RouterConfig::Validate() const {
   if (control_endpoint.rfind("tcp://", 0) != 0 && control_endpoint.rfind("ipc://", 0) != 0)
     return Status::InvalidArgument("router.control_endpoint must be tcp://HOST:PORT or ipc://PATH");
   if (model_name.empty()) return Status::InvalidArgument("router.model_name is empty");
+  if (chat_format != "auto" && chat_format != "deepseek_v3" && chat_format != "deepseek_v31")
+    return Status::InvalidArgument("router.chat_format must be auto, deepseek_v3 or deepseek_v31");
   if (heartbeat_interval.count() <= 0) return Status::InvalidArgument("router.heartbeat_interval_ms must be > 0");
   if (heartbeat_timeout <= heartbeat_interval)
     return Status::InvalidArgument("router.heartbeat_timeout_ms must exceed heartbeat_interval_ms");

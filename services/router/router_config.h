@@ -30,6 +30,12 @@ struct RouterConfig {
   std::string control_endpoint = "tcp://127.0.0.1:7000";
   std::string model_name = "pdserve";  // the one model served; workers must register with it
   std::string tokenizer_dir;           // empty: tokenizer::DefaultTokenizerDir()
+  // The chat prompt format (tokenizer/chat_template.h). deepseek_v31: DeepSeek-V3.1 /
+  // V3.2-Exp's template for every chat request (tools, the thinking switch, V3.1 tool-call
+  // markers). deepseek_v3: the tokenizer package's template (no tools). auto: the package
+  // template, and V3.1's for requests that offer tools (the package template has no tools
+  // block).
+  std::string chat_format = "auto";  // auto | deepseek_v3 | deepseek_v31
   RoutingConfig routing;
   std::chrono::milliseconds heartbeat_interval{500};  // told to workers in RegisterAck
   std::chrono::milliseconds heartbeat_timeout{2500};  // silence after which a worker is removed

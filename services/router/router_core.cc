@@ -163,19 +163,25 @@ Result<bool> RouterCore::ChooseModeLocked() const {
 }
 
 Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const std::string& tag,
-                                            const std::vector<int32_t>& prompt, std::optional<uint32_t> max_tokens) {
+                                            const std::vector<int32_t>& prompt, std::optional<uint32_t> max_tokens,
+                                            const Attempt* prefer) {
   const auto prompt_tokens = static_cast<uint32_t>(prompt.size());
   PDSERVE_ASSIGN_OR_RETURN(const bool disaggregated, ChooseModeLocked());
+  const std::string no_peer;
+  const bool same_kind = prefer && prefer->live() && prefer->disaggregated() == disaggregated;
+  const std::string& prefer_output = same_kind ? prefer->output_peer() : no_peer;
+  const std::string& prefer_prefill = same_kind ? prefer->prefill_peer() : no_peer;
   WorkerChoice out, prefill;
   if (disaggregated) {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kDecode, options_.decode_policy, prompt_tokens,
-                                                   max_tokens, options_.default_max_tokens, true, &cursor_decode_));
+                                                   max_tokens, options_.default_max_tokens, true, &cursor_decode_,
+                                                   prefer_output));
     PDSERVE_ASSIGN_OR_RETURN(prefill, registry_.Choose(WorkerRole::kPrefill, options_.prefill_policy, prompt_tokens,
-                                                       std::nullopt, 0, false, &cursor_prefill_));
+                                                       std::nullopt, 0, false, &cursor_prefill_, prefer_prefill));
   } else {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kColocated, options_.colocated_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true,
-                                                   &cursor_colocated_));
+                                                   &cursor_colocated_, prefer_output));
   }
 
   services::JobMsg job;
@@ -189,6 +195,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   job.sampling.resumed_output = static_cast<uint32_t>(route.delivered.size());
   job.deadline_unix_ms = route.deadline_unix_ms;
   job.dp_rank = out.worker->dp_rank;
+  job.constraint = route.constraint;
 
   // The charges the routing policies see until the attempt ends (charge_ledger.h): the output
   // worker owes the output (and, colocated, computes the prompt too); the prefill worker owes
@@ -226,9 +233,16 @@ Result<std::shared_ptr<ActiveRequest>> RouterCore::Submit(SubmitSpec spec) {
     return Status::ResourceExhausted(fmt::format("the router has {} requests in flight; retry later", routes_.size()));
   Route route;
   route.sampling = std::move(spec.sampling);
+  route.constraint = std::move(spec.constraint);
   route.deadline_unix_ms = spec.deadline_unix_ms;
+  const Attempt* prefer = nullptr;
+  if (spec.affinity != 0) {
+    if (auto job = job_of_request_.find(spec.affinity); job != job_of_request_.end())
+      if (auto sibling = routes_.find(job->second); sibling != routes_.end()) prefer = &sibling->second.attempt;
+  }
   const uint64_t id = next_request_id_++;
-  PDSERVE_ASSIGN_OR_RETURN(const uint32_t max_tokens, DispatchLocked(route, id, spec.tag, spec.prompt, spec.max_tokens));
+  PDSERVE_ASSIGN_OR_RETURN(const uint32_t max_tokens,
+                           DispatchLocked(route, id, spec.tag, spec.prompt, spec.max_tokens, prefer));
   route.sampling.max_tokens = max_tokens;
   route.prompt = std::move(spec.prompt);
   route.request = std::make_shared<ActiveRequest>(id, spec.tag, prompt_tokens, max_tokens, spec.arrival);
@@ -407,6 +421,9 @@ void RouterCore::OnPrefillEventLocked(Route& r, const std::string& peer, service
   first.request_id = id;
   first.token = out_ev.tokens[0];
   if (!out_ev.logprobs.empty()) first.logprob = out_ev.logprobs[0];
+  // The prefill's grammar state after the first token: the decode worker restores it instead
+  // of replaying the token (docs/structured-output.md, "Prefill -> decode").
+  first.constraint_state = std::move(ev.constraint_state);
   r.attempt.FirstTokenRelayed(std::chrono::steady_clock::now());
   r.request->Push(std::move(out_ev));
   SendLocked(r.attempt.output_peer(), first);

@@ -86,6 +86,12 @@ struct SubmitSpec {
   std::optional<uint32_t> max_tokens;     // as the client asked
   std::chrono::steady_clock::time_point arrival{};
   int64_t deadline_unix_ms = 0;
+  // The output constraint (grammar/constraint.h), sent with every job of every attempt of
+  // the request (colocated, decode, prefill, and after a migration).
+  grammar::Constraint constraint;
+  // Non-zero: the ActiveRequest id of a sibling (another choice of the same client request);
+  // its current workers are preferred when they can take this request too.
+  uint64_t affinity = 0;
 };
 
 // Whether an attempt that a worker ended with `finish` / `error` (not at the router's asking) is
@@ -162,6 +168,7 @@ class RouterCore {
     // resolved budget), the deadline, and every token pushed to the client so far.
     std::vector<int32_t> prompt;
     SamplingParams sampling;
+    grammar::Constraint constraint;
     int64_t deadline_unix_ms = 0;
     std::vector<int32_t> delivered;
     uint32_t migrations = 0;
@@ -189,10 +196,12 @@ class RouterCore {
   Result<bool> ChooseModeLocked() const;
   // Starts an attempt of `route` as job `job_id`: picks the workers for `prompt` with
   // `max_tokens` (nullopt: the default / context limit), charges them (ledger_) and sends the
-  // first job. Sets route.attempt; returns the resolved max_tokens. Errors: Choose's (nothing
-  // charged, nothing sent).
+  // first job. Sets route.attempt; returns the resolved max_tokens. `prefer`: an attempt whose
+  // workers are taken when they can hold this one too (a sibling choice's). Errors: Choose's
+  // (nothing charged, nothing sent).
   Result<uint32_t> DispatchLocked(Route& route, uint64_t job_id, const std::string& tag,
-                                  const std::vector<int32_t>& prompt, std::optional<uint32_t> max_tokens);
+                                  const std::vector<int32_t>& prompt, std::optional<uint32_t> max_tokens,
+                                  const Attempt* prefer = nullptr);
   // Migrates every decoding attempt that produced nothing for options_.stall_timeout.
   void MigrateStalledLocked(std::chrono::steady_clock::time_point now);
   // The current attempt of route `job_id` failed: ends it and starts the next one (on other

@@ -688,6 +688,116 @@ TEST_F(RouterCoreTest, DestructionAbortsEveryHolderAndFailsTheRequests) {
   EXPECT_EQ(events.back().error.code(), StatusCode::kUnavailable);
 }
 
+// The output constraint goes out with every job of every attempt: the colocated job, the decode
+// reservation, the prefill job, and the jobs of a migrated attempt; the prefill's grammar state
+// rides with the first token to the decode worker.
+TEST_F(RouterCoreTest, ConstraintTravelsWithEveryJobAndThePrefillStateReachesDecode) {
+  grammar::Constraint c;
+  c.kind = grammar::ConstraintKind::kJsonSchema;
+  c.text = R"({"type": "object", "properties": {"b": {"type": "integer"}, "a": {}}})";
+  c.free_text_until = "</think>";
+  c.json.strict = false;
+  auto submit = [&](uint32_t max_tokens) {
+    SubmitSpec spec;
+    spec.tag = "req";
+    spec.prompt.assign(5, 3);
+    spec.max_tokens = max_tokens;
+    spec.constraint = c;
+    auto r = core_->Submit(std::move(spec));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : nullptr;
+  };
+  {
+    Make([] {
+      RouterCoreOptions o = TestOptions();
+      o.mode = ServingMode::kColocated;
+      return o;
+    }());
+    Register("c", WorkerRole::kColocated);
+    auto req = submit(4);
+    const JobMsg job = TakeJob("c");
+    EXPECT_EQ(job.phase, JobPhase::kColocated);
+    EXPECT_EQ(job.constraint, c);
+    From("c", Tokens(job.request_id, {1, 2}, FinishReason::kStop));
+    ExpectIdle();
+  }
+  Make(TestOptions());
+  Register("p", WorkerRole::kPrefill);
+  Register("d1", WorkerRole::kDecode);
+  auto req = submit(20);
+  const JobMsg decode = TakeJob("d1");
+  EXPECT_EQ(decode.constraint, c);
+  From("d1", KvReservedMsg{decode.request_id, "descriptor", "transfer", 3});
+  const JobMsg prefill = TakeJob("p");
+  EXPECT_EQ(prefill.phase, JobPhase::kPrefill);
+  EXPECT_EQ(prefill.constraint, c);
+  TokenEventMsg first = Tokens(decode.request_id, {7});
+  first.constraint_state = std::string("state\0bytes", 11);
+  From("p", first);
+  auto relayed = Take<FirstTokenMsg>("d1");
+  ASSERT_EQ(relayed.size(), 1u);
+  EXPECT_EQ(relayed[0].constraint_state, first.constraint_state);
+  From("d1", Tokens(decode.request_id, {8}));
+  // The decode worker goes: the next attempt carries the constraint again (the engine replays
+  // the delivered output through the grammar).
+  Register("d2", WorkerRole::kDecode);
+  From("d1", services::DeregisterMsg{"lost"});
+  const JobMsg retry = TakeJob("d2");
+  EXPECT_EQ(retry.constraint, c);
+  EXPECT_EQ(retry.sampling.resumed_output, 2);
+  From("d2", KvReservedMsg{retry.request_id, "desc", "addr", 3});
+  const JobMsg prefill2 = TakeJob("p");
+  EXPECT_EQ(prefill2.constraint, c);
+  From("p", Tokens(retry.request_id, {9}));
+  auto relayed2 = Take<FirstTokenMsg>("d2");
+  ASSERT_EQ(relayed2.size(), 1u);
+  EXPECT_TRUE(relayed2[0].constraint_state.empty());  // none sent: the decode side replays
+  From("d2", Tokens(retry.request_id, {10}, FinishReason::kStop));
+  EXPECT_EQ(TokensOf(Events(*req)), (std::vector<int32_t>{7, 8, 9, 10}));
+  ExpectNothingSent();
+  ExpectIdle();
+}
+
+// The choices of one client request (SubmitSpec::affinity) go to their sibling's workers while
+// those have room, although the policy alone would spread them.
+TEST_F(RouterCoreTest, SiblingChoicesShareTheirWorkersWhileTheyFit) {
+  Register("c1", WorkerRole::kColocated);
+  Register("c2", WorkerRole::kColocated);
+  auto first = Submit(5, 20);
+  const std::string taken = Worker("c1").outstanding_requests == 1 ? "c1" : "c2";
+  const std::string other = taken == "c1" ? "c2" : "c1";
+  EXPECT_EQ(Take<JobMsg>(taken).size(), 1u);
+  for (int i = 0; i < 3; ++i) {
+    SubmitSpec spec;
+    spec.tag = "req";
+    spec.prompt.assign(5, 3);
+    spec.max_tokens = 20;
+    spec.affinity = first->id();
+    ASSERT_TRUE(core_->Submit(std::move(spec)).ok());
+    EXPECT_EQ(Take<JobMsg>(taken).size(), 1u) << "choice " << i + 1;
+    EXPECT_TRUE(Take<JobMsg>(other).empty());
+  }
+  // Without the affinity the policy decides (least outstanding tokens: the other worker).
+  Submit(5, 20);
+  EXPECT_EQ(Take<JobMsg>(other).size(), 1u);
+  // A sibling's worker without room for the request is passed over.
+  services::HeartbeatMsg hb;
+  hb.seq = 1;
+  hb.load.kv_blocks_total = 100;
+  hb.load.kv_blocks_free = 1;  // a request of 25 tokens needs 3 blocks of 10
+  From(taken, hb);
+  Take<services::HeartbeatAckMsg>(taken);
+  SubmitSpec spec;
+  spec.tag = "req";
+  spec.prompt.assign(5, 3);
+  spec.max_tokens = 20;
+  spec.affinity = first->id();
+  ASSERT_TRUE(core_->Submit(std::move(spec)).ok());
+  EXPECT_EQ(Take<JobMsg>(other).size(), 1u);
+  EXPECT_TRUE(Take<JobMsg>(taken).empty());
+  core_.reset();  // aborts everything still running
+}
+
 TEST_F(RouterCoreTest, UnknownAndMalformedMessages) {
   Register("c", WorkerRole::kColocated);
   // A job the router does not know: Abort so the worker does not compute for nobody; a

@@ -647,8 +647,11 @@ TEST(RouterE2eTest, BadInputGetsOpenAiErrorsAndTheClusterKeepsServing) {
       {"/v1/completions", json{{"model", "pdserve"}, {"prompt", long_prompt}}.dump(), 400, "prompt", "context_length_exceeded"},
       {"/v1/completions", R"({"model":"pdserve","prompt":[1,2,3],"max_tokens":100})", 400, "prompt", "context_length_exceeded"},
       {"/v1/completions", R"({"model":"pdserve","prompt":[999999999]})", 400, "prompt", ""},
-      {"/v1/completions", R"({"model":"pdserve","prompt":"x","n":2})", 400, "n", ""},
-      {"/v1/chat/completions", R"({"model":"pdserve","messages":[{"role":"user","content":"x"}],"n":3,"stream":true})", 400, "n", ""},
+      {"/v1/completions", R"({"model":"pdserve","prompt":"x","n":17})", 400, "n", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve","messages":[{"role":"user","content":"x"}],"n":0,"stream":true})", 400, "n", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","minProperties":1}}}})", 400, "response_format", ""},
+      {"/v1/chat/completions", R"({"model":"pdserve","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"if":{}}}}]})", 400, "tools", ""},
+      {"/v1/completions", R"({"model":"pdserve","prompt":"x","logit_bias":{"999999999":3}})", 400, "logit_bias", ""},
       {"/v1/nope", "{}", 404, "", ""},
   };
   for (const auto& k : cases) {

@@ -17,6 +17,7 @@
 #include "services/common/process_util.h"
 #include "services/common/request_log.h"
 #include "services/router/api_error.h"
+#include "services/router/choice_set.h"
 #include "services/router/connection_watch.h"
 #include "services/router/generation_session.h"
 #include "services/router/openai_request.h"
@@ -53,28 +54,28 @@ class HttpServer : public httplib::Server {
 // passed, the router is shutting down).
 enum class WaitEnd { kStep, kDisconnected, kTimeout, kShutdown };
 
-// Waits for the next session step, checking the client, the deadline and shutdown before every
-// wait and at least every `poll` (a poll() without timeout costs about a microsecond, far less
-// than a token). On kTimeout / kShutdown / kDisconnected the session is cancelled.
-WaitEnd WaitStep(GenerationSession& session, const ConnectionWatch& watch, Clock::time_point deadline,
-                 std::chrono::milliseconds poll, const std::atomic<bool>& stopping, SessionStep* out) {
+// Waits for the next steps of the request's choices, checking the client, the deadline and
+// shutdown before every wait and at least every `poll` (a poll() without timeout costs about a
+// microsecond, far less than a token). On kTimeout / kShutdown / kDisconnected every choice is
+// cancelled.
+WaitEnd WaitSteps(ChoiceSet& choices, const ConnectionWatch& watch, Clock::time_point deadline,
+                  std::chrono::milliseconds poll, const std::atomic<bool>& stopping,
+                  std::vector<std::pair<uint32_t, SessionStep>>* out) {
   while (true) {
     if (stopping.load()) {
-      session.Cancel("router shutting down");
+      choices.Cancel("router shutting down");
       return WaitEnd::kShutdown;
     }
     if (watch.PeerClosed()) {
-      session.Cancel("client disconnected");
+      choices.Cancel("client disconnected");
       return WaitEnd::kDisconnected;
     }
     if (Clock::now() >= deadline) {
-      session.Cancel("router-side deadline");
+      choices.Cancel("router-side deadline");
       return WaitEnd::kTimeout;
     }
-    if (auto step = session.Next(std::min(deadline, Clock::now() + poll))) {
-      *out = std::move(*step);
-      return WaitEnd::kStep;
-    }
+    *out = choices.Next(std::min(deadline, Clock::now() + poll));
+    if (!out->empty()) return WaitEnd::kStep;
   }
 }
 
@@ -94,21 +95,24 @@ std::string RequestDeadlineMessage(const std::string& tag) {
   return fmt::format("the request exceeded the router's deadline (request id {})", tag);
 }
 
-void Append(SessionStep* into, SessionStep&& step) {
-  into->text += step.text;
-  for (auto& t : step.tokens) into->tokens.push_back(std::move(t));
-  if (step.finished) {
-    into->finished = true;
-    into->finish_reason = std::move(step.finish_reason);
-    into->error = std::move(step.error);
-  }
+// The first choice that ended with an error, if any.
+const SessionStep* FailedStep(const std::vector<SessionStep>& steps) {
+  for (const SessionStep& s : steps)
+    if (s.finished && !s.error.ok()) return &s;
+  return nullptr;
+}
+
+UsageCounts Usage(const ChoiceSet& choices, bool chat) {
+  UsageCounts u{choices.prompt_tokens(), choices.completion_tokens(), std::nullopt};
+  if (chat) u.reasoning_tokens = choices.reasoning_tokens();
+  return u;
 }
 
 // Everything a streaming reply needs after the handler returned.
 struct StreamState {
-  std::shared_ptr<GenerationSession> session;
+  std::shared_ptr<ChoiceSet> choices;
   std::unique_ptr<ResponseBuilder> builder;
-  std::optional<SessionStep> pending;  // output received before the reply started
+  std::optional<std::vector<SessionStep>> pending;  // output received before the reply started
   ConnectionWatch watch;
   Clock::time_point deadline;
   RouterMetrics* metrics = nullptr;
@@ -116,7 +120,6 @@ struct StreamState {
   const std::atomic<bool>* stopping = nullptr;
   bool chat = false;
   bool include_usage = false;
-  bool logprobs = false;
   bool sent_role = false;
   bool done = false;
   bool counted = false;
@@ -128,24 +131,25 @@ struct StreamState {
 };
 
 // The chunked content provider of a streaming reply: writes the next SSE events (the role
-// chunk first for chat, then each step's text, then the finish or error event and [DONE]).
-// False closes the connection.
+// chunk of each choice first for chat, then each step's output, each choice's finish chunk,
+// then the usage and [DONE], or an error event and [DONE]). False closes the connection.
 bool WriteNextEvents(StreamState& state, httplib::DataSink& sink) {
   if (state.done) {
     sink.done();
     return true;
   }
   std::string out;
+  ChoiceSet& choices = *state.choices;
   if (state.chat && !state.sent_role) {
-    out += SseEvent(state.builder->RoleChunk());
+    for (uint32_t i = 0; i < choices.size(); ++i) out += SseEvent(state.builder->RoleChunk(i));
     state.sent_role = true;
   }
-  SessionStep step;
+  std::vector<std::pair<uint32_t, SessionStep>> steps;
   if (state.pending) {
-    step = std::move(*state.pending);
+    for (uint32_t i = 0; i < state.pending->size(); ++i) steps.emplace_back(i, std::move((*state.pending)[i]));
     state.pending.reset();
   } else {
-    const WaitEnd end = WaitStep(*state.session, state.watch, state.deadline, state.poll, *state.stopping, &step);
+    const WaitEnd end = WaitSteps(choices, state.watch, state.deadline, state.poll, *state.stopping, &steps);
     if (end == WaitEnd::kDisconnected) {
       state.Count(RequestOutcome::kCancelled);
       return false;  // closes the connection
@@ -160,27 +164,32 @@ bool WriteNextEvents(StreamState& state, httplib::DataSink& sink) {
       return ok;
     }
   }
-  // Tokens that render no text (a skipped special token, a partial character) produce no
-  // chunk unless their logprobs were asked for.
-  if (!step.text.empty() || (state.logprobs && !step.tokens.empty()))
-    out += SseEvent(state.builder->Chunk(step.text, step.tokens, std::nullopt));
-  if (step.finished) {
+  for (auto& [index, step] : steps) {
+    const std::vector<std::string>& ids = choices.choice(index).tool_call_ids();
+    // Tokens that render no text (a skipped special token, a partial character, a possible
+    // marker the parser holds back) produce no chunk unless their logprobs were asked for.
+    if (state.builder->HasOutput(step)) out += SseEvent(state.builder->Chunk(index, step, ids, std::nullopt));
+    if (!step.finished) continue;
     if (!step.error.ok()) {
       const ApiError e = ApiError::FromStatus(step.error, state.builder->id());
       out += SseEvent(e.ToJson());
       state.Count(RequestOutcome::kError);
       services::RequestLog("router", state.builder->id()).Warn("failed mid-stream: {}", step.error.ToString());
-    } else {
-      out += SseEvent(state.builder->Chunk("", {}, step.finish_reason));
-      if (state.include_usage)
-        out += SseEvent(state.builder->UsageChunk(state.session->prompt_tokens(), state.session->completion_tokens()));
-      state.Count(RequestOutcome::kOk);
+      choices.Cancel("another choice of the request failed");
+      out += kSseDone;
+      state.done = true;
+      break;
     }
+    out += SseEvent(state.builder->Chunk(index, SessionStep{}, ids, step.finish_reason));
+  }
+  if (!state.done && choices.finished()) {
+    if (state.include_usage) out += SseEvent(state.builder->UsageChunk(Usage(choices, state.chat)));
+    state.Count(RequestOutcome::kOk);
     out += kSseDone;
     state.done = true;
   }
   if (!out.empty() && !sink.write(out.data(), out.size())) {
-    state.session->Cancel("client disconnected");
+    choices.Cancel("client disconnected");
     state.Count(RequestOutcome::kCancelled);
     return false;
   }
@@ -454,7 +463,7 @@ struct RouterServer::GenerateCall {
   const Clock::time_point arrival;
   const services::RequestLog log;
   ParsedRequest request;
-  std::shared_ptr<GenerationSession> session;  // set by Admit
+  std::shared_ptr<ChoiceSet> choices;  // set by Admit
   ConnectionWatch watch;
   Clock::time_point deadline{};  // of the whole request
 };
@@ -463,11 +472,12 @@ void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& 
   GenerateCall call(endpoint, Clock::now());
   res.set_header("X-Request-Id", call.tag);
   if (!Admit(call, req, res)) return;
-  SessionStep first;
+  std::vector<SessionStep> first;
   if (!AwaitFirstOutput(call, res, &first)) return;
   // Built at the first output: its "created" time is the reply's.
   auto builder = std::make_unique<ResponseBuilder>(call.endpoint, call.tag, config_.model_name,
-                                                   call.request.include_usage, call.request.logprobs, *tokenizer_);
+                                                   call.request.include_usage, call.request.logprobs, *tokenizer_,
+                                                   static_cast<uint32_t>(call.choices->size()));
   if (call.request.stream) {
     ReplyStream(call, std::move(first), std::move(builder), res);
   } else {
@@ -487,7 +497,7 @@ bool RouterServer::Admit(GenerateCall& call, const httplib::Request& req, httpli
     ReplyError(res, *err);
     return false;
   }
-  auto submitted = core_->Submit(prepared.spec);
+  auto submitted = SubmitChoices(*core_, prepared);
   if (!submitted.ok()) {
     call.log.Debug("not dispatched: {}", submitted.status().ToString());
     ReplyError(res, SubmitError(submitted.status(), call.tag, call.chat));
@@ -496,8 +506,11 @@ bool RouterServer::Admit(GenerateCall& call, const httplib::Request& req, httpli
   metrics_->queue_time.Observe(std::chrono::duration<double>(Clock::now() - call.arrival).count());
   metrics_->prompt_tokens.Increment(prepared.prompt_tokens);
 
-  call.session = std::make_shared<GenerationSession>(core_.get(), std::move(submitted).value(), *tokenizer_,
-                                                     std::move(prepared.session), metrics_.get());
+  std::vector<std::unique_ptr<GenerationSession>> sessions;
+  for (auto& request : submitted.value())
+    sessions.push_back(std::make_unique<GenerationSession>(core_.get(), std::move(request), *tokenizer_,
+                                                           prepared.session, metrics_.get()));
+  call.choices = std::make_shared<ChoiceSet>(std::move(sessions));
   call.watch = ConnectionWatch::ForRequest(req);
   if (!call.watch.found())
     call.log.Debug("client socket not found ({}:{} -> port {}): hang-ups are noticed at the next write",
@@ -507,13 +520,16 @@ bool RouterServer::Admit(GenerateCall& call, const httplib::Request& req, httpli
 }
 
 bool RouterServer::CollectOutput(GenerateCall& call, Clock::time_point deadline, bool until_first_token,
-                                 std::string_view phase, const std::string& timeout_message, SessionStep* into,
-                                 httplib::Response& res) {
-  while (!into->finished && !(until_first_token && call.session->has_first_token())) {
-    SessionStep step;
-    const WaitEnd end = WaitStep(*call.session, call.watch, deadline, config_.disconnect_poll, stopping_, &step);
+                                 std::string_view phase, const std::string& timeout_message,
+                                 std::vector<SessionStep>* into, httplib::Response& res) {
+  into->resize(call.choices->size());
+  while (!call.choices->finished() && !(until_first_token && call.choices->started())) {
+    // Waiting for first tokens: one failed choice decides the reply.
+    if (until_first_token && FailedStep(*into)) return true;
+    std::vector<std::pair<uint32_t, SessionStep>> steps;
+    const WaitEnd end = WaitSteps(*call.choices, call.watch, deadline, config_.disconnect_poll, stopping_, &steps);
     if (end == WaitEnd::kStep) {
-      Append(into, std::move(step));
+      for (auto& [index, step] : steps) AppendStep(&(*into)[index], std::move(step));
       continue;
     }
     if (end == WaitEnd::kDisconnected) {
@@ -528,42 +544,50 @@ bool RouterServer::CollectOutput(GenerateCall& call, Clock::time_point deadline,
   return true;
 }
 
-bool RouterServer::AwaitFirstOutput(GenerateCall& call, httplib::Response& res, SessionStep* first) {
-  // The first token or the first error decides the HTTP status.
+bool RouterServer::AwaitFirstOutput(GenerateCall& call, httplib::Response& res, std::vector<SessionStep>* first) {
+  // The first token of every choice, or the first error, decides the HTTP status.
   const auto first_deadline = std::min(call.deadline, call.arrival + config_.first_token_timeout);
   if (!CollectOutput(call, first_deadline, true, " before the first token",
                      fmt::format("no first token within the router's deadline (request id {})", call.tag), first,
                      res))
     return false;
-  if (first->finished && !first->error.ok()) {
-    call.log.Warn("failed before the first token: {}", first->error.ToString());
-    ReplyError(res, ApiError::FromStatus(first->error, call.tag));
+  if (const SessionStep* failed = FailedStep(*first)) {
+    call.log.Warn("failed before the first token: {}", failed->error.ToString());
+    call.choices->Cancel("another choice of the request failed");
+    ReplyError(res, ApiError::FromStatus(failed->error, call.tag));
     return false;
   }
   return true;
 }
 
-void RouterServer::ReplyWhole(GenerateCall& call, SessionStep first, ResponseBuilder& builder,
+void RouterServer::ReplyWhole(GenerateCall& call, std::vector<SessionStep> first, ResponseBuilder& builder,
                               httplib::Response& res) {
-  SessionStep all = std::move(first);
+  std::vector<SessionStep> all = std::move(first);
   if (!CollectOutput(call, call.deadline, false, "", RequestDeadlineMessage(call.tag), &all, res)) return;
-  if (!all.error.ok()) {
-    call.log.Warn("failed: {}", all.error.ToString());
-    return ReplyError(res, ApiError::FromStatus(all.error, call.tag));
+  if (const SessionStep* failed = FailedStep(all)) {
+    call.log.Warn("failed: {}", failed->error.ToString());
+    call.choices->Cancel("another choice of the request failed");
+    return ReplyError(res, ApiError::FromStatus(failed->error, call.tag));
   }
-  const GenerationSession& session = *call.session;
-  res.set_content(DumpJson(builder.Full(all.text, all.tokens, all.finish_reason, session.prompt_tokens(),
-                                        session.completion_tokens())),
-                  "application/json");
+  const ChoiceSet& choices = *call.choices;
+  std::vector<ChoiceOutput> outputs(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    outputs[i].text = std::move(all[i].text);
+    outputs[i].tokens = std::move(all[i].tokens);
+    outputs[i].finish_reason = all[i].finish_reason;
+    outputs[i].message = choices.choice(i).message();
+    outputs[i].tool_call_ids = choices.choice(i).tool_call_ids();
+  }
+  res.set_content(DumpJson(builder.Full(outputs, Usage(choices, call.chat))), "application/json");
   metrics_->CountRequest(RequestOutcome::kOk);
-  call.log.Debug("done: {} prompt + {} completion tokens, {}", session.prompt_tokens(), session.completion_tokens(),
-                 all.finish_reason);
+  call.log.Debug("done: {} choice(s), {} prompt + {} completion tokens, {}", choices.size(), choices.prompt_tokens(),
+                 choices.completion_tokens(), all[0].finish_reason);
 }
 
-void RouterServer::ReplyStream(GenerateCall& call, SessionStep first, std::unique_ptr<ResponseBuilder> builder,
-                               httplib::Response& res) {
+void RouterServer::ReplyStream(GenerateCall& call, std::vector<SessionStep> first,
+                               std::unique_ptr<ResponseBuilder> builder, httplib::Response& res) {
   auto state = std::make_shared<StreamState>();
-  state->session = call.session;
+  state->choices = call.choices;
   state->builder = std::move(builder);
   state->pending = std::move(first);
   state->watch = call.watch;
@@ -573,13 +597,12 @@ void RouterServer::ReplyStream(GenerateCall& call, SessionStep first, std::uniqu
   state->stopping = &stopping_;
   state->chat = call.chat;
   state->include_usage = call.request.include_usage;
-  state->logprobs = call.request.logprobs;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream", [state](size_t, httplib::DataSink& sink) { return WriteNextEvents(*state, sink); },
       [state](bool) {
         // The response is gone (written, or the connection dropped before the provider ran).
-        if (!state->session->finished()) state->session->Cancel("client disconnected");
+        if (!state->choices->finished()) state->choices->Cancel("client disconnected");
         state->Count(RequestOutcome::kCancelled);
       });
 }

@@ -37,6 +37,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include <prometheus/registry.h>
 
@@ -89,16 +90,19 @@ class RouterServer {
   struct GenerateCall;
   void HandleGenerate(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
   bool Admit(GenerateCall& call, const httplib::Request& req, httplib::Response& res);
-  bool AwaitFirstOutput(GenerateCall& call, httplib::Response& res, SessionStep* first);
-  void ReplyWhole(GenerateCall& call, SessionStep first, ResponseBuilder& builder, httplib::Response& res);
-  void ReplyStream(GenerateCall& call, SessionStep first, std::unique_ptr<ResponseBuilder> builder,
+  // Each phase handles the request's n choices (ChoiceSet); `first` / `into` hold one step per
+  // choice.
+  bool AwaitFirstOutput(GenerateCall& call, httplib::Response& res, std::vector<SessionStep>* first);
+  void ReplyWhole(GenerateCall& call, std::vector<SessionStep> first, ResponseBuilder& builder,
+                  httplib::Response& res);
+  void ReplyStream(GenerateCall& call, std::vector<SessionStep> first, std::unique_ptr<ResponseBuilder> builder,
                    httplib::Response& res);
-  // The one wait of the non-streaming phases: appends output to *into until it finished (or,
-  // `until_first_token`, has its first token). False when the wait ended without output first:
-  // the client left (counted, `phase` in the log), `deadline` passed (504 `timeout_message`) or
-  // the router is stopping (503).
+  // The one wait of the non-streaming phases: appends each choice's output to (*into)[choice]
+  // until every choice finished (or, `until_first_token`, has its first token, or one failed).
+  // False when the wait ended without output first: the client left (counted, `phase` in the
+  // log), `deadline` passed (504 `timeout_message`) or the router is stopping (503).
   bool CollectOutput(GenerateCall& call, std::chrono::steady_clock::time_point deadline, bool until_first_token,
-                     std::string_view phase, const std::string& timeout_message, SessionStep* into,
+                     std::string_view phase, const std::string& timeout_message, std::vector<SessionStep>* into,
                      httplib::Response& res);
   void HandleHealth(httplib::Response& res);
   void HandleModels(httplib::Response& res);

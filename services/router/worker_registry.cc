@@ -143,7 +143,7 @@ WorkerEntry* WorkerRegistry::FindById(const std::string& id) {
 
 Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy policy, uint32_t prompt_tokens,
                                             std::optional<uint32_t> max_tokens, uint32_t default_max_tokens,
-                                            bool produces_output, uint64_t* cursor) {
+                                            bool produces_output, uint64_t* cursor, const std::string& prefer) {
   std::vector<WorkerEntry*> eligible;
   std::vector<WorkerChoice> choices;
   std::vector<RoutingCandidate> candidates;
@@ -180,6 +180,14 @@ Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy polic
         "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the prompt, {} "
         "for the completion). Please reduce the length of the prompt or the completion.",
         largest_context, asked, prompt_tokens, max_tokens ? *max_tokens : 0));
+  }
+  if (!prefer.empty()) {
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (choices[i].worker->peer != prefer) continue;
+      const RoutingCandidate& rc = candidates[i];
+      // Without a known pool (no heartbeat yet) there is no estimate to refuse on.
+      if (rc.kv_blocks_total == 0 || rc.kv_blocks_free >= choices[i].blocks) return choices[i];
+    }
   }
   const int idx = ChooseWorker(policy, candidates, cursor);
   if (idx < 0)

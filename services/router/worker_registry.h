@@ -106,9 +106,12 @@ class WorkerRegistry {
   // Errors: Unavailable (no ready worker of the role), InvalidArgument (the request exceeds
   // every ready worker's context; the message is OpenAI's context-length message),
   // ResourceExhausted (kv_capacity_aware: no worker can hold even the prompt).
+  // `prefer` (a peer; empty: none): taken instead of the policy's pick when it is eligible and
+  // its free-KV estimate holds the request (prompt + max_tokens for an output worker, the prompt
+  // for a prefill worker); the choices of one client request share their workers this way.
   Result<WorkerChoice> Choose(services::WorkerRole role, RoutingPolicy policy, uint32_t prompt_tokens,
                               std::optional<uint32_t> max_tokens, uint32_t default_max_tokens,
-                              bool produces_output, uint64_t* cursor);
+                              bool produces_output, uint64_t* cursor, const std::string& prefer = {});
 
   size_t ReadyCount(services::WorkerRole role) const;
   size_t DrainingCount(services::WorkerRole role) const;
