@@ -30,6 +30,37 @@ bool ConstrainsToolCalls(const tokenizer::ChatTemplateOptions& o) {
 
 }  // namespace
 
+std::optional<ApiError> BuildPrompt(const RouterConfig& config, const tokenizer::Tokenizer& tokenizer,
+                                    const tokenizer::ChatTemplate& chat_template, ParsedRequest& pr,
+                                    bool add_bos_to_text, std::vector<int32_t>* prompt, bool* opens_reasoning) {
+  *opens_reasoning = false;
+  if (pr.endpoint == ApiEndpoint::kChat) {
+    tokenizer::ChatTemplateOptions& o = pr.chat_options;
+    o.format = ChooseFormat(config.chat_format, o);
+    if (o.format == tokenizer::ChatFormat::kDeepSeekV3 && !o.tools.empty())
+      return ApiError::BadRequest("'tools' need the DeepSeek-V3.1 chat format; this router's chat_format is "
+                                  "deepseek_v3",
+                                  "tools");
+    auto text = chat_template.Render(pr.messages, o);
+    if (!text.ok()) return ApiError::BadRequest(text.status().message(), "messages");
+    *opens_reasoning = tokenizer::ChatTemplate::OpensReasoning(text.value());
+    auto ids = tokenizer.Encode(text.value(), {/*add_bos=*/false, /*parse_special_tokens=*/true});
+    if (!ids.ok()) return ApiError::BadRequest(ids.status().message(), "messages");
+    *prompt = std::move(ids).value();
+  } else if (pr.prompt_text) {
+    // Plain-text prompts get BOS, as the model was trained (the chat template adds its own).
+    auto ids = tokenizer.Encode(*pr.prompt_text, {add_bos_to_text && tokenizer.bos_id().has_value(), true});
+    if (!ids.ok()) return ApiError::BadRequest(ids.status().message(), "prompt");
+    *prompt = std::move(ids).value();
+  } else {
+    for (int32_t id : pr.prompt_ids)
+      if (!tokenizer.IsValidId(id))
+        return ApiError::BadRequest(fmt::format("token id {} is not in the vocabulary", id), "prompt");
+    *prompt = std::move(pr.prompt_ids);
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokenizer::Tokenizer& tokenizer,
                                        const tokenizer::ChatTemplate& chat_template, ParsedRequest& pr,
                                        const std::string& tag, std::chrono::steady_clock::time_point arrival,
@@ -45,30 +76,7 @@ std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokeniz
   std::vector<int32_t> prompt;
   const char* prompt_param = chat ? "messages" : "prompt";
   bool opens_reasoning = false;
-  if (chat) {
-    tokenizer::ChatTemplateOptions& o = pr.chat_options;
-    o.format = ChooseFormat(config.chat_format, o);
-    if (o.format == tokenizer::ChatFormat::kDeepSeekV3 && !o.tools.empty())
-      return ApiError::BadRequest("'tools' need the DeepSeek-V3.1 chat format; this router's chat_format is "
-                                  "deepseek_v3",
-                                  "tools");
-    auto text = chat_template.Render(pr.messages, o);
-    if (!text.ok()) return ApiError::BadRequest(text.status().message(), "messages");
-    opens_reasoning = tokenizer::ChatTemplate::OpensReasoning(text.value());
-    auto ids = tokenizer.Encode(text.value(), {/*add_bos=*/false, /*parse_special_tokens=*/true});
-    if (!ids.ok()) return ApiError::BadRequest(ids.status().message(), "messages");
-    prompt = std::move(ids).value();
-  } else if (pr.prompt_text) {
-    // Plain-text prompts get BOS, as the model was trained (the chat template adds its own).
-    auto ids = tokenizer.Encode(*pr.prompt_text, {tokenizer.bos_id().has_value(), true});
-    if (!ids.ok()) return ApiError::BadRequest(ids.status().message(), "prompt");
-    prompt = std::move(ids).value();
-  } else {
-    for (int32_t id : pr.prompt_ids)
-      if (!tokenizer.IsValidId(id))
-        return ApiError::BadRequest(fmt::format("token id {} is not in the vocabulary", id), "prompt");
-    prompt = std::move(pr.prompt_ids);
-  }
+  if (auto e = BuildPrompt(config, tokenizer, chat_template, pr, true, &prompt, &opens_reasoning)) return e;
   for (const LogitBias& b : pr.sampling.logit_bias)
     if (!tokenizer.IsValidId(b.token))
       return ApiError::BadRequest(fmt::format("logit_bias: token id {} is not in the vocabulary", b.token),

@@ -53,6 +53,15 @@ std::optional<ApiError> PrepareRequest(const RouterConfig& config, const tokeniz
 // is refused, those already submitted are cancelled. Errors: RouterCore::Submit's.
 Result<std::vector<std::shared_ptr<ActiveRequest>>> SubmitChoices(RouterCore& core, const PreparedRequest& prepared);
 
+// The prompt of a request: the chat template (router.chat_format) and tokenization for chat,
+// tokenization for text (BOS when `add_bos_to_text` and the tokenizer has one), the token ids
+// as given (checked against the vocabulary). Sets *opens_reasoning when the chat prompt leaves
+// the model in its reasoning. No length check. Errors: 400 naming "messages", "tools" or
+// "prompt".
+std::optional<ApiError> BuildPrompt(const RouterConfig& config, const tokenizer::Tokenizer& tokenizer,
+                                    const tokenizer::ChatTemplate& chat_template, ParsedRequest& request,
+                                    bool add_bos_to_text, std::vector<int32_t>* prompt, bool* opens_reasoning);
+
 // The ApiError for a Submit that RouterCore refused (context_length_exceeded, no_workers, 429).
 ApiError SubmitError(const Status& status, const std::string& tag, bool chat);
 

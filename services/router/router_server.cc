@@ -24,6 +24,7 @@
 #include "services/router/openai_response.h"
 #include "services/router/request_api_server.h"
 #include "services/router/request_prep.h"
+#include "services/router/tokenize_api.h"
 #include "services/router/workers_view.h"
 #include "tokenizer/tokenizer_paths.h"
 
@@ -367,6 +368,11 @@ void RouterServer::InstallRoutes() {
     HandleGenerate(ApiEndpoint::kChat, req, res);
   });
   h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { HandleModels(res); });
+  // vLLM serves these at the root, SGLang and others under /v1: both spellings work.
+  for (const char* path : {"/v1/tokenize", "/tokenize"})
+    h.Post(path, [this](const httplib::Request& req, httplib::Response& res) { HandleTokenize(req, res, true); });
+  for (const char* path : {"/v1/detokenize", "/detokenize"})
+    h.Post(path, [this](const httplib::Request& req, httplib::Response& res) { HandleTokenize(req, res, false); });
   h.Get("/health", [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
   h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(services::SerializeMetrics(*registry_), "text/plain; version=0.0.4; charset=utf-8");
@@ -421,6 +427,24 @@ void RouterServer::HandleHealth(httplib::Response& res) {
                             {"draining", h.draining}}}};
   res.status = h.ready && !stopping_ ? 200 : 503;
   res.set_content(body.dump(), "application/json");
+}
+
+void RouterServer::HandleTokenize(const httplib::Request& req, httplib::Response& res, bool tokenize) {
+  json out;
+  std::optional<ApiError> e;
+  if (tokenize) {
+    // The largest context a request could get: that of the roomiest ready output worker.
+    std::optional<uint32_t> max_model_len;
+    for (const WorkerEntry& w : core_->WorkerSnapshot())
+      if (!w.draining && w.role != services::WorkerRole::kPrefill)
+        max_model_len = std::max(max_model_len.value_or(0), w.capacity.max_context_tokens);
+    e = Tokenize(config_, *tokenizer_, *chat_template_, req.body, max_model_len, &out);
+  } else {
+    e = Detokenize(config_, *tokenizer_, req.body, &out);
+  }
+  // Not generation requests: not counted in pdserve_router_requests_total.
+  if (e) return ReplyError(res, *e, false);
+  res.set_content(DumpJson(out), "application/json");
 }
 
 void RouterServer::HandleModels(httplib::Response& res) {

@@ -4,6 +4,8 @@
 // HTTP (cpp-httplib), all errors OpenAI-shaped (api_error.h), X-Request-Id on every reply:
 //   POST /v1/completions, /v1/chat/completions   streaming (SSE) and not
 //   GET  /v1/models                              the one served model
+//   POST /v1/tokenize, /v1/detokenize            vLLM's shapes (tokenize_api.h); also at
+//                                                /tokenize and /detokenize
 //   GET  /health                                 200 {"status":"ready",...} with >= 1 prefill
 //                                                and >= 1 decode worker, or >= 1 colocated;
 //                                                503 otherwise
@@ -106,6 +108,8 @@ class RouterServer {
                      httplib::Response& res);
   void HandleHealth(httplib::Response& res);
   void HandleModels(httplib::Response& res);
+  // POST /v1/tokenize (tokenize) or /v1/detokenize.
+  void HandleTokenize(const httplib::Request& req, httplib::Response& res, bool tokenize);
   void HandleDrain(const httplib::Request& req, httplib::Response& res);
   void ReplyError(httplib::Response& res, const ApiError& error, bool count = true);
   // True when the request may go on; else the 401 is in `res`.
