@@ -98,6 +98,43 @@ StreamResult Collect(const SseReply& r) {
     ASSERT_TRUE(s_.ok()) << s_.ToString() << "\n" << (cluster).Logs(); \
   } while (0)
 
+// /v1/tokenize and /v1/detokenize through the real router (tokenize_api.h has the cases):
+// the prompt a request gets, the largest worker context, a round trip, 400s naming the field.
+TEST(RouterE2eTest, TokenizeAndDetokenize) {
+  TestCluster c("tokenize");
+  ASSERT_OK_C(c.StartRouter(), c);
+  // Before any worker: the context is unknown.
+  auto r = HttpPost(c.http_port(), "/v1/tokenize", R"({"model":"pdserve","prompt":"hello world"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(json::parse(r.body)["max_model_len"].is_null());
+  ASSERT_OK_C(c.StartWorker("w0"), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  r = HttpPost(c.http_port(), "/v1/tokenize", R"({"model":"pdserve","prompt":"hello world"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  std::vector<int32_t> want = {*Tok().bos_id()};
+  const std::vector<int32_t> hello = Tok().Encode("hello world", {false, true}).value();
+  want.insert(want.end(), hello.begin(), hello.end());
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(j["count"], want.size());
+  EXPECT_EQ(j["max_model_len"], c.Workers()[0]["max_context_tokens"]);
+  // The chat form gives the prompt a chat completion is sent with (the echo worker repeats it).
+  r = HttpPost(c.http_port(), "/tokenize", R"({"messages":[{"role":"user","content":"Hi"}]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["tokens"].get<std::vector<int32_t>>(), ChatPrompt("Hi"));
+  r = HttpPost(c.http_port(), "/v1/detokenize", json{{"model", "pdserve"}, {"tokens", want}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["prompt"], "<｜begin▁of▁sentence｜>hello world");
+  r = HttpPost(c.http_port(), "/detokenize", R"({"tokens":[1,999999999]})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"]["param"], "tokens");
+  r = HttpPost(c.http_port(), "/v1/tokenize", R"({"model":"other","prompt":"x"})");
+  EXPECT_EQ(r.status, 404);
+  r = HttpPost(c.http_port(), "/v1/tokenize", R"({"prompt":7})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"]["param"], "prompt");
+}
+
 TEST(RouterE2eTest, CompletionsChatStreamingUsageModelsHealthMetrics) {
   TestCluster c("basic");
   ASSERT_OK_C(c.StartRouter(), c);

@@ -27,6 +27,7 @@
 #include "services/client/request_client.h"
 #include "services/testing/cluster_fixture.h"
 #include "services/testing/worker_test_cluster.h"
+#include "tests/api/api_cluster.h"
 #include "tests/grammar/bounded_schema_gen.h"
 #include "tests/grammar/schema_validator.h"
 
@@ -43,7 +44,7 @@ using services::testing::HttpPost;
 using services::testing::HttpPostSse;
 using services::worker::e2e::Tok;
 using services::worker::e2e::UcxTcpUsable;
-using services::worker::e2e::Workers;
+using testing::ApiCluster;
 
 // One choice of a reply, whole or assembled from its stream.
 struct Choice {
@@ -146,30 +147,6 @@ std::string CheckDocument(const std::string& text, const Json& schema) {
   return ValidateJson(doc, schema);
 }
 
-// A cluster with one colocated engine worker (or a prefill and a decode worker).
-class Cluster {
- public:
-  Cluster(const std::string& name, bool disaggregated, std::vector<std::string> router_args = {}) : c_(name), w_(&c_) {
-    router_args.push_back("--mode");
-    router_args.push_back(disaggregated ? "disaggregated" : "colocated");
-    Status s = c_.StartRouter(router_args);
-    if (s.ok() && disaggregated) s = w_.Start("p0", "prefill");
-    if (s.ok() && disaggregated) s = w_.Start("d0", "decode");
-    if (s.ok() && !disaggregated) s = w_.Start("c0", "colocated");
-    ok_ = s.ok() && c_.WaitForWorkers(disaggregated ? 2 : 1, 60s);
-    if (!ok_) ADD_FAILURE() << "cluster " << name << " did not start: " << s.ToString() << "\n" << w_.Logs();
-  }
-  bool ok() const { return ok_; }
-  int port() const { return c_.http_port(); }
-  const std::string& request_endpoint() const { return c_.request_endpoint(); }
-  std::string Logs() { return w_.Logs(); }
-
- private:
-  TestCluster c_;
-  Workers w_;
-  bool ok_ = false;
-};
-
 // Runs fn(i) for i in [0, n) on `threads` threads (the engine batches what arrives together).
 void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
   std::atomic<int> next{0};
@@ -240,7 +217,7 @@ std::string Joined(const std::vector<std::string>& lines, size_t max = 10) {
 }
 
 TEST(StructuredOutputE2eTest, TwoHundredJsonSchemasValidateGreedyAndSampled) {
-  Cluster c("api-schemas", false);
+  ApiCluster c("api-schemas", false);
   ASSERT_TRUE(c.ok());
   const std::vector<Json> schemas = Schemas(20260, 204);
   const auto failures = RunSchemas(c.port(), schemas, 8);
@@ -261,7 +238,7 @@ Json ClosingBias() {
 }
 
 TEST(StructuredOutputE2eTest, JsonObjectStopStringsAndTruncation) {
-  Cluster c("api-json-object", false);
+  ApiCluster c("api-json-object", false);
   ASSERT_TRUE(c.ok());
   for (int i = 0; i < 6; ++i) {
     SCOPED_TRACE(i);
@@ -369,7 +346,7 @@ void EndReasoningSoon(Json* body) {
 }
 
 TEST(StructuredOutputE2eTest, RequiredAndNamedToolChoicesGiveValidCalls) {
-  Cluster c("api-tools", false);
+  ApiCluster c("api-tools", false);
   ASSERT_TRUE(c.ok());
   const Json tools = Json::parse(kTools);
   std::mutex mu;
@@ -425,7 +402,7 @@ TEST(StructuredOutputE2eTest, RequiredAndNamedToolChoicesGiveValidCalls) {
 }
 
 TEST(StructuredOutputE2eTest, ThinkingGoesToReasoningContent) {
-  Cluster c("api-thinking", false);
+  ApiCluster c("api-thinking", false);
   ASSERT_TRUE(c.ok());
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "stream" : "whole");
@@ -455,7 +432,7 @@ TEST(StructuredOutputE2eTest, ThinkingGoesToReasoningContent) {
 }
 
 TEST(StructuredOutputE2eTest, NChoicesWithASeedAreReproducible) {
-  Cluster c("api-n", false);
+  ApiCluster c("api-n", false);
   ASSERT_TRUE(c.ok());
   Json body = ChatBody("Three answers", 10);
   body["n"] = 3;
@@ -498,8 +475,8 @@ TEST(StructuredOutputE2eTest, NChoicesWithASeedAreReproducible) {
 
 TEST(StructuredOutputE2eTest, SeedAndConstraintsAgreeAcrossColocatedAndDisaggregated) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
-  Cluster colocated("api-seed-c", false);
-  Cluster pd("api-seed-pd", true);
+  ApiCluster colocated("api-seed-c", false);
+  ApiCluster pd("api-seed-pd", true);
   ASSERT_TRUE(colocated.ok() && pd.ok());
   // Seeded sampling draws from (seed, token index): the same text on both.
   const std::vector<Json> schemas = Schemas(99, 24);
@@ -530,7 +507,7 @@ TEST(StructuredOutputE2eTest, SeedAndConstraintsAgreeAcrossColocatedAndDisaggreg
 }
 
 TEST(StructuredOutputE2eTest, MalformedSchemasAndUnsupportedKeywordsAre400) {
-  Cluster c("api-400", false);
+  ApiCluster c("api-400", false);
   ASSERT_TRUE(c.ok());
   struct Case {
     Json fields;
@@ -566,7 +543,7 @@ TEST(StructuredOutputE2eTest, MalformedSchemasAndUnsupportedKeywordsAre400) {
 
 // The ZeroMQ request API carries the same options: a JSON Schema, required tool calls, n.
 TEST(StructuredOutputE2eTest, RequestApiCarriesTheSameOptions) {
-  Cluster c("api-zmq", false, {"--request-endpoint", "tcp://127.0.0.1:*"});
+  ApiCluster c("api-zmq", false, {"--request-endpoint", "tcp://127.0.0.1:*"});
   ASSERT_TRUE(c.ok());
   auto client = client::RequestClient::Connect(c.request_endpoint()).value();
   namespace api = services::api;
