@@ -71,6 +71,14 @@ Status EngineHost::Init(const WorkerHooks& hooks) {
   PDSERVE_ASSIGN_OR_RETURN(const uint64_t fingerprint, model::WeightsFingerprint(config_.model_dir));
   compat_hash_ = CompatibilityHash(config_json, fingerprint, config_.model_name, layout);
   kv_layout_ = layout;
+  grammars_ = std::make_unique<WorkerGrammars>(config_.tokenizer_dir, instance_->model().config().vocab_size);
+  return Status::Ok();
+}
+
+Status EngineHost::ApplyConstraint(const JobMsg& job, engine::RequestOptions* ro) {
+  if (!job.constraint.active()) return Status::Ok();
+  PDSERVE_ASSIGN_OR_RETURN(ro->constraint.compiled, grammars_->Compile(job.constraint));
+  ro->constraint.spec = job.constraint;
   return Status::Ok();
 }
 

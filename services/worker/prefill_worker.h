@@ -58,6 +58,7 @@ class PrefillWorker final : public EngineWorker {
     int32_t token = -1;
     FinishReason engine_reason = FinishReason::kNone;
     TokenLogprob logprob;
+    std::string constraint_state;  // a constrained request's matcher state after the token
   };
 
   explicit PrefillWorker(std::unique_ptr<EngineHost> host) : EngineWorker(std::move(host)) {}

@@ -27,6 +27,9 @@ struct WorkerServiceConfig {
   std::string worker_id = "worker-0";
   std::string model_name = "pdserve";
   std::string model_dir;                 // required
+  // The tokenizer whose token bytes structured output matches (the router's; empty: the
+  // bundled DeepSeek-V3 tokenizer, the router's default too).
+  std::string tokenizer_dir;
   int threads = 0;                       // engine compute threads (0: PDSERVE_NUM_THREADS / default)
   double kv_cache_gib = 0.25;            // the paged KV pool
   int64_t block_tokens = 64;
