@@ -73,6 +73,7 @@ Status DecodeWorker::StartJob(const JobMsg& job) {
   engine::RequestOptions ro;
   ro.sampling = EngineHost::EngineSampling(job.sampling);
   PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
+  ro.imported_kv_namespace = job.prefill_kv_namespace;  // equal to ours: the KV joins our cache
   ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
   PDSERVE_ASSIGN_OR_RETURN(engine::KvImport import, host_->engine().ReserveImport(job.prompt, std::move(ro)));
   {

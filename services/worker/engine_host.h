@@ -62,6 +62,11 @@ class EngineHost {
   const KvLayout& kv_layout() const { return kv_layout_; }
   EngineWorkerMetrics* metrics() { return metrics_.get(); }
   uint64_t compat_hash() const { return compat_hash_; }
+  // The engine's prefix-cache namespace (0: the cache is off): KV computed by an engine of an
+  // equal namespace may join this one's cache (RegisterMsg::kv_namespace).
+  uint64_t kv_namespace() const {
+    return engine_->prefix_cache_enabled() ? engine_->prefix_cache_namespace() : 0;
+  }
   std::string transfer_address() const { return transport_ ? transport_->address() : std::string(); }
 
   // Teardown steps a role calls in its own order: stop the engine's loop (no more steps or

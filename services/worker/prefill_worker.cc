@@ -171,6 +171,7 @@ void PrefillWorker::Sampled(Job& job, const engine::TokenEvent& ev) {
   job.token = ev.token;
   job.engine_reason = ev.reason;
   job.constraint_state = ev.constraint_state;
+  job.cached_prompt_tokens = static_cast<uint32_t>(ev.cached_prompt_tokens);
   if (job.msg.sampling.logprobs) {
     job.logprob.logprob = ev.logprob;
     for (const auto& [t, v] : ev.top_logprobs) job.logprob.top.push_back({t, v});
@@ -183,6 +184,7 @@ void PrefillWorker::Sampled(Job& job, const engine::TokenEvent& ev) {
     msg.tokens = {ev.token};
     if (job.msg.sampling.logprobs) msg.logprobs = {job.logprob};
     msg.constraint_state = job.constraint_state;
+    msg.cached_prompt_tokens = job.cached_prompt_tokens;
     msg.finish = ev.reason == FinishReason::kStop ? FinishReason::kStop : FinishReason::kLength;
     msg.prompt_tokens = static_cast<uint32_t>(job.msg.prompt.size());
     msg.completion_tokens = 1;
@@ -300,6 +302,7 @@ void PrefillWorker::RunTransfer(uint64_t rid) {
       msg.tokens = {job.token};
       if (job.msg.sampling.logprobs) msg.logprobs = {job.logprob};
       msg.constraint_state = job.constraint_state;
+      msg.cached_prompt_tokens = job.cached_prompt_tokens;
       msg.finish = FinishReason::kNone;  // the decode worker continues
       msg.prompt_tokens = static_cast<uint32_t>(job.msg.prompt.size());
       msg.completion_tokens = 1;
