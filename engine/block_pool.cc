@@ -29,7 +29,12 @@ Result<std::unique_ptr<BlockPool>> BlockPool::CreateOver(const KvLayout& layout,
 }
 
 BlockPool::BlockPool(const KvLayout& layout, uint8_t* base, int64_t n_blocks, bool owned)
-    : layout_(layout), base_(base), n_blocks_(n_blocks), owned_(owned), allocated_(static_cast<size_t>(n_blocks), 0) {
+    : layout_(layout),
+      base_(base),
+      n_blocks_(n_blocks),
+      owned_(owned),
+      refs_(static_cast<size_t>(n_blocks), 0),
+      cache_(n_blocks) {
   free_.reserve(static_cast<size_t>(n_blocks));
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
@@ -40,18 +45,39 @@ BlockPool::~BlockPool() {
 
 int64_t BlockPool::n_free() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(free_.size());
+  return static_cast<int64_t>(free_.size()) + cache_.n_parked();
+}
+
+int64_t BlockPool::n_cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.n_registered();
+}
+
+int64_t BlockPool::n_cached_idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.n_parked();
+}
+
+int64_t BlockPool::evictions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.evictions();
 }
 
 Status BlockPool::Allocate(int64_t count, std::vector<int32_t>* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (count < 0 || count > static_cast<int64_t>(free_.size()))
+  const int64_t available = static_cast<int64_t>(free_.size()) + cache_.n_parked();
+  if (count < 0 || count > available)
     return Status::ResourceExhausted("KV pool: " + std::to_string(count) + " blocks wanted, " +
-                                     std::to_string(free_.size()) + " free");
+                                     std::to_string(available) + " free");
   for (int64_t i = 0; i < count; ++i) {
-    const int32_t id = free_.back();
-    free_.pop_back();
-    allocated_[static_cast<size_t>(id)] = 1;
+    int32_t id;
+    if (!free_.empty()) {
+      id = free_.back();
+      free_.pop_back();
+    } else {
+      id = cache_.EvictOldest();  // the pool needs room: the least recently used idle block
+    }
+    refs_[static_cast<size_t>(id)] = 1;
     out->push_back(id);
   }
   return Status::Ok();
@@ -59,11 +85,53 @@ Status BlockPool::Allocate(int64_t count, std::vector<int32_t>* out) {
 
 void BlockPool::Free(std::span<const int32_t> ids) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int32_t id : ids) {
-    PDSERVE_CHECK(id >= 0 && id < n_blocks_ && allocated_[static_cast<size_t>(id)], "freeing a block that is not allocated");
-    allocated_[static_cast<size_t>(id)] = 0;
-    free_.push_back(id);
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    const int32_t id = *it;
+    PDSERVE_CHECK(id >= 0 && id < n_blocks_ && refs_[static_cast<size_t>(id)] > 0, "freeing a block that is not allocated");
+    if (--refs_[static_cast<size_t>(id)] > 0) continue;
+    if (cache_.registered(id)) cache_.Park(id);
+    else free_.push_back(id);
   }
+}
+
+int64_t BlockPool::MatchPrefix(CachedBlockId root, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
+                               int64_t max_blocks, std::vector<CachedBlockId>* out) {
+  const auto B = static_cast<size_t>(layout_.tokens_per_block);
+  PDSERVE_CHECK(static_cast<int64_t>(hashes.size()) >= max_blocks && tokens.size() >= static_cast<size_t>(max_blocks) * B,
+                "prefix match past the chain");
+  std::lock_guard<std::mutex> lock(mu_);
+  CachedBlockId parent = root;
+  int64_t n = 0;
+  for (; n < max_blocks; ++n) {
+    const std::optional<CachedBlockId> hit =
+        cache_.Find(hashes[static_cast<size_t>(n)], parent, tokens.subspan(static_cast<size_t>(n) * B, B));
+    if (!hit) break;
+    if (refs_[static_cast<size_t>(hit->block)]++ == 0) cache_.Unpark(hit->block);
+    out->push_back(*hit);
+    parent = *hit;
+  }
+  return n;
+}
+
+std::optional<CachedBlockId> BlockPool::Register(int32_t block, uint64_t hash, CachedBlockId parent,
+                                                 std::span<const int32_t> block_tokens) {
+  PDSERVE_CHECK(block_tokens.size() == layout_.tokens_per_block, "registering a block that is not full");
+  std::lock_guard<std::mutex> lock(mu_);
+  PDSERVE_CHECK(block >= 0 && block < n_blocks_ && refs_[static_cast<size_t>(block)] > 0,
+                "registering a block nobody holds");
+  if (cache_.registered(block)) return cache_.id(block);  // a block the caller mapped from the cache
+  int32_t dropped = -1;
+  const std::optional<CachedBlockId> r = cache_.Register(block, hash, parent, block_tokens, &dropped);
+  // A stale entry gave up its name: idle, it is now simply free.
+  if (dropped >= 0 && refs_[static_cast<size_t>(dropped)] == 0) free_.push_back(dropped);
+  return r;
+}
+
+int64_t BlockPool::EvictIdle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (int32_t id; (id = cache_.EvictOldest()) >= 0; ++n) free_.push_back(id);
+  return n;
 }
 
 Status BlockTable::EnsureCapacity(BlockPool* pool, int64_t n_tokens) {

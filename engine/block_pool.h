@@ -6,21 +6,29 @@
 // here) or provided by the caller, so the KV transfer layer can register base()..size_bytes()
 // as one memory region and address block b at base() + b * block_bytes().
 // Blocks are handed out lowest id first from a free list (fresh pools give adjacent blocks);
-// allocation is all-or-nothing. Ownership is simple: a block belongs to exactly one holder
-// (no sharing, no refcounts) until freed.
-// Thread-safety: Allocate/Free/counters are safe from any thread (one mutex); the bytes of a
-// block are owned by whoever allocated it.
+// allocation is all-or-nothing.
+// Sharing (the prefix cache, engine/prefix_cache.h, docs/prefix-cache.md): blocks are
+// refcounted. Allocate gives a block one reference, MatchPrefix takes one more on each cached
+// block it hands out, Free drops one. A block whose count reaches zero goes back to the free
+// list, unless it is registered in the cache: then it stays resident, idle, in LRU order, and
+// Allocate evicts the least recently used idle blocks only when the free list runs short. A
+// block with a reference is never evicted. A shared block is read-only by contract: every
+// holder only reads positions it did not compute (its cached prefix).
+// Thread-safety: every method is safe from any thread (one mutex); the bytes of a block are
+// written only by the holder that allocated it, before it is registered.
 // Errors: Create: InvalidArgument (bad layout, budget below one block, misaligned external
-// memory); Allocate: ResourceExhausted when fewer than `count` blocks are free.
+// memory); Allocate: ResourceExhausted when fewer than `count` blocks are free or idle.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "common/status.h"
+#include "engine/prefix_cache.h"
 #include "model/kv_layout.h"
 
 namespace pdserve::engine {
@@ -44,13 +52,40 @@ class BlockPool {
   int64_t block_bytes() const { return static_cast<int64_t>(layout_.BlockBytes()); }
   int64_t n_blocks() const { return n_blocks_; }
   int64_t capacity_tokens() const { return n_blocks_ * layout_.tokens_per_block; }
+  // Blocks Allocate can hand out: never used or freed, plus cached idle ones (evictable).
   int64_t n_free() const;
   int64_t n_used() const { return n_blocks_ - n_free(); }
+  // Blocks registered in the prefix cache (idle or in use), and the idle ones among them.
+  int64_t n_cached() const;
+  int64_t n_cached_idle() const;
+  // Cached blocks evicted to make room so far.
+  int64_t evictions() const;
 
-  // Appends `count` block ids to *out (all or nothing).
+  // Appends `count` block ids to *out (all or nothing), each with one reference: free blocks
+  // first, then idle cached blocks, least recently used first (evicting them from the cache).
   Status Allocate(int64_t count, std::vector<int32_t>* out);
-  // REQUIRES: every id is allocated (a double free aborts: it is a bug).
+  // Drops one reference of each id. The ids are taken as a sequence's blocks in order: the
+  // last one is released first, so among blocks that become idle together a sequence's tail
+  // is evicted before its prefix. REQUIRES: every id has a reference (a double free aborts:
+  // it is a bug).
   void Free(std::span<const int32_t> ids);
+
+  // Prefix cache. Walks the chain of `hashes` (block j's tokens are tokens[j*B, (j+1)*B)) from
+  // `root` (PrefixCache::Root of the caller's namespace) for at most max_blocks blocks: each
+  // block cached with that hash, the previous block as parent and those tokens gets one more
+  // reference and is appended to *out; the walk stops at the first miss. Returns the number
+  // appended. REQUIRES: hashes.size() >= max_blocks, tokens cover max_blocks blocks.
+  int64_t MatchPrefix(CachedBlockId root, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
+                      int64_t max_blocks, std::vector<CachedBlockId>* out);
+  // Registers `block` (the caller holds a reference and its KV is final) as the full block
+  // `hash` after `parent` with `block_tokens`. Returns the identity that now stands for this
+  // content (the block's own, or an equal block's cached earlier), or nullopt when the name is
+  // taken by other content (the caller's chain ends there). See PrefixCache::Register.
+  // REQUIRES: block_tokens.size() == B.
+  std::optional<CachedBlockId> Register(int32_t block, uint64_t hash, CachedBlockId parent,
+                                        std::span<const int32_t> block_tokens);
+  // Evicts every idle cached block (blocks in use stay cached). Returns how many.
+  int64_t EvictIdle();
 
  private:
   BlockPool(const KvLayout& layout, uint8_t* base, int64_t n_blocks, bool owned);
@@ -60,8 +95,10 @@ class BlockPool {
   const int64_t n_blocks_;
   const bool owned_;
   mutable std::mutex mu_;
-  std::vector<int32_t> free_;       // stack: back() is handed out next
-  std::vector<uint8_t> allocated_;  // per block id
+  // Guarded by mu_.
+  std::vector<int32_t> free_;  // stack: back() is handed out next
+  std::vector<int32_t> refs_;  // per block id
+  PrefixCache cache_;
 };
 
 // The blocks of one sequence, in logical order: token t lives in block ids()[t / B], slot t % B.
@@ -77,7 +114,8 @@ class BlockTable {
   void Release(BlockPool* pool);
   // The forward pass's view of this sequence.
   model::KvSequenceRef Ref(const BlockPool& pool) const;
-  // Adopts ids allocated elsewhere (KV import). REQUIRES: the table is empty.
+  // Adopts ids allocated elsewhere (KV import) or matched in the prefix cache, with their
+  // references. REQUIRES: the table is empty.
   void Adopt(std::vector<int32_t> ids);
 
  private:

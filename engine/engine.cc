@@ -4,7 +4,12 @@
 #include <chrono>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "common/logging.h"
+#include "engine/block_hash.h"
+#include "model/fingerprint.h"
+#include "model/parallel.h"
 
 namespace pdserve::engine {
 
@@ -38,6 +43,26 @@ EngineOptions Effective(EngineOptions options) {
   return options;
 }
 
+// The prefix cache as this engine's options and model define it (docs/prefix-cache.md).
+PrefixCachePolicy PrefixPolicyFor(const EngineOptions& options, const model::Model& model, const BlockPool& pool) {
+  KvNamespaceInputs in;
+  in.model_identity = options.model_identity;
+  in.config = &model.config();
+  in.layout = pool.layout();
+  // Whole prompts are one chunk whatever their length: their KV is another form (0).
+  in.first_chunk_tokens = options.scheduler.whole_prompts ? 0 : options.scheduler.prefill_chunk;
+  if (const model::ParallelContext* p = model.parallel()) {
+    in.cp = p->plan().cp;
+    in.tp = p->plan().tp;
+    in.ep = p->plan().ep;
+  }
+  PrefixCachePolicy policy;
+  policy.enabled = options.prefix_cache && !options.scheduler.whole_prompts;
+  policy.ns = KvNamespace(in);
+  policy.first_chunk_tokens = options.scheduler.prefill_chunk;
+  return policy;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
@@ -47,7 +72,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   const model::Model* raw = m.get();
   PDSERVE_RETURN_IF_ERROR(options.scheduler.Validate());
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> bp, MakePool(options, *raw));
-  return std::unique_ptr<Engine>(new Engine(options, raw, std::move(m), std::move(pool), std::move(bp)));
+  EngineOptions o = options;
+  if (o.model_identity == 0) {
+    PDSERVE_ASSIGN_OR_RETURN(o.model_identity, model::WeightsFingerprint(o.model_dir));
+  }
+  return std::unique_ptr<Engine>(new Engine(o, raw, std::move(m), std::move(pool), std::move(bp)));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, const model::Model* model) {
@@ -65,13 +94,14 @@ Engine::Engine(const EngineOptions& options, const model::Model* model, std::uni
       owned_model_(std::move(owned)),
       model_(model),
       pool_(std::move(pool)),
-      scheduler_(options.scheduler, pool_.get()),
+      scheduler_(options.scheduler, pool_.get(), PrefixPolicyFor(options, *model, *pool_)),
       seed_rng_(options.seed ? options.seed : std::random_device{}()) {
   max_len_ = std::min(model_->config().max_position_embeddings, pool_->capacity_tokens());
-  GetLogger("engine")->info("engine: {} blocks of {} tokens ({} MiB, {}), max sequence {} tokens, chunk {}, budget {}",
-                            pool_->n_blocks(), pool_->layout().tokens_per_block, pool_->size_bytes() >> 20,
-                            pool_->layout().ToString(), max_len_, options.scheduler.prefill_chunk,
-                            options.scheduler.max_step_tokens);
+  GetLogger("engine")->info(
+      "engine: {} blocks of {} tokens ({} MiB, {}), max sequence {} tokens, chunk {}, budget {}, prefix cache {}",
+      pool_->n_blocks(), pool_->layout().tokens_per_block, pool_->size_bytes() >> 20, pool_->layout().ToString(),
+      max_len_, options.scheduler.prefill_chunk, options.scheduler.max_step_tokens,
+      prefix_cache_enabled() ? fmt::format("on (namespace {:016x})", prefix_cache_namespace()) : std::string("off"));
 }
 
 Engine::~Engine() {
@@ -193,9 +223,12 @@ Result<RequestId> Engine::AddRequest(std::vector<int32_t> prompt, RequestOptions
 
 Result<KvImport> Engine::ReserveImport(std::vector<int32_t> prompt, RequestOptions options) {
   if (options.kv_export.enabled()) return Status::InvalidArgument("an imported request cannot export its KV");
+  const uint64_t origin = options.imported_kv_namespace;
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Request> r, NewRequest(std::move(prompt), std::move(options)));
   PDSERVE_RETURN_IF_ERROR(r->blocks.EnsureCapacity(pool_.get(), r->n_tokens()));  // every imported position
   r->state = RequestState::kAwaitingKv;
+  // Imported KV joins the cache only when it was made exactly as this engine would make it.
+  r->cache_kv = origin != 0 && origin == prefix_cache_namespace();
   KvImport out{r->id, r->blocks.ids()};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -307,11 +340,16 @@ bool Engine::Idle() const {
   return !has_work_ && inbox_adds_.empty() && inbox_commits_.empty() && inbox_aborts_.empty() && live_.empty();
 }
 
+int64_t Engine::ClearPrefixCache() { return pool_->EvictIdle(); }
+
 EngineStats Engine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineStats s = stats_;
   s.blocks_total = pool_->n_blocks();
   s.blocks_free = pool_->n_free();
+  s.prefix_cached_blocks = pool_->n_cached();
+  s.prefix_idle_blocks = pool_->n_cached_idle();
+  s.prefix_evictions = pool_->evictions();
   s.blocks_used = s.blocks_total - s.blocks_free;
   s.blocks_held = 0;
   for (const auto& [id, ids] : held_) s.blocks_held += static_cast<int64_t>(ids.size());

@@ -95,6 +95,16 @@ struct EngineOptions {
   // Compiles RequestConstraint::spec (borrowed; outlives the engine; built over this model's
   // vocabulary). Without it only precompiled constraints are accepted.
   grammar::GrammarCache* grammars = nullptr;
+  // Prefix cache (docs/prefix-cache.md): full KV blocks stay resident after their request ends
+  // and a later request with the same token prefix maps them instead of computing them. Outputs
+  // are bitwise those of a cold run. Costs: idle cached blocks are evicted (LRU) only when the
+  // pool needs room, so the pool looks full in a heap profile but Allocate never fails because
+  // of the cache. Off (whatever this says) when prompts are scheduled whole (CP prefill).
+  bool prefix_cache = true;
+  // The weights' identity in the cache namespace (e.g. model::WeightsFingerprint): only
+  // engines with equal namespaces may exchange cached blocks. 0: Create(options) fingerprints
+  // model_dir; Create(options, model) then uses the model config alone.
+  uint64_t model_identity = 0;
 };
 
 // Structured output (docs/structured-output.md): the grammar a request's output follows. Every
@@ -127,6 +137,11 @@ struct RequestOptions {
   // can never be preempted).
   KvExportHooks kv_export;
   RequestConstraint constraint;     // inactive by default
+  // ReserveImport: the prefix-cache namespace of the engine that computes the imported KV (its
+  // prefix_cache_namespace()). When it equals this engine's, the imported blocks join this
+  // engine's prefix cache once the import commits (then the blocks it decodes too). 0 (unknown
+  // origin): they never do.
+  uint64_t imported_kv_namespace = 0;
 };
 
 struct EngineStats {
@@ -145,6 +160,12 @@ struct EngineStats {
   // and applying them, and advancing the matchers; part of sample_seconds).
   int64_t constrained_rows = 0;
   double constraint_seconds = 0;
+  // Prefix cache: prompt tokens of admitted requests looked up, found cached and left to
+  // compute (counted once per request, at its first admission; all 0 with the cache off);
+  // blocks registered in the cache (in use or idle; idle ones also count in blocks_free) and
+  // the idle ones; cached blocks evicted to make room (or by ClearPrefixCache).
+  int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0, prefix_computed_tokens = 0;
+  int64_t prefix_cached_blocks = 0, prefix_idle_blocks = 0, prefix_evictions = 0;
   // Share of step time spent outside the forward pass (scheduling, batch building,
   // sampling, stop checks, event delivery).
   double OverheadShare() const;
@@ -194,6 +215,12 @@ class Engine {
 
   EngineStats Stats() const;
   const BlockPool& pool() const { return *pool_; }
+  // Whether the prefix cache is on, and this engine's namespace (engine/block_hash.h): what a
+  // decode engine needs in RequestOptions::imported_kv_namespace to cache KV this one computed.
+  bool prefix_cache_enabled() const { return scheduler_.prefix_policy().enabled; }
+  uint64_t prefix_cache_namespace() const { return scheduler_.prefix_policy().ns; }
+  // Evicts every idle cached block (blocks of live requests stay). Returns how many. Any thread.
+  int64_t ClearPrefixCache();
   const model::ModelConfig& config() const { return model_->config(); }
   // Longest sequence (prompt + output) a request may reach.
   int64_t max_sequence_length() const { return max_len_; }

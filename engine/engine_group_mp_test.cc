@@ -5,7 +5,9 @@
 //   * a TP unit (a leader and followers replaying its steps);
 //   * CP prefill (whole prompts split over the CP ranks, then decode replicated on the unit);
 //   * KV imported into a TP unit's leader (the followers receive the blocks with the step) and
-//     decoded from there, as a decode service does after a KV transfer.
+//     decoded from there, as a decode service does after a KV transfer;
+//   * prefix-cache hits on a TP unit (the leader maps cached blocks; the followers read their
+//     own copies of the same block ids, written when those blocks were computed).
 // Every rank makes the same tiny checkpoint; ranks stop together (the engines' stop votes).
 #include <chrono>
 #include <cstring>
@@ -85,7 +87,7 @@ class EngineGroupTest : public ::testing::Test {
     std::unique_ptr<RankGroup> group;
     std::unique_ptr<Engine> engine;  // unit leaders only
   };
-  static Rank Join(const ParallelPlan& plan) {
+  static Rank Join(const ParallelPlan& plan, int64_t block_tokens = 64, int64_t prefill_chunk = 256) {
     Rank r;
     auto in = model::LoadParallelInstance(dir_->path(), plan, 1);
     EXPECT_TRUE(in.ok()) << in.status().ToString();
@@ -93,6 +95,8 @@ class EngineGroupTest : public ::testing::Test {
     r.instance = std::move(*in);
     EngineOptions eo;
     eo.kv_cache_gib = 0.0625;
+    eo.block_tokens = block_tokens;
+    eo.scheduler.prefill_chunk = prefill_chunk;
     const KvLayout layout = model::KvLayoutFor(r.instance.model->config(), eo.block_tokens, eo.latent_format,
                                                 eo.index_format);
     auto g = RankGroup::Create(*r.instance.model, layout);
@@ -255,6 +259,63 @@ TEST_F(EngineGroupTest, ImportedKvReachesTheFollowers) {
   ASSERT_TRUE(r.engine->CommitImport(import->id, first_token).ok());
   EXPECT_TRUE(events.WaitFinished(1, std::chrono::seconds(120)));
   EXPECT_EQ(events.Tokens(import->id), expected);
+  r.engine.reset();
+}
+
+TEST_F(EngineGroupTest, PrefixCacheHitsOnATensorParallelUnit) {
+  ParallelPlan plan;
+  plan.tp = 2;
+  plan.dp = WorldSize() / 2;
+  plan.ep = WorldSize();
+  constexpr int64_t kBlock = 16, kChunk = 32;
+  // Prompts sharing a 70-token prefix, and a cold single-process engine on the same grid.
+  const std::vector<int32_t> shared = Prompt(70, 10);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p = shared;
+    for (int32_t t : Prompt(5 + 4 * i, 20 + i)) p.push_back(t);
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> expected;
+  {
+    EngineOptions eo;
+    eo.model_dir = dir_->path();
+    eo.threads = 1;
+    eo.kv_cache_gib = 0.0625;
+    eo.block_tokens = kBlock;
+    eo.scheduler.prefill_chunk = kChunk;
+    eo.prefix_cache = false;
+    auto cold = Engine::Create(eo);
+    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+    for (const auto& p : prompts) {
+      EventCollector events;
+      auto id = (*cold)->AddRequest(p, Greedy(kMaxTokens, &events));
+      ASSERT_TRUE(id.ok());
+      ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
+      expected.push_back(events.Tokens(*id));
+    }
+  }
+  Rank r = Join(plan, kBlock, kChunk);
+  ASSERT_TRUE(AllRanks(r.group != nullptr));
+  if (!r.group->leader()) {
+    EXPECT_TRUE(r.group->FollowerLoop().ok());
+    return;
+  }
+  ASSERT_TRUE(r.engine->prefix_cache_enabled());
+  r.engine->Start();
+  // The first request computes the prefix; the others, together, map its blocks.
+  EventCollector events;
+  std::vector<RequestId> ids;
+  ids.push_back(r.engine->AddRequest(prompts[0], Greedy(kMaxTokens, &events)).value());
+  ASSERT_TRUE(events.WaitFinished(1, std::chrono::seconds(120)));
+  for (size_t i = 1; i < prompts.size(); ++i) ids.push_back(r.engine->AddRequest(prompts[i], Greedy(kMaxTokens, &events)).value());
+  ASSERT_TRUE(events.WaitFinished(prompts.size(), std::chrono::seconds(120)));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(events.Tokens(ids[i]), expected[i]) << "prompt " << i;
+    EXPECT_EQ(events.Last(ids[i])->cached_prompt_tokens, i == 0 ? 0 : 64) << "prompt " << i;
+  }
+  EXPECT_TRUE(r.engine->failure().ok());
+  EXPECT_EQ(r.engine->pool().n_used(), 0);
   r.engine.reset();
 }
 

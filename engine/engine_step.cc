@@ -42,6 +42,7 @@ void Engine::ApplyInbox(std::vector<TokenEvent>* events) {
     }
     Request* r = it->second.get();
     r->num_computed = r->n_tokens();  // the imported KV (a resumed request's earlier output too)
+    scheduler_.RegisterComputed(r);   // (only KV of a known, equal origin: Request::cache_kv)
     // The unit's followers need the imported KV too: it goes out with this step.
     if (options_.group && options_.group->unit_size() > 1)
       imported_.insert(imported_.end(), r->blocks.ids().begin(), r->blocks.ids().end());
@@ -146,6 +147,7 @@ void Engine::Finish(Request* r, FinishReason reason, TokenEvent* ev) {
   ev->reason = reason;
   ev->prompt_tokens = r->prompt_len;
   ev->output_tokens = r->n_output();
+  ev->cached_prompt_tokens = r->cached_prompt_tokens;
   if (r->matcher && r->export_constraint_state) ev->constraint_state = r->matcher->Serialize();
   TakeQueueTime(r, ev);
   // An exported request keeps its blocks however it ends: the exporter may still read them.
@@ -395,6 +397,10 @@ void Engine::PublishStepStats(const StepBatch& batch, const model::BatchStats& b
   stats_.sample_seconds += times.sample;
   stats_.event_seconds += times.events;
   stats_.constrained_rows += constrained.rows;
+  const PrefixCacheCounters& pc = scheduler_.prefix_counters();
+  stats_.prefix_lookup_tokens = pc.lookup_tokens;
+  stats_.prefix_hit_tokens = pc.hit_tokens;
+  stats_.prefix_computed_tokens = pc.computed_tokens;
   stats_.constraint_seconds += constrained.seconds + advance_seconds_;
   has_work_ = !requests_.empty();
 }

@@ -43,6 +43,10 @@ struct TokenEvent {
   std::string stop_string;  // the stop string that matched (reason kStop by string)
   Status error;             // reason kError
   int64_t prompt_tokens = 0, output_tokens = 0;  // set on the finishing event
+  // Set on the finishing event: prompt tokens whose KV came from the prefix cache when the
+  // request was first admitted (0 with the cache off, on a miss, or for an import that was
+  // never preempted: its prompt KV came with the transfer).
+  int64_t cached_prompt_tokens = 0;
   // The finishing event of a constrained request with RequestConstraint::export_state: its
   // grammar matcher state after every output token (GrammarMatcher::Serialize). The prefill
   // side sends it with the first token; CommitImport / RequestConstraint::state restore it.
@@ -96,6 +100,14 @@ struct Request {
   std::chrono::steady_clock::time_point queued_at;  // added_at, or when its import was committed
   bool scheduled_once = false;
   double pending_queue_seconds = -1;  // reported on the next event
+  // Prefix cache (docs/prefix-cache.md; maintained by the Scheduler).
+  bool cache_kv = true;              // its blocks may be registered (imports: only KV of a known origin)
+  std::vector<uint64_t> block_hashes;  // chain hashes of its full blocks, extended as needed
+  int64_t chained_blocks = 0;        // leading blocks that are in the cache's chains
+  CachedBlockId chain_tail;          // the cached identity of block chained_blocks - 1
+  bool chain_ended = false;          // a block could not be registered: none after it will be
+  bool prefix_counted = false;       // its first admission went into the counters
+  int64_t cached_prompt_tokens = 0;  // prompt tokens found cached at its first admission
 
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t n_output() const { return n_tokens() - prompt_len; }

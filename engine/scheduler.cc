@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/block_hash.h"
+
 namespace pdserve::engine {
 
 Status SchedulerOptions::Validate() const {
@@ -12,7 +14,10 @@ Status SchedulerOptions::Validate() const {
   return Status::Ok();
 }
 
-Scheduler::Scheduler(const SchedulerOptions& options, BlockPool* pool) : options_(options), pool_(pool) {}
+Scheduler::Scheduler(const SchedulerOptions& options, BlockPool* pool, PrefixCachePolicy prefix)
+    : options_(options), pool_(pool), prefix_(prefix) {
+  if (prefix_.first_chunk_tokens < 1) prefix_.first_chunk_tokens = 1;
+}
 
 void Scheduler::AddWaiting(Request* r, bool front) {
   r->state = RequestState::kWaiting;
@@ -34,7 +39,69 @@ void Scheduler::Remove(Request* r, bool keep_blocks) {
 }
 
 void Scheduler::Commit(const SchedulerOutput& out) {
-  for (const ScheduledChunk& c : out.chunks) c.request->num_computed += c.n;
+  for (const ScheduledChunk& c : out.chunks) {
+    c.request->num_computed += c.n;
+    RegisterComputed(c.request);
+  }
+}
+
+void Scheduler::ResetChain(Request* r) {
+  r->chained_blocks = 0;
+  r->chain_tail = {};
+  r->chain_ended = false;
+}
+
+void Scheduler::RegisterComputed(Request* r) {
+  if (!prefix_.enabled || !r->cache_kv || r->chain_ended || r->prompt_len < prefix_.first_chunk_tokens) return;
+  const int64_t B = pool_->layout().tokens_per_block;
+  const int64_t full = std::min(r->num_computed / B, r->blocks.n_blocks());
+  if (full <= r->chained_blocks) return;
+  ExtendChain(prefix_.ns, r->tokens, B, full, &r->block_hashes);
+  CachedBlockId parent = r->chained_blocks == 0 ? PrefixCache::Root(prefix_.ns) : r->chain_tail;
+  for (int64_t j = r->chained_blocks; j < full; ++j) {
+    const std::optional<CachedBlockId> id =
+        pool_->Register(r->blocks.ids()[static_cast<size_t>(j)], r->block_hashes[static_cast<size_t>(j)], parent,
+                        std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(j * B), static_cast<size_t>(B)));
+    if (!id) {
+      r->chain_ended = true;  // the name belongs to other content: nothing after it can chain
+      return;
+    }
+    parent = *id;
+    r->chain_tail = *id;
+    r->chained_blocks = j + 1;
+  }
+}
+
+int64_t Scheduler::MapCachedPrefix(Request* r) {
+  if (!prefix_.enabled || r->num_computed != 0 || r->blocks.n_blocks() != 0) return 0;
+  const int64_t B = pool_->layout().tokens_per_block;
+  // Whole blocks only, and never the last token: its row gives the logits to sample from.
+  const int64_t max_blocks = (r->n_tokens() - 1) / B;
+  if (max_blocks * B < prefix_.first_chunk_tokens) return 0;
+  ExtendChain(prefix_.ns, r->tokens, B, max_blocks, &r->block_hashes);
+  std::vector<CachedBlockId> hit;
+  int64_t m = pool_->MatchPrefix(PrefixCache::Root(prefix_.ns), r->block_hashes, r->tokens, max_blocks, &hit);
+  if (m * B < prefix_.first_chunk_tokens) m = 0;  // the first chunk whole, or nothing
+  std::vector<int32_t> ids;
+  ids.reserve(hit.size());
+  for (const CachedBlockId& h : hit) ids.push_back(h.block);
+  if (m < static_cast<int64_t>(ids.size())) {
+    pool_->Free(std::span<const int32_t>(ids).subspan(static_cast<size_t>(m)));
+    ids.resize(static_cast<size_t>(m));
+  }
+  if (m == 0) return 0;
+  r->blocks.Adopt(std::move(ids));
+  r->num_computed = m * B;
+  r->chained_blocks = m;
+  r->chain_tail = hit[static_cast<size_t>(m - 1)];
+  r->chain_ended = false;
+  return m * B;
+}
+
+void Scheduler::UnmapCachedPrefix(Request* r) {
+  r->blocks.Release(pool_);
+  r->num_computed = 0;
+  ResetChain(r);
 }
 
 ScheduledChunk Scheduler::NextChunk(Request* r, int64_t budget) const {
@@ -69,6 +136,7 @@ void Scheduler::Preempt(Request* r, SchedulerOutput* out) {
   running_.erase(std::find(running_.begin(), running_.end(), r));
   r->blocks.Release(pool_);
   r->num_computed = 0;
+  ResetChain(r);
   ++r->preemptions;
   ++preemptions_;
   AddWaiting(r, /*front=*/true);
@@ -115,8 +183,19 @@ SchedulerOutput Scheduler::Schedule() {
   if (!out.preempted.empty() || options_.whole_prompts) return out;
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     Request* r = waiting_.front();
+    const int64_t mapped = MapCachedPrefix(r);
     ScheduledChunk c = NextChunk(r, budget);
-    if (c.n == 0 || !r->blocks.EnsureCapacity(pool_, c.start + c.n).ok()) break;
+    if (c.n == 0 || !r->blocks.EnsureCapacity(pool_, c.start + c.n).ok()) {
+      if (mapped > 0) UnmapCachedPrefix(r);
+      break;
+    }
+    if (prefix_.enabled && !r->prefix_counted) {
+      r->prefix_counted = true;
+      r->cached_prompt_tokens = std::min(mapped, r->prompt_len);
+      counters_.lookup_tokens += r->prompt_len;
+      counters_.hit_tokens += r->cached_prompt_tokens;
+      counters_.computed_tokens += r->prompt_len - r->cached_prompt_tokens;
+    }
     waiting_.pop_front();
     AddRunning(r);
     out.chunks.push_back(c);

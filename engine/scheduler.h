@@ -15,6 +15,12 @@
 // With whole_prompts (a CP prefill, engine/rank_group.h, needs the prompt in one model call), a
 // step is either one waiting request's whole prompt alone (admitted first whenever its blocks
 // and a sequence slot are there, whatever its length) or the running requests' output rows.
+// Prefix cache (PrefixCachePolicy, docs/prefix-cache.md): a request admitted with nothing
+// computed first maps the longest cached prefix of its tokens it may use (whole blocks, at
+// least first_chunk_tokens of them, never its last token) and starts computing after it (the
+// first chunk then runs to the next grid point); after every step, and when an import commits
+// (RegisterComputed), the full blocks a request computed join the cache. A request that cannot
+// be admitted gives its mapped blocks back; a preempted one releases them and looks up again.
 // Thread-safety: not thread-safe; owned by the engine's step thread.
 #pragma once
 
@@ -35,6 +41,24 @@ struct SchedulerOptions {
   Status Validate() const;
 };
 
+// How the scheduler uses the pool's prefix cache. Why these rules keep outputs bitwise those of
+// a cold run: docs/prefix-cache.md ("Which blocks are interchangeable").
+struct PrefixCachePolicy {
+  bool enabled = false;
+  uint64_t ns = 0;                 // the engine's KvNamespace (engine/block_hash.h)
+  // The prefill chunk C: the first chunk's positions are computed in the non-absorbed prefill
+  // form, so a hit covers them all or none (hits of fewer tokens are not taken), and a request
+  // whose prompt is shorter than C (its KV before C is partly decoded) registers nothing.
+  int64_t first_chunk_tokens = 1;
+};
+
+// Counted at each request's first admission (a preempted request's later lookups are not).
+struct PrefixCacheCounters {
+  int64_t lookup_tokens = 0;    // prompt tokens looked up
+  int64_t hit_tokens = 0;       // of those, found cached
+  int64_t computed_tokens = 0;  // of those, left to compute
+};
+
 struct ScheduledChunk {
   Request* request = nullptr;
   int64_t start = 0;   // == request->num_computed
@@ -51,7 +75,7 @@ struct SchedulerOutput {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, BlockPool* pool);
+  Scheduler(const SchedulerOptions& options, BlockPool* pool, PrefixCachePolicy prefix = {});
 
   // Queues a request (state kWaiting, no blocks). `front` puts it at the head.
   void AddWaiting(Request* r, bool front = false);
@@ -59,8 +83,13 @@ class Scheduler {
   void AddRunning(Request* r);
   // Removes a request from the queues and frees its blocks (unless `keep_blocks`).
   void Remove(Request* r, bool keep_blocks = false);
-  // Advances the requests of a finished step: num_computed += n for every chunk.
+  // Advances the requests of a finished step: num_computed += n for every chunk, then registers
+  // the blocks that became full (RegisterComputed).
   void Commit(const SchedulerOutput& out);
+  // Registers r's full blocks below num_computed in the prefix cache, in order, while its chain
+  // holds (no-op with the cache off, for a request with cache_kv false or a prompt shorter
+  // than the first chunk). REQUIRES: the KV of those blocks is final.
+  void RegisterComputed(Request* r);
 
   SchedulerOutput Schedule();
 
@@ -68,14 +97,24 @@ class Scheduler {
   int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t total_preemptions() const { return preemptions_; }
   const SchedulerOptions& options() const { return options_; }
+  const PrefixCachePolicy& prefix_policy() const { return prefix_; }
+  const PrefixCacheCounters& prefix_counters() const { return counters_; }
 
  private:
   // The next chunk of r within `budget` tokens (n == 0: nothing fits).
   ScheduledChunk NextChunk(Request* r, int64_t budget) const;
   void Preempt(Request* r, SchedulerOutput* out);
+  // Maps r's cached prefix into its (empty) block table and sets num_computed; returns the
+  // tokens mapped. UnmapCachedPrefix gives them back (r not admitted after all).
+  int64_t MapCachedPrefix(Request* r);
+  void UnmapCachedPrefix(Request* r);
+  // Forgets r's place in the cache's chains (its blocks were released).
+  static void ResetChain(Request* r);
 
   SchedulerOptions options_;
   BlockPool* pool_;
+  PrefixCachePolicy prefix_;
+  PrefixCacheCounters counters_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // arrival order
   int64_t preemptions_ = 0;

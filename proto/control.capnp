@@ -85,6 +85,8 @@ struct Register {
   vocabSize @12 :UInt32;      # rows of the model's embedding / lm_head (0: not a model, e.g.
                               # the echo test worker); the router refuses a worker whose
                               # vocabulary does not cover its tokenizer's ids
+  kvNamespace @13 :UInt64;    # the engine's prefix-cache namespace: KV it computes is bitwise
+                              # what an engine of the same namespace computes (0: cache off)
 }
 
 struct RegisterAck {
@@ -185,6 +187,9 @@ struct Job {
   # A worker refuses a job for any other rank (mis-routed or stale) with an error.
   dpRank @9 :UInt32;
   constraint @10 :Constraint;     # kind none: unconstrained
+  # Decode phase: the paired prefill worker's kvNamespace (Register). Equal to the decode
+  # worker's own, the imported KV joins its prefix cache; 0: it does not.
+  prefillKvNamespace @11 :UInt64;
 }
 
 # D -> R: blocks are reserved for the request (answer to a decode-phase job).
@@ -235,6 +240,8 @@ struct TokenEvent {
   stopString @9 :Text;          # the stop string that matched, when the worker matched one
   constraintState @10 :Data;    # prefill's finishing event of a constrained request: the
                                 # matcher state after the first token (forwarded in FirstToken)
+  cachedPromptTokens @11 :UInt32;  # usage, on the finishing event (the prefill's, in P/D):
+                                   # prompt tokens whose KV came from the prefix cache
 }
 
 struct Abort {

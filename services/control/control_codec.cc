@@ -142,6 +142,7 @@ struct Encoder {
     b.setInstanceId(AsText(m.instance_id));
     b.setDpRank(m.dp_rank);
     b.setVocabSize(m.vocab_size);
+    b.setKvNamespace(m.kv_namespace);
     return Status::Ok();
   }
   Status operator()(const RegisterAckMsg& m) {
@@ -218,6 +219,7 @@ struct Encoder {
       bias[static_cast<unsigned>(i)].setBias(sp.logit_bias[i].bias);
     }
     PDSERVE_RETURN_IF_ERROR(SetConstraint(b.initConstraint(), m.constraint));
+    b.setPrefillKvNamespace(m.prefill_kv_namespace);
     b.setDeadlineUnixMs(m.deadline_unix_ms);
     b.setKvDescriptor(AsData(m.kv_descriptor));
     b.setDecodeWorkerId(AsText(m.decode_worker_id));
@@ -275,6 +277,7 @@ struct Encoder {
     b.setCompletionTokens(m.completion_tokens);
     b.setStopString(AsText(m.stop_string));
     b.setConstraintState(AsData(m.constraint_state));
+    b.setCachedPromptTokens(m.cached_prompt_tokens);
     return Status::Ok();
   }
   Status operator()(const AbortMsg& m) {
@@ -371,6 +374,7 @@ Result<ControlMessage> DecodeRegister(cp::Register::Reader r) {
   PDSERVE_ASSIGN_OR_RETURN(m.instance_id, ReadText(r.getInstanceId(), "register.instanceId"));
   m.dp_rank = r.getDpRank();
   m.vocab_size = r.getVocabSize();
+  m.kv_namespace = r.getKvNamespace();
   if (m.capacity.dp_ranks < 1 || m.dp_rank >= m.capacity.dp_ranks)
     return Status::InvalidArgument("register.dpRank " + std::to_string(m.dp_rank) + " is outside the instance's " +
                                    std::to_string(m.capacity.dp_ranks) + " DP ranks");
@@ -460,6 +464,7 @@ Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
     sp.logit_bias.push_back({b.getToken(), b.getBias()});
   }
   PDSERVE_ASSIGN_OR_RETURN(m.constraint, ReadConstraint(r.getConstraint()));
+  m.prefill_kv_namespace = r.getPrefillKvNamespace();
   m.deadline_unix_ms = r.getDeadlineUnixMs();
   PDSERVE_ASSIGN_OR_RETURN(m.kv_descriptor, ReadData(r.getKvDescriptor(), "job.kvDescriptor", ControlLimits::kMaxBlobBytes));
   PDSERVE_ASSIGN_OR_RETURN(m.decode_worker_id, ReadText(r.getDecodeWorkerId(), "job.decodeWorkerId"));
@@ -500,6 +505,7 @@ Result<ControlMessage> DecodeTokenEvent(cp::TokenEvent::Reader r) {
   PDSERVE_ASSIGN_OR_RETURN(m.stop_string, ReadText(r.getStopString(), "tokenEvent.stopString"));
   PDSERVE_ASSIGN_OR_RETURN(m.constraint_state,
                            ReadData(r.getConstraintState(), "tokenEvent.constraintState", ControlLimits::kMaxBlobBytes));
+  m.cached_prompt_tokens = r.getCachedPromptTokens();
   return ControlMessage(std::move(m));
 }
 

@@ -47,6 +47,7 @@ JobMsg SampleJob() {
   j.constraint.json.compact = true;
   j.constraint.json.max_whitespace = 3;
   j.constraint.json.strict = false;
+  j.prefill_kv_namespace = 0xfeedull;
   j.deadline_unix_ms = 1234567;
   j.dp_rank = 3;
   j.kv_descriptor = std::string("\0\x01\x02binary", 9);
@@ -82,6 +83,7 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
   reg.compat_hash = 0xdeadbeef;
   reg.instance_id = "decode-a";
   reg.dp_rank = 1;
+  reg.kv_namespace = 0x1234abcd5678ef00ull;
   HeartbeatMsg hb;
   hb.seq = 9;
   hb.load = {3, 4, 500, 10, 20};
@@ -97,6 +99,7 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
   ev.completion_tokens = 5;
   ev.stop_string = "END";
   ev.constraint_state = std::string("\x00state\xff", 7);
+  ev.cached_prompt_tokens = 128;
 
   const std::vector<ControlMessage> messages = {
       reg,

@@ -33,7 +33,7 @@ bool TokenEventMsg::operator==(const TokenEventMsg& o) const {
          logprobs == o.logprobs && finish == o.finish && error.code() == o.error.code() &&
          error.message() == o.error.message() && prompt_tokens == o.prompt_tokens &&
          completion_tokens == o.completion_tokens && stop_string == o.stop_string &&
-         constraint_state == o.constraint_state;
+         constraint_state == o.constraint_state && cached_prompt_tokens == o.cached_prompt_tokens;
 }
 
 const char* ControlMessageName(const ControlMessage& message) {

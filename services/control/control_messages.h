@@ -51,6 +51,7 @@ struct RegisterMsg {
   std::string instance_id;  // "" for a one-process worker
   uint32_t dp_rank = 0;
   uint32_t vocab_size = 0;  // 0: unknown (not a model)
+  uint64_t kv_namespace = 0;  // the engine's prefix-cache namespace (0: cache off / not a model)
   bool operator==(const RegisterMsg&) const = default;
 };
 
@@ -105,6 +106,7 @@ struct JobMsg {
   std::string decode_transfer_address;  // prefill phase
   uint32_t dp_rank = 0;                 // the target DP rank (RegisterMsg::dp_rank)
   grammar::Constraint constraint;       // inactive: unconstrained
+  uint64_t prefill_kv_namespace = 0;    // decode phase: the paired prefill worker's kv_namespace
   bool operator==(const JobMsg&) const = default;
 };
 
@@ -147,6 +149,7 @@ struct TokenEventMsg {
   uint32_t completion_tokens = 0;
   std::string stop_string;
   std::string constraint_state;  // prefill's finishing event of a constrained request
+  uint32_t cached_prompt_tokens = 0;  // finishing event: prompt tokens the prefix cache supplied
 
   // A finishing event ends the sender's part of the job.
   bool finishing() const { return finish != FinishReason::kNone || !error.ok(); }

@@ -209,6 +209,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
     route.prefill_job.decode_worker_id = out.worker->id;
     route.prefill_job.dp_rank = prefill.worker->dp_rank;
     job.phase = services::JobPhase::kDecode;
+    job.prefill_kv_namespace = prefill.worker->kv_namespace;
   } else {
     route.attempt = Attempt::Colocated(job_id, out.worker->peer);
     ledger_.Charge(job_id, AttemptSide::kOutput, *out.worker, prompt_tokens + static_cast<int64_t>(out.max_tokens),

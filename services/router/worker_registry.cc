@@ -82,6 +82,7 @@ RegisterOutcome WorkerRegistry::Register(const std::string& peer, const services
   e->instance_id = msg.instance_id;
   e->dp_rank = msg.dp_rank;
   e->compat_hash = msg.compat_hash;
+  e->kv_namespace = msg.kv_namespace;
   e->load.kv_blocks_free = msg.capacity.kv_blocks_free;
   e->load.kv_blocks_total = msg.capacity.kv_blocks_total;
   e->kv_free_estimate = msg.capacity.kv_blocks_free;

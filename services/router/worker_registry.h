@@ -47,6 +47,7 @@ struct WorkerEntry {
   std::string model_name;
   services::WorkerCapacity capacity;
   uint64_t compat_hash = 0;
+  uint64_t kv_namespace = 0;  // RegisterMsg::kv_namespace (0: no prefix cache)
   std::string instance_id;  // a DP rank of a multi-rank instance ("" : one-process worker)
   uint32_t dp_rank = 0;
   services::WorkerLoad load;

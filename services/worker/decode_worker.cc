@@ -72,6 +72,8 @@ Status DecodeWorker::StartJob(const JobMsg& job) {
   const uint64_t rid = job.request_id;
   engine::RequestOptions ro;
   ro.sampling = EngineHost::EngineSampling(job.sampling);
+  PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
+  ro.imported_kv_namespace = job.prefill_kv_namespace;  // equal to ours: the KV joins our cache
   ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
   PDSERVE_ASSIGN_OR_RETURN(engine::KvImport import, host_->engine().ReserveImport(job.prompt, std::move(ro)));
   {
@@ -113,6 +115,7 @@ Status DecodeWorker::CommitFirstToken(const FirstTokenMsg& first) {
     if (it == jobs_.end())
       return Status::NotFound("no decode job " + std::to_string(first.request_id));
     it->second.first_token = first.token;
+    it->second.constraint_state = first.constraint_state;
   }
   TryCommit(first.request_id);
   return Status::Ok();
@@ -121,6 +124,7 @@ Status DecodeWorker::CommitFirstToken(const FirstTokenMsg& first) {
 void DecodeWorker::TryCommit(uint64_t request_id) {
   engine::RequestId engine_id = 0;
   int32_t token = -1;
+  std::string constraint_state;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(request_id);
@@ -130,12 +134,13 @@ void DecodeWorker::TryCommit(uint64_t request_id) {
     job.committed = true;
     engine_id = job.engine_id;
     token = *job.first_token;
+    constraint_state = std::move(job.constraint_state);
   }
   auto blocks = receiver_->HandOver(request_id);
   Status s = blocks.ok() ? Status::Ok() : blocks.status();
   if (blocks.ok()) {
     if (!blocks->empty()) allocator_->Forget(blocks->front());
-    s = host_->engine().CommitImport(engine_id, token);
+    s = host_->engine().CommitImport(engine_id, token, std::move(constraint_state));
     if (!s.ok()) (void)host_->engine().Abort(engine_id);  // the engine owns the blocks now
   }
   // (HandOver failed: the receiver aborted the request and frees the blocks through

@@ -48,6 +48,7 @@ class DecodeWorker final : public EngineWorker {
     bool ended = false;  // the finishing event was sent
     bool transfer_done = false;
     std::optional<int32_t> first_token;
+    std::string constraint_state;  // the prefill's matcher state after first_token (may be empty)
     bool committed = false;
     std::chrono::steady_clock::time_point reserved_at{};
   };

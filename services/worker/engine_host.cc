@@ -46,6 +46,11 @@ Status EngineHost::Init(const WorkerHooks& hooks) {
   eo.kv_cache_gib = config_.kv_cache_gib;
   eo.block_tokens = config_.block_tokens;
   if (config_.max_seqs > 0) eo.scheduler.max_num_seqs = config_.max_seqs;
+  // The weights themselves, not only config.json: a prefill and a decode worker with the same
+  // config but other weights must not pair (model/fingerprint.h), nor share cached KV.
+  PDSERVE_ASSIGN_OR_RETURN(const uint64_t fingerprint, model::WeightsFingerprint(config_.model_dir));
+  eo.prefix_cache = config_.prefix_cache;
+  eo.model_identity = CompatibilityHash(config_json, fingerprint, config_.model_name, KvLayout{});
   eo.layer_fault_hook = hooks.layer_fault;
   if (config_.role != WorkerRole::kColocated) {
     kvtransfer::UcxTransportOptions to;
@@ -66,11 +71,16 @@ Status EngineHost::Init(const WorkerHooks& hooks) {
   }
   PDSERVE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(eo, &instance_->model()));
   const KvLayout& layout = engine_->pool().layout();
-  // The weights themselves, not only config.json: a prefill and a decode worker with the same
-  // config but other weights must not pair (model/fingerprint.h).
-  PDSERVE_ASSIGN_OR_RETURN(const uint64_t fingerprint, model::WeightsFingerprint(config_.model_dir));
   compat_hash_ = CompatibilityHash(config_json, fingerprint, config_.model_name, layout);
   kv_layout_ = layout;
+  grammars_ = std::make_unique<WorkerGrammars>(config_.tokenizer_dir, instance_->model().config().vocab_size);
+  return Status::Ok();
+}
+
+Status EngineHost::ApplyConstraint(const JobMsg& job, engine::RequestOptions* ro) {
+  if (!job.constraint.active()) return Status::Ok();
+  PDSERVE_ASSIGN_OR_RETURN(ro->constraint.compiled, grammars_->Compile(job.constraint));
+  ro->constraint.spec = job.constraint;
   return Status::Ok();
 }
 
@@ -140,7 +150,9 @@ WorkerLoad EngineHost::Load(uint32_t quarantined_blocks) {
   load.queued_tokens = static_cast<uint64_t>(s.queued_tokens);
   load.kv_blocks_free = static_cast<uint32_t>(s.blocks_free);
   load.kv_blocks_total = static_cast<uint32_t>(s.blocks_total);
-  if (metrics_) metrics_->Refresh({s.steps, s.preemptions, s.blocks_held, s.awaiting_kv, quarantined_blocks});
+  if (metrics_)
+    metrics_->Refresh({s.steps, s.preemptions, s.blocks_held, s.awaiting_kv, quarantined_blocks, s.prefix_lookup_tokens,
+                       s.prefix_hit_tokens, s.prefix_computed_tokens, s.prefix_cached_blocks, s.prefix_evictions});
   return load;
 }
 
@@ -195,6 +207,7 @@ std::optional<TokenEventMsg> EngineHost::StreamEvent(const JobMsg& job, const en
   if (msg.finish == FinishReason::kError && msg.error.ok()) msg.error = Status::Internal("engine error");
   msg.prompt_tokens = static_cast<uint32_t>(ev.prompt_tokens);
   msg.completion_tokens = static_cast<uint32_t>(ev.output_tokens);
+  msg.cached_prompt_tokens = static_cast<uint32_t>(ev.cached_prompt_tokens);
   msg.stop_string = ev.stop_string;
   return msg;
 }

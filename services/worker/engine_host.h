@@ -26,6 +26,7 @@
 #include "services/worker/agent/worker_agent.h"
 #include "services/worker/agent/worker_metrics.h"
 #include "services/worker/worker_config.h"
+#include "services/worker/worker_grammars.h"
 #include "services/worker/worker_hooks.h"
 
 namespace pdserve::services::worker {
@@ -61,6 +62,11 @@ class EngineHost {
   const KvLayout& kv_layout() const { return kv_layout_; }
   EngineWorkerMetrics* metrics() { return metrics_.get(); }
   uint64_t compat_hash() const { return compat_hash_; }
+  // The engine's prefix-cache namespace (0: the cache is off): KV computed by an engine of an
+  // equal namespace may join this one's cache (RegisterMsg::kv_namespace).
+  uint64_t kv_namespace() const {
+    return engine_->prefix_cache_enabled() ? engine_->prefix_cache_namespace() : 0;
+  }
   std::string transfer_address() const { return transport_ ? transport_->address() : std::string(); }
 
   // Teardown steps a role calls in its own order: stop the engine's loop (no more steps or
@@ -91,6 +97,9 @@ class EngineHost {
   // What the engine samples a job with: the job's parameters less the stop strings (the router
   // matches those on the detokenized stream).
   static SamplingParams EngineSampling(const SamplingParams& job_sampling);
+  // Sets `ro->constraint` from the job's constraint (nothing when it has none), compiled over
+  // this model's vocabulary. Errors: WorkerGrammars::Compile's (InvalidArgument: the client's).
+  Status ApplyConstraint(const JobMsg& job, engine::RequestOptions* ro);
   // The control event for a streamed engine event of `job` (colocated, decode): the token (unless
   // `skip_token`) and, on the finishing event, reason, error and usage. nullopt when there is
   // nothing to send (no token, not finished).
@@ -111,6 +120,7 @@ class EngineHost {
   std::unique_ptr<EngineWorkerMetrics> metrics_;
   uint64_t compat_hash_ = 0;
   KvLayout kv_layout_;
+  std::unique_ptr<WorkerGrammars> grammars_;
 
   std::mutex agent_mu_;
   WorkerAgent* agent_ = nullptr;

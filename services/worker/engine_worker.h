@@ -49,6 +49,7 @@ class EngineWorker : public WorkerHandler {
   // Registration data for WorkerAgentOptions.
   WorkerCapacity Capacity() const { return host_->Capacity(); }
   uint64_t compat_hash() const { return host_->compat_hash(); }
+  uint64_t kv_namespace() const { return host_->kv_namespace(); }
   std::string transfer_address() const { return host_->transfer_address(); }
   // Ok, or why the engine stopped for good (its multi-rank group broke): the process should exit.
   Status failure() const { return host_->failure(); }

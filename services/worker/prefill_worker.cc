@@ -86,6 +86,8 @@ Status PrefillWorker::StartJob(const JobMsg& job) {
   ro.sampling = EngineHost::EngineSampling(job.sampling);
   ro.sampling.max_tokens = 1;
   ro.hold_kv = true;
+  PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
+  ro.constraint.export_state = ro.constraint.active();  // the decode side resumes from it
   ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
   if (host_->config().kv_stream_layers) {
     ro.kv_export.begin = [this, rid](const std::vector<int32_t>& blocks) { StreamBegin(rid, blocks); };
@@ -168,6 +170,8 @@ void PrefillWorker::Sampled(Job& job, const engine::TokenEvent& ev) {
   }
   job.token = ev.token;
   job.engine_reason = ev.reason;
+  job.constraint_state = ev.constraint_state;
+  job.cached_prompt_tokens = static_cast<uint32_t>(ev.cached_prompt_tokens);
   if (job.msg.sampling.logprobs) {
     job.logprob.logprob = ev.logprob;
     for (const auto& [t, v] : ev.top_logprobs) job.logprob.top.push_back({t, v});
@@ -179,6 +183,8 @@ void PrefillWorker::Sampled(Job& job, const engine::TokenEvent& ev) {
     msg.request_id = rid;
     msg.tokens = {ev.token};
     if (job.msg.sampling.logprobs) msg.logprobs = {job.logprob};
+    msg.constraint_state = job.constraint_state;
+    msg.cached_prompt_tokens = job.cached_prompt_tokens;
     msg.finish = ev.reason == FinishReason::kStop ? FinishReason::kStop : FinishReason::kLength;
     msg.prompt_tokens = static_cast<uint32_t>(job.msg.prompt.size());
     msg.completion_tokens = 1;
@@ -295,6 +301,8 @@ void PrefillWorker::RunTransfer(uint64_t rid) {
       msg.request_id = rid;
       msg.tokens = {job.token};
       if (job.msg.sampling.logprobs) msg.logprobs = {job.logprob};
+      msg.constraint_state = job.constraint_state;
+      msg.cached_prompt_tokens = job.cached_prompt_tokens;
       msg.finish = FinishReason::kNone;  // the decode worker continues
       msg.prompt_tokens = static_cast<uint32_t>(job.msg.prompt.size());
       msg.completion_tokens = 1;

@@ -58,6 +58,8 @@ class PrefillWorker final : public EngineWorker {
     int32_t token = -1;
     FinishReason engine_reason = FinishReason::kNone;
     TokenLogprob logprob;
+    std::string constraint_state;  // a constrained request's matcher state after the token
+    uint32_t cached_prompt_tokens = 0;  // of the prompt, supplied by the prefix cache
   };
 
   explicit PrefillWorker(std::unique_ptr<EngineHost> host) : EngineWorker(std::move(host)) {}

@@ -16,7 +16,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
                                        "ready_file", "drain_timeout_ms", "register_retry_ms", "ucx_tls",
                                        "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
                                        "log_level", "curve_secret_key_file", "router_public_key_file", "plan",
-                                       "step_stall_timeout_ms"}));
+                                       "step_stall_timeout_ms", "tokenizer_dir", "prefix_cache"}));
   int64_t threads = c->threads, port = c->metrics_port;
   std::string plan;
   PDSERVE_RETURN_IF_ERROR(w.Get("plan", &plan));
@@ -28,6 +28,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("worker_id", &c->worker_id));
   PDSERVE_RETURN_IF_ERROR(w.Get("model_name", &c->model_name));
   PDSERVE_RETURN_IF_ERROR(w.Get("model_dir", &c->model_dir));
+  PDSERVE_RETURN_IF_ERROR(w.Get("tokenizer_dir", &c->tokenizer_dir));
   PDSERVE_RETURN_IF_ERROR(w.Get("threads", &threads));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_cache_gib", &c->kv_cache_gib));
   PDSERVE_RETURN_IF_ERROR(w.Get("block_tokens", &c->block_tokens));
@@ -43,6 +44,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_transfer_timeout_ms", &c->kv_transfer_timeout));
   PDSERVE_RETURN_IF_ERROR(w.Get("step_stall_timeout_ms", &c->step_stall_timeout));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_stream_layers", &c->kv_stream_layers));
+  PDSERVE_RETURN_IF_ERROR(w.Get("prefix_cache", &c->prefix_cache));
   PDSERVE_RETURN_IF_ERROR(w.Get("log_level", &c->log_level));
   PDSERVE_RETURN_IF_ERROR(w.Get("curve_secret_key_file", &c->curve_secret_key_file));
   PDSERVE_RETURN_IF_ERROR(w.Get("router_public_key_file", &c->router_public_key_file));
@@ -61,6 +63,7 @@ const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role) {
       {"worker-id", "ID", "unique worker name, stable across restarts (default worker-0)"},
       {"model-name", "NAME", "the model name the router serves (default pdserve)"},
       {"model", "DIR", "checkpoint directory (required)"},
+      {"tokenizer", "DIR", "the router's tokenizer, for structured output (default: the bundled DeepSeek-V3 one)"},
       {"threads", "N", "engine compute threads (0: PDSERVE_NUM_THREADS or all cores)"},
       {"kv-gib", "X", "paged KV pool size in GiB (default 0.25)"},
       {"block-tokens", "N", "tokens per KV block (default 64)"},
@@ -75,6 +78,7 @@ const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role) {
       {"kv-lease-ms", "N", "decode: how long reserved KV blocks wait for prefill"},
       {"kv-transfer-timeout-ms", "N", "deadline of one KV transfer"},
       {"kv-stream-layers", "BOOL", "prefill: send each layer's KV as soon as it is computed (default true)"},
+      {"prefix-cache", "BOOL", "reuse cached KV of earlier prompts with the same prefix (default true)"},
       {"log-level", "L", "trace | debug | info | warn | error | critical | off"},
       {"curve-secret-key-file", "F", "this worker's CURVE secret key (with --router-public-key-file)"},
       {"router-public-key-file", "F", "the router's CURVE public key"},
@@ -112,6 +116,7 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
   c.worker_id = cl.GetOr("worker-id", c.worker_id);
   c.model_name = cl.GetOr("model-name", c.model_name);
   c.model_dir = cl.GetOr("model", c.model_dir);
+  c.tokenizer_dir = cl.GetOr("tokenizer", c.tokenizer_dir);
   c.metrics_host = cl.GetOr("metrics-host", c.metrics_host);
   c.ready_file = cl.GetOr("ready-file", c.ready_file);
   c.ucx_tls = cl.GetOr("ucx-tls", c.ucx_tls);
@@ -135,6 +140,7 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
   if (stall < 0) return Status::InvalidArgument("--step-stall-timeout-ms must be >= 0 (0: off)");
   c.step_stall_timeout = std::chrono::milliseconds(stall);
   PDSERVE_ASSIGN_OR_RETURN(c.kv_stream_layers, cl.GetBool("kv-stream-layers", c.kv_stream_layers));
+  PDSERVE_ASSIGN_OR_RETURN(c.prefix_cache, cl.GetBool("prefix-cache", c.prefix_cache));
   c.threads = static_cast<int>(threads);
   c.metrics_port = static_cast<int>(port);
   c.drain_timeout = std::chrono::milliseconds(drain);

@@ -27,6 +27,9 @@ struct WorkerServiceConfig {
   std::string worker_id = "worker-0";
   std::string model_name = "pdserve";
   std::string model_dir;                 // required
+  // The tokenizer whose token bytes structured output matches (the router's; empty: the
+  // bundled DeepSeek-V3 tokenizer, the router's default too).
+  std::string tokenizer_dir;
   int threads = 0;                       // engine compute threads (0: PDSERVE_NUM_THREADS / default)
   double kv_cache_gib = 0.25;            // the paged KV pool
   int64_t block_tokens = 64;
@@ -49,6 +52,9 @@ struct WorkerServiceConfig {
   // Prefill: write each layer's KV as soon as the prompt's forward computed it (overlapping
   // the transfer with the remaining layers); false: write all layers after the forward.
   bool kv_stream_layers = true;
+  // Keep finished requests' full KV blocks and reuse them for prompts with the same prefix
+  // (docs/prefix-cache.md).
+  bool prefix_cache = true;
   std::string log_level;
   // A multi-rank instance (docs/services.md "Multi-rank workers"): "cp=1,dp=2,ep=2,tp=1" (keys
   // optional, default 1); the process must then run under mpirun with cp * dp * tp ranks.

@@ -352,5 +352,60 @@ TEST(WorkerE2eTest, QueueTimeAndQueuedTokensAreReported) {
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
+// The prefix cache in the cluster: a second turn (the first prompt + more) maps the first
+// turn's cached blocks and its reply still equals the cold single-process engine's, colocated
+// and disaggregated. In P/D the prefill worker hits, and the decode worker (same namespace,
+// announced at registration) caches the KV it imported.
+TEST(WorkerE2eTest, PrefixCacheHitsKeepRepliesExact) {
+  for (const bool pd : {false, true}) {
+    SCOPED_TRACE(pd ? "P/D" : "colocated");
+    if (pd && !UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+    TestCluster c(pd ? "worker-prefix-pd" : "worker-prefix");
+    ASSERT_OK_W(c.StartRouter(), Workers(&c));
+    Workers w(&c);
+    if (pd) {
+      ASSERT_OK_W(w.Start("p0", "prefill"), w);
+      ASSERT_OK_W(w.Start("d0", "decode"), w);
+    } else {
+      ASSERT_OK_W(w.Start("c0", "colocated"), w);
+    }
+    ASSERT_TRUE(c.WaitForWorkers(pd ? 2 : 1, 30s)) << w.Logs();
+    const std::string computing = pd ? "p0" : "c0";
+    // Longer than the engine's first prefill chunk (256), the least a hit maps.
+    std::vector<int32_t> turn1 = LongPrompt(7, 600);
+    constexpr int kMax = 6;
+    std::vector<int32_t> turn2 = turn1;
+    const std::vector<int32_t> more = LongPrompt(8, 90);
+    turn2.insert(turn2.end(), more.begin(), more.end());
+    for (const auto* prompt : {&turn1, &turn2, &turn2}) {
+      auto r = HttpPost(c.http_port(), "/v1/completions", Body(*prompt, kMax, false), 120s);
+      ASSERT_EQ(r.status, 200) << r.body << w.Logs();
+      EXPECT_EQ(json::parse(r.body)["choices"][0]["text"].get<std::string>(), Text(Reference(*prompt, kMax)));
+    }
+    // Heartbeats refresh the engine figures the metrics show: wait for all three lookups.
+    const double looked_up = static_cast<double>(turn1.size() + 2 * turn2.size());
+    EXPECT_TRUE(WaitFor(
+        [&] { return MetricValue(w.Metrics(computing), "pdserve_prefix_cache_lookup_tokens_total") == looked_up; }, 10s,
+        100ms))
+        << w.Metrics(computing);
+    const std::string m = w.Metrics(computing);
+    // Turns 2 and 3 each map at least turn 1's 9 full blocks of 64.
+    EXPECT_GE(MetricValue(m, "pdserve_prefix_cache_hit_tokens_total"), 2 * 576) << m;
+    EXPECT_EQ(MetricValue(m, "pdserve_prefix_cache_hit_tokens_total") +
+                  MetricValue(m, "pdserve_prefix_cache_computed_tokens_total"),
+              looked_up)
+        << m;
+    EXPECT_GT(MetricValue(m, "pdserve_prefix_cache_blocks"), 0) << m;
+    if (pd) {
+      EXPECT_GT(MetricValue(w.Metrics("d0"), "pdserve_prefix_cache_blocks"), 0) << w.Metrics("d0");
+    }
+    for (const std::string& id : pd ? std::vector<std::string>{"p0", "d0"} : std::vector<std::string>{"c0"}) {
+      EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
+      EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+    }
+    if (HasFailure()) ADD_FAILURE() << w.Logs();
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::services::worker

@@ -84,6 +84,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, c
     ao.model_name = c.model_name;
     ao.compat_hash = w->compat_hash();
     ao.vocab_size = static_cast<uint32_t>(in->model().config().vocab_size);
+    ao.kv_namespace = w->kv_namespace();
     ao.http_address = exposer.value()->address();
     ao.transfer_address = w->transfer_address();
     ao.capacity = w->Capacity();

@@ -1,12 +1,14 @@
 // The engine-backed worker in-process: the identity each DP rank of a multi-rank instance
-// registers with (ForDpRank), and jobs placed on another DP rank refused with a clear error
-// (a colocated worker over the tiny model; no router needed to call the handler).
+// registers with (ForDpRank), jobs placed on another DP rank refused with a clear error, and a
+// job's output constraint compiled over the model's vocabulary (or refused with the reason)
+// (colocated workers over tiny models; no router needed to call the handler).
 #include <gtest/gtest.h>
 
 #include "model/tools/make_model.h"
 #include "model/test_util.h"
 #include "services/worker/engine_worker.h"
 #include "services/worker/model_instance.h"
+#include "services/worker/worker_grammars.h"
 
 namespace pdserve::services::worker {
 namespace {
@@ -59,6 +61,83 @@ TEST(WorkerServiceTest, JobForAnotherDpRankIsRefused) {
       << refused.ToString();
   job.dp_rank = 0;
   EXPECT_TRUE((*worker)->StartJob(job).ok());
+}
+
+// The bundled tokenizer over DeepSeek-V3's 129,280 logit rows: a schema compiles once and is
+// then a cache hit; a bad schema is the client's error naming the keyword; a model with fewer
+// rows than the tokenizer has ids cannot host structured output, and says why every time.
+TEST(WorkerGrammarsTest, CompilesOnceAndRefusesWithReasons) {
+  grammar::Constraint schema;
+  schema.kind = grammar::ConstraintKind::kJsonSchema;
+  schema.text = R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})";
+  WorkerGrammars grammars("", 129280);
+  auto first = grammars.Compile(schema);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto again = grammars.Compile(schema);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(first->get(), again->get());
+  EXPECT_EQ(grammars.misses(), 1);
+  EXPECT_EQ(grammars.hits(), 1);
+  grammar::Constraint bad = schema;
+  bad.text = R"({"type":"object","patternProperties":{"a":{}}})";
+  auto refused = grammars.Compile(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("patternProperties"), std::string::npos) << refused.status().ToString();
+
+  WorkerGrammars small("", 1024);
+  for (int i = 0; i < 2; ++i) {
+    auto no = small.Compile(schema);
+    ASSERT_FALSE(no.ok());
+    EXPECT_EQ(no.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(no.status().message().find("structured output is unavailable on this worker"), std::string::npos)
+        << no.status().ToString();
+  }
+  WorkerGrammars missing("/nonexistent-tokenizer-dir", 129280);
+  auto none = missing.Compile(schema);
+  EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("/nonexistent-tokenizer-dir"), std::string::npos) << none.status().ToString();
+}
+
+// A colocated worker takes a constrained job when its model covers the tokenizer and refuses
+// it, naming the reason, when it does not.
+TEST(WorkerServiceTest, ConstrainedJobsAreCompiledOrRefused) {
+  grammar::Constraint schema;
+  schema.kind = grammar::ConstraintKind::kJsonObject;
+  for (const int64_t vocab : {int64_t{129280}, int64_t{1024}}) {
+    SCOPED_TRACE(vocab);
+    model::testing::TempDir dir("worker_grammar");
+    model::MakeModelOptions o;
+    o.preset = "tiny";
+    o.seed = 5;
+    o.vocab = vocab;
+    o.out_dir = dir.path();
+    ASSERT_TRUE(model::MakeModel(o).ok());
+    WorkerServiceConfig c;
+    c.model_dir = dir.path();
+    c.threads = 1;
+    c.kv_cache_gib = 0.0625;
+    int argc = 0;
+    char** argv = nullptr;
+    auto instance = ModelInstance::Load(c, &argc, &argv);
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    auto worker = EngineWorker::Create(c, nullptr, instance->get());
+    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+    JobMsg job;
+    job.request_id = 9;
+    job.phase = JobPhase::kColocated;
+    job.prompt = {1, 2, 3};
+    job.sampling.max_tokens = 4;
+    job.constraint = schema;
+    const Status s = (*worker)->StartJob(job);
+    if (vocab == 129280) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      EXPECT_NE(s.message().find("model vocabulary 1024 is smaller than the tokenizer's"), std::string::npos)
+          << s.ToString();
+    }
+  }
 }
 
 }  // namespace

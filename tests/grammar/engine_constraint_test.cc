@@ -7,8 +7,8 @@
 // from the grammar). Also: unconstrained rows batched with constrained ones sample exactly the
 // tokens they sample alone; the matcher state handed from a prefill engine to a decode engine
 // (CommitImport) and from an interrupted attempt to a resumed one (RequestConstraint::state)
-// continues exactly like an uninterrupted run; truncation reports length; bad constraints are
-// refused at AddRequest.
+// continues exactly like an uninterrupted run; prefix-cache hits change no constrained output;
+// truncation reports length; bad constraints are refused at AddRequest.
 // The schemas bound every string, array and object, so each document has a bounded length
 // and a random model always finishes it well within max_tokens.
 #include <gtest/gtest.h>
@@ -212,6 +212,45 @@ TEST(EngineConstraintTest, JsonObjectFinishesOrReportsLengthWithAValidPrefix) {
     EXPECT_TRUE(doc.is_object()) << doc.dump();
   }
   std::printf("json_object: %d finished, %d cut at max_tokens\n", finished, truncated);
+}
+
+// A constrained request whose prompt prefix is in the prefix cache samples exactly the tokens
+// it samples on an engine without the cache (greedy and seeded).
+TEST(EngineConstraintTest, PrefixCacheHitsLeaveConstrainedOutputsUnchanged) {
+  grammar::GrammarCache cache(TestVocabulary());
+  BoundedSchemaGen gen(31);
+  const Json schema = gen.Make();
+  const std::vector<int32_t> shared = MakePrompt(100, 17);
+  auto with_suffix = [&](int salt) {
+    std::vector<int32_t> p = shared;
+    for (int32_t t : MakePrompt(9, salt)) p.push_back(t);
+    return p;
+  };
+  auto run = [&](bool prefix_cache, std::vector<int64_t>* cached) {
+    EngineOptions o = Options(&cache);
+    o.prefix_cache = prefix_cache;
+    auto engine = Engine::Create(o, &TinyModel());
+    EXPECT_TRUE(engine.ok());
+    EventCollector events;
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 4; ++i) {  // one at a time: each later one finds the earlier ones' blocks
+      ids.push_back((*engine)->AddRequest(with_suffix(i), Constrained(SchemaConstraint(schema, i), i % 2 == 0, 40 + i,
+                                                                      kMaxTokens, &events)).value());
+      EXPECT_TRUE(RunUntilIdle(engine->get()));
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) {
+      out.push_back(events.Tokens(id));
+      cached->push_back(events.Last(id)->cached_prompt_tokens);
+    }
+    return out;
+  };
+  std::vector<int64_t> warm_cached, cold_cached;
+  const auto warm = run(true, &warm_cached);
+  const auto cold = run(false, &cold_cached);
+  EXPECT_EQ(warm, cold);
+  EXPECT_EQ(warm_cached, (std::vector<int64_t>{0, 96, 96, 96}));
+  EXPECT_EQ(cold_cached, (std::vector<int64_t>{0, 0, 0, 0}));
 }
 
 // A bounded schema cut by max_tokens: length, not stop, and a valid prefix.

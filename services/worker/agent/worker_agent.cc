@@ -214,6 +214,7 @@ void WorkerAgent::SendRegister() {
   m.instance_id = options_.instance_id;
   m.dp_rank = options_.dp_rank;
   m.vocab_size = options_.vocab_size;
+  m.kv_namespace = options_.kv_namespace;
   Send(m);
 }
 

@@ -95,6 +95,7 @@ struct WorkerAgentOptions {
   std::string instance_id;         // a DP rank of a multi-rank instance ("": one process)
   uint32_t dp_rank = 0;
   uint32_t vocab_size = 0;         // the model's vocabulary (0: not a model)
+  uint64_t kv_namespace = 0;       // the engine's prefix-cache namespace (0: cache off)
   std::chrono::milliseconds register_retry{250};
   // Used until the router's RegisterAck says otherwise.
   std::chrono::milliseconds heartbeat_interval{500};

@@ -123,13 +123,50 @@ EngineWorkerMetrics::EngineWorkerMetrics(prometheus::Registry& registry, WorkerR
                         .Labels(Constant(role, worker_id))
                         .Register(registry)
                         .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
-                                                                         0.05, 0.1, 0.2, 0.5, 1, 2, 5})) {}
+                                                                         0.05, 0.1, 0.2, 0.5, 1, 2, 5})),
+      prefix_lookup_tokens(prometheus::BuildCounter()
+                               .Name("pdserve_prefix_cache_lookup_tokens_total")
+                               .Help("Prompt tokens looked up in the prefix cache")
+                               .Labels(Constant(role, worker_id))
+                               .Register(registry)
+                               .Add({})),
+      prefix_hit_tokens(prometheus::BuildCounter()
+                            .Name("pdserve_prefix_cache_hit_tokens_total")
+                            .Help("Prompt tokens whose KV the prefix cache supplied")
+                            .Labels(Constant(role, worker_id))
+                            .Register(registry)
+                            .Add({})),
+      prefix_computed_tokens(prometheus::BuildCounter()
+                                 .Name("pdserve_prefix_cache_computed_tokens_total")
+                                 .Help("Looked-up prompt tokens the prefix cache did not have (computed)")
+                                 .Labels(Constant(role, worker_id))
+                                 .Register(registry)
+                                 .Add({})),
+      prefix_cached_blocks(prometheus::BuildGauge()
+                               .Name("pdserve_prefix_cache_blocks")
+                               .Help("KV blocks registered in the prefix cache (in use or idle)")
+                               .Labels(Constant(role, worker_id))
+                               .Register(registry)
+                               .Add({})),
+      prefix_evictions(prometheus::BuildCounter()
+                           .Name("pdserve_prefix_cache_evictions_total")
+                           .Help("Cached KV blocks evicted to make room")
+                           .Labels(Constant(role, worker_id))
+                           .Register(registry)
+                           .Add({})) {}
 
 void EngineWorkerMetrics::Refresh(const EngineLoadSnapshot& s) {
-  if (s.steps > last_steps_) steps.Increment(static_cast<double>(s.steps - last_steps_));
-  if (s.preemptions > last_preemptions_) preemptions.Increment(static_cast<double>(s.preemptions - last_preemptions_));
-  last_steps_ = s.steps;
-  last_preemptions_ = s.preemptions;
+  auto advance = [](prometheus::Counter& c, int64_t now, int64_t last) {
+    if (now > last) c.Increment(static_cast<double>(now - last));
+  };
+  advance(steps, s.steps, last_.steps);
+  advance(preemptions, s.preemptions, last_.preemptions);
+  advance(prefix_lookup_tokens, s.prefix_lookup_tokens, last_.prefix_lookup_tokens);
+  advance(prefix_hit_tokens, s.prefix_hit_tokens, last_.prefix_hit_tokens);
+  advance(prefix_computed_tokens, s.prefix_computed_tokens, last_.prefix_computed_tokens);
+  advance(prefix_evictions, s.prefix_evictions, last_.prefix_evictions);
+  last_ = s;
+  prefix_cached_blocks.Set(static_cast<double>(s.prefix_cached_blocks));
   held_blocks.Set(static_cast<double>(s.blocks_held));
   awaiting_kv.Set(static_cast<double>(s.awaiting_kv));
   quarantined_blocks.Set(s.quarantined_blocks);

@@ -37,6 +37,12 @@
 //                                                decode worker when the forward ended
 //   pdserve_worker_kv_transfer_tail_seconds      prefill: first token sampled -> KV verified by
 //                                                the decode side (what the transfer adds to TTFT)
+//   pdserve_prefix_cache_lookup_tokens_total     prompt tokens looked up in the prefix cache
+//   pdserve_prefix_cache_hit_tokens_total        ... found cached (their KV not computed)
+//   pdserve_prefix_cache_computed_tokens_total   ... left to compute
+//   pdserve_prefix_cache_blocks                  KV blocks registered in the cache (in use or idle)
+//   pdserve_prefix_cache_evictions_total         cached blocks evicted to make room
+//                                                (docs/prefix-cache.md)
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe; EngineWorkerMetrics::Refresh is
 // called by one thread at a time (the agent's heartbeat).
@@ -96,6 +102,8 @@ struct EngineLoadSnapshot {
   int64_t blocks_held = 0;
   int64_t awaiting_kv = 0;
   uint32_t quarantined_blocks = 0;
+  int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0, prefix_computed_tokens = 0;
+  int64_t prefix_cached_blocks = 0, prefix_evictions = 0;
 };
 
 class EngineWorkerMetrics {
@@ -114,12 +122,17 @@ class EngineWorkerMetrics {
   prometheus::Counter& layers_streamed;
   prometheus::Counter& stream_landed_bytes;
   prometheus::Histogram& transfer_tail;
+  prometheus::Counter& prefix_lookup_tokens;
+  prometheus::Counter& prefix_hit_tokens;
+  prometheus::Counter& prefix_computed_tokens;
+  prometheus::Gauge& prefix_cached_blocks;
+  prometheus::Counter& prefix_evictions;
 
   // Counters advance by the growth of the engine's cumulative figures since the last call.
   void Refresh(const EngineLoadSnapshot& snapshot);
 
  private:
-  int64_t last_steps_ = 0, last_preemptions_ = 0;
+  EngineLoadSnapshot last_;
 };
 
 }  // namespace pdserve::services
