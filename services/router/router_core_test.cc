@@ -89,12 +89,16 @@ class RouterCoreTest : public ::testing::Test {
     From(peer, m);
     ASSERT_EQ(Take<services::RegisterAckMsg>(peer).size(), 1u) << peer;
   }
-  std::shared_ptr<ActiveRequest> Submit(size_t prompt_len = 5, uint32_t max_tokens = 20) {
+  // `constraint` and `affinity`: SubmitSpec's (the defaults: none).
+  std::shared_ptr<ActiveRequest> Submit(size_t prompt_len = 5, uint32_t max_tokens = 20,
+                                        const grammar::Constraint& constraint = {}, uint64_t affinity = 0) {
     SubmitSpec spec;
     spec.tag = "req";
     spec.prompt.assign(prompt_len, 3);
     spec.max_tokens = max_tokens;
     spec.arrival = std::chrono::steady_clock::now();
+    spec.constraint = constraint;
+    spec.affinity = affinity;
     auto r = core_->Submit(std::move(spec));
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     ExpectBalanced();
@@ -697,16 +701,6 @@ TEST_F(RouterCoreTest, ConstraintTravelsWithEveryJobAndThePrefillStateReachesDec
   c.text = R"({"type": "object", "properties": {"b": {"type": "integer"}, "a": {}}})";
   c.free_text_until = "</think>";
   c.json.strict = false;
-  auto submit = [&](uint32_t max_tokens) {
-    SubmitSpec spec;
-    spec.tag = "req";
-    spec.prompt.assign(5, 3);
-    spec.max_tokens = max_tokens;
-    spec.constraint = c;
-    auto r = core_->Submit(std::move(spec));
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : nullptr;
-  };
   {
     Make([] {
       RouterCoreOptions o = TestOptions();
@@ -714,7 +708,7 @@ TEST_F(RouterCoreTest, ConstraintTravelsWithEveryJobAndThePrefillStateReachesDec
       return o;
     }());
     Register("c", WorkerRole::kColocated);
-    auto req = submit(4);
+    auto req = Submit(5, 4, c);
     const JobMsg job = TakeJob("c");
     EXPECT_EQ(job.phase, JobPhase::kColocated);
     EXPECT_EQ(job.constraint, c);
@@ -724,7 +718,7 @@ TEST_F(RouterCoreTest, ConstraintTravelsWithEveryJobAndThePrefillStateReachesDec
   Make(TestOptions());
   Register("p", WorkerRole::kPrefill);
   Register("d1", WorkerRole::kDecode);
-  auto req = submit(20);
+  auto req = Submit(5, 20, c);
   const JobMsg decode = TakeJob("d1");
   EXPECT_EQ(decode.constraint, c);
   From("d1", KvReservedMsg{decode.request_id, "descriptor", "transfer", 3});
@@ -768,12 +762,7 @@ TEST_F(RouterCoreTest, SiblingChoicesShareTheirWorkersWhileTheyFit) {
   const std::string other = taken == "c1" ? "c2" : "c1";
   EXPECT_EQ(Take<JobMsg>(taken).size(), 1u);
   for (int i = 0; i < 3; ++i) {
-    SubmitSpec spec;
-    spec.tag = "req";
-    spec.prompt.assign(5, 3);
-    spec.max_tokens = 20;
-    spec.affinity = first->id();
-    ASSERT_TRUE(core_->Submit(std::move(spec)).ok());
+    Submit(5, 20, {}, first->id());
     EXPECT_EQ(Take<JobMsg>(taken).size(), 1u) << "choice " << i + 1;
     EXPECT_TRUE(Take<JobMsg>(other).empty());
   }
@@ -787,12 +776,7 @@ TEST_F(RouterCoreTest, SiblingChoicesShareTheirWorkersWhileTheyFit) {
   hb.load.kv_blocks_free = 1;  // a request of 25 tokens needs 3 blocks of 10
   From(taken, hb);
   Take<services::HeartbeatAckMsg>(taken);
-  SubmitSpec spec;
-  spec.tag = "req";
-  spec.prompt.assign(5, 3);
-  spec.max_tokens = 20;
-  spec.affinity = first->id();
-  ASSERT_TRUE(core_->Submit(std::move(spec)).ok());
+  Submit(5, 20, {}, first->id());
   EXPECT_EQ(Take<JobMsg>(other).size(), 1u);
   EXPECT_TRUE(Take<JobMsg>(taken).empty());
   core_.reset();  // aborts everything still running
