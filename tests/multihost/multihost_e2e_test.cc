@@ -6,6 +6,9 @@
 //   * router on host A, a prefill worker on B, a decode worker on C: exact streams, /v1/workers
 //     shows each worker at its host's address, the KV transfer crossed the B-C link over UCX
 //     tcp on eth0, Ctrl-C (SIGINT to the launcher) stops every host's processes;
+//   * 20 ms delay and 1% loss on the decode host's link (netem's job, done in user space by
+//     ImpairedLink: this kernel has no sch_netem): every request still completes exactly; the
+//     TTFT it costs is printed;
 //   * a decode host's link cut mid-stream (ip link set down): its streams migrate exactly, no
 //     KV block stays used anywhere, the host rejoins after the heal and serves exactly, and no
 //     stale token of the cut worker reaches a client.
@@ -15,7 +18,9 @@
 // drive requests with StreamAll / StreamWithFault and check the replies with ExpectExact.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -27,6 +32,7 @@
 #include "services/testing/child_process.h"
 #include "services/testing/cluster_fixture.h"
 #include "services/testing/http_test_client.h"
+#include "services/testing/impaired_link.h"
 #include "services/testing/netns_hosts.h"
 #include "services/testing/worker_test_cluster.h"
 
@@ -272,6 +278,61 @@ TEST(MultiHostTest, RouterPrefillAndDecodeOnThreeHosts) {
     ASSERT_TRUE(pids.ok());
     EXPECT_EQ(pids.value(), "") << "processes left on host " << i;
   }
+  if (HasFailure()) ADD_FAILURE() << c.Log();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? -1 : v[v.size() / 2];
+}
+
+TEST(MultiHostTest, DelayAndLossOnTheDecodeLinkCostTimeNotExactness) {
+  HostCluster c;
+  MAKE_HOSTS_OR_SKIP(c, 3);
+  const std::string workers = std::string("  - {name: prefill, role: prefill, host: b, args: ") + kWorkerArgs +
+                              "}\n  - {name: decode, role: decode, host: c, args: " + kWorkerArgs + "}\n";
+  ASSERT_TRUE(c.Launch(c.Topology(workers)).ok()) << c.Log();
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << c.Log();
+  constexpr int kN = 8, kMax = 16;
+  for (int k = 0; k < kN; ++k) {
+    Reference(Prompt(200 + k), kMax);
+    Reference(Prompt(300 + k), kMax);
+  }
+  // One request at a time, so TTFT is the path's latency, not queueing.
+  auto one_by_one = [&](int first) {
+    StreamRun all;
+    for (int k = 0; k < kN; ++k) {
+      StreamRun one = StreamWithFault(c, first + k, 1, kMax, 0, nullptr);
+      all.got.push_back(one.got[0]);
+      all.ttft_s.push_back(one.ttft_s[0]);
+    }
+    return all;
+  };
+  const StreamRun clean = one_by_one(200);
+  ExpectExact(clean, 200, kMax);
+
+  services::testing::ImpairedLink::Options o;
+  o.delay = 20ms;
+  o.loss = 0.01;
+  auto link = services::testing::ImpairedLink::Insert(&c.hosts(), 2, o);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  const StreamRun slow = one_by_one(300);
+  ExpectExact(slow, 300, kMax);
+  const auto counters = (*link)->counters();
+  EXPECT_GT(counters.forwarded, 100u) << "the decode host's traffic did not cross the impaired link";
+  const double ttft_clean = Median(clean.ttft_s), ttft_slow = Median(slow.ttft_s);
+  std::printf("[multihost] TTFT median over %d requests: %.1f ms clean, %.1f ms with 20 ms delay + 1%% loss each way "
+              "on the decode host's link (+%.1f ms); relay forwarded %llu frames, dropped %llu\n",
+              kN, ttft_clean * 1e3, ttft_slow * 1e3, (ttft_slow - ttft_clean) * 1e3,
+              static_cast<unsigned long long>(counters.forwarded), static_cast<unsigned long long>(counters.dropped));
+  RecordProperty("ttft_clean_ms", std::to_string(ttft_clean * 1e3));
+  RecordProperty("ttft_impaired_ms", std::to_string(ttft_slow * 1e3));
+  // The router reaches the decode worker and the prefill writes to it across the delay: at
+  // least one round trip (40 ms) more before the first token.
+  EXPECT_GT(ttft_slow, ttft_clean + 0.035);
+  link->reset();
+  EXPECT_TRUE(c.RouterIdle());
+  for (const char* id : {"decode-0", "prefill-0"}) EXPECT_TRUE(c.NoBlocksUsed(id, 10s)) << id;
   if (HasFailure()) ADD_FAILURE() << c.Log();
 }
 
