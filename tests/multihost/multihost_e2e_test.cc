@@ -11,7 +11,12 @@
 //     TTFT it costs is printed;
 //   * a decode host's link cut mid-stream (ip link set down): its streams migrate exactly, no
 //     KV block stays used anywhere, the host rejoins after the heal and serves exactly, and no
-//     stale token of the cut worker reaches a client.
+//     stale token of the cut worker reaches a client;
+//   * a CP=2 prefill instance over hosts B+C and a DP=2 (EP=2) decode instance over D+E, each
+//     run by mpirun through the launch agent: exact streams, each DP rank registered at its own
+//     host's address; then host E's processes killed mid-stream (a rank lost inside the
+//     instance's collectives): the instance ends, its streams move to the spare decode worker
+//     on F and complete exactly, nothing hangs, and the launcher brings the instance back.
 //
 // These tests need root (network namespaces); elsewhere they SKIP with the reason. To add a
 // case: make the hosts with MakeHostsOrSkip, write a topology with Topology(), Launch it, then
@@ -22,6 +27,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <functional>
 #include <thread>
 
@@ -79,6 +85,7 @@ class HostCluster {
     return Status::Ok();
   }
   NetnsHosts& hosts() { return *hosts_; }
+  const std::string& dir() const { return dir_; }  // removed when the test process exits
   // The YAML of hosts h0.. as names a, b, c, ... (run through `ip netns exec`), with the router on
   // a and `workers` (a YAML list) placed by name.
   std::string Topology(const std::string& workers) const {
@@ -333,6 +340,74 @@ TEST(MultiHostTest, DelayAndLossOnTheDecodeLinkCostTimeNotExactness) {
   link->reset();
   EXPECT_TRUE(c.RouterIdle());
   for (const char* id : {"decode-0", "prefill-0"}) EXPECT_TRUE(c.NoBlocksUsed(id, 10s)) << id;
+  if (HasFailure()) ADD_FAILURE() << c.Log();
+}
+
+// Open MPI for instances spread over namespace hosts: MPI's point-to-point off UCX (the KV
+// transfer has its own UCX context), TCP between the hosts (the launcher adds the interface),
+// session directories in the test's own temp dir (a killed host leaves its directory behind).
+std::string MpiEnv(const std::string& dir) {
+  return "{OMPI_MCA_pml: ob1, OMPI_MCA_btl: 'self,vader,tcp', OMPI_MCA_mpi_yield_when_idle: '1', TMPDIR: '" + dir +
+         "'}";
+}
+
+TEST(MultiHostTest, MultiRankInstancesSpreadOverHostsAndAHostLostMidCollective) {
+  HostCluster c;
+  MAKE_HOSTS_OR_SKIP(c, 6);
+  NetnsHosts& h = c.hosts();
+  const std::string workers =
+      std::string("  - {name: prefill, role: prefill, plan: 'cp=2,ep=2', hosts: [b, c], args: ") + kWorkerArgs +
+      ", env: " + MpiEnv(c.dir()) + "}\n  - {name: decode, role: decode, plan: 'dp=2,ep=2', hosts: [d, e], args: " +
+      kWorkerArgs + ", env: " + MpiEnv(c.dir()) + ", restart_backoff_ms: 500}\n" +
+      "  - {name: spare, role: decode, host: f, args: " + kWorkerArgs + "}\n";
+  ASSERT_TRUE(c.Launch(c.Topology(workers)).ok()) << c.Log();
+  ASSERT_TRUE(c.WaitForWorkers(4, 60s)) << c.Log();
+  EXPECT_EQ(c.ready()["instances"]["decode-0"]["hosts"], json::array({"d", "e"}));
+  auto view = c.Workers();
+  // The prefill instance registers once, from its leader on B; each DP rank from its own host.
+  EXPECT_EQ(HostOf(view["prefill-0"]["address"]["metrics"].get<std::string>()), h.host(1).address);
+  EXPECT_EQ(HostOf(view["decode-0-dp0"]["address"]["metrics"].get<std::string>()), h.host(3).address);
+  EXPECT_EQ(HostOf(view["decode-0-dp1"]["address"]["metrics"].get<std::string>()), h.host(4).address);
+  EXPECT_EQ(view["decode-0-dp1"]["instance"], "decode-0");
+
+  // Exact through both instances; the spare is drained of traffic by leaving it out of the
+  // first round (it takes its share, which is fine: every reply is checked the same way).
+  constexpr int kN = 12, kMax = 10;
+  const StreamRun run = StreamWithFault(c, 400, kN, kMax, 0, nullptr);
+  ExpectExact(run, 400, kMax);
+  const double on_dp0 = c.RouterMetric("pdserve_router_placements_total", "worker=\"decode-0-dp0\"");
+  const double on_dp1 = c.RouterMetric("pdserve_router_placements_total", "worker=\"decode-0-dp1\"");
+  EXPECT_GE(on_dp0, 1);
+  EXPECT_GE(on_dp1, 1);
+  EXPECT_EQ(MetricValue(c.WorkerMetrics("prefill-0"), "pdserve_worker_kv_transfers_total", "ok"), kN);
+
+  // Host E is lost: every process in its namespace killed while streams run on both DP ranks
+  // (rank 1 dies inside the instance's EP collectives; rank 0 on D is left waiting in one).
+  constexpr int kLong = 8, kLongMax = 300;
+  for (int k = 0; k < kLong; ++k) Reference(Prompt(500 + k), kLongMax);
+  const StreamRun faulted = StreamWithFault(c, 500, kLong, kLongMax, 6, [&] {
+    auto pids = NetnsHosts::Run({"ip", "netns", "pids", h.host(4).netns});
+    ASSERT_TRUE(pids.ok());
+    ASSERT_FALSE(pids.value().empty()) << "nothing ran on host E";
+    std::istringstream in(pids.value());
+    for (pid_t p; in >> p;) kill(p, SIGKILL);
+  });
+  ExpectExact(faulted, 500, kLongMax);
+  EXPECT_GE(c.RouterMetric("pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\""), 1)
+      << "no stream was on the lost instance";
+  EXPECT_TRUE(c.RouterIdle());
+  EXPECT_TRUE(c.NoBlocksUsed("spare-0", 10s)) << "KV blocks leaked on the surviving decode worker";
+  EXPECT_TRUE(c.NoBlocksUsed("prefill-0", 10s));
+  // The launcher restarts the instance (restart: on-failure); both DP ranks register again.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto w = c.Workers();
+        return w.count("decode-0-dp0") && w.count("decode-0-dp1");
+      },
+      90s, 200ms))
+      << c.Log();
+  const StreamRun after = StreamWithFault(c, 600, 6, 6, 0, nullptr);
+  ExpectExact(after, 600, 6);
   if (HasFailure()) ADD_FAILURE() << c.Log();
 }
 
