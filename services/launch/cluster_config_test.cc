@@ -219,6 +219,17 @@ TEST(ClusterConfigTest, ShippedTopologiesParse) {
     ASSERT_TRUE(c.ok()) << f << ": " << c.status().ToString();
     EXPECT_EQ(c->router.port, 8000);
   }
+  // The two-node example (docs/deploy.md "Many hosts"): the router and prefill where the launcher
+  // runs, the decode worker on the other node over ssh, serving on one subnet.
+  auto two = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + "/deploy/multihost/cluster.yaml");
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  ASSERT_EQ(two->hosts.size(), 2u);
+  EXPECT_EQ(two->router_host, "node-a");
+  EXPECT_EQ(two->FindHost("node-a")->run, HostConfig::Run::kLocal);
+  EXPECT_EQ(two->FindHost("node-b")->run, HostConfig::Run::kSsh);
+  EXPECT_EQ(two->HostOf(two->workers[1], 0)->name, "node-b");
+  EXPECT_EQ(two->NetworkOf(*two->FindHost("node-b")), "10.0.0.0/24");
+  EXPECT_EQ(two->router.host, "0.0.0.0");
   auto local = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cluster.yaml").value();
   ASSERT_EQ(local.workers.size(), 2u);
   EXPECT_EQ(local.workers[0].role, services::WorkerRole::kPrefill);

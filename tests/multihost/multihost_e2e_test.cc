@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <functional>
@@ -101,12 +103,13 @@ class HostCluster {
     return y + "workers:\n" + workers;
   }
   // Starts pdserve-launch on `yaml` and waits for its ready file.
-  Status Launch(const std::string& yaml) {
+  Status Launch(const std::string& yaml, std::vector<std::string> env = {}) {
     const std::string path = dir_ + "/cluster.yaml";
     PDSERVE_RETURN_IF_ERROR(WriteStringToFile(path, yaml));
     ready_path_ = dir_ + "/launch.ready";
+    env.push_back("PDSERVE_NUM_THREADS=1");
     PDSERVE_ASSIGN_OR_RETURN(launcher_, ChildProcess::Spawn({kBin + "/pdserve-launch", path, "--ready-file", ready_path_},
-                                                            dir_ + "/launch.log", {"PDSERVE_NUM_THREADS=1"}));
+                                                            dir_ + "/launch.log", env));
     PDSERVE_ASSIGN_OR_RETURN(ready_, services::testing::WaitForReadyFile(ready_path_, launcher_.get(), 180s));
     http_host_ = ready_["http_host"].get<std::string>();
     http_port_ = ready_["http_port"].get<int>();
@@ -340,6 +343,50 @@ TEST(MultiHostTest, DelayAndLossOnTheDecodeLinkCostTimeNotExactness) {
   link->reset();
   EXPECT_TRUE(c.RouterIdle());
   for (const char* id : {"decode-0", "prefill-0"}) EXPECT_TRUE(c.NoBlocksUsed(id, 10s)) << id;
+  if (HasFailure()) ADD_FAILURE() << c.Log();
+}
+
+// Hosts reached "over ssh": a stand-in `ssh` first in the launcher's PATH runs the remote command
+// line with /bin/sh in the host's namespace (what sshd does on a real host), so the launcher's ssh
+// command (options, target, `--`, the quoted `cd && exec env ... binary` line) is what runs.
+// Without shared files the launcher finds the router by its fixed port, not its ready file.
+TEST(MultiHostTest, HostsReachedOverSsh) {
+  HostCluster c;
+  MAKE_HOSTS_OR_SKIP(c, 3);
+  NetnsHosts& h = c.hosts();
+  const std::string bin = c.dir() + "/ssh-bin";
+  std::filesystem::create_directories(bin);
+  std::string table;
+  for (size_t i = 0; i < 3; ++i) table += "    " + h.host(i).address + ") ns=" + h.host(i).netns + " ;;\n";
+  ASSERT_TRUE(WriteStringToFile(bin + "/ssh",
+                                "#!/bin/sh\n# A stand-in for ssh: [options] TARGET -- COMMAND-LINE\n"
+                                "while [ $# -gt 0 ]; do case $1 in -o) shift 2 ;; -*) shift ;; *) break ;; esac; done\n"
+                                "target=$1; shift; [ \"$1\" = -- ] && shift\n"
+                                "case $target in\n" + table +
+                                    "    *) echo \"ssh: no host $target\" >&2; exit 255 ;;\nesac\n"
+                                    "exec ip netns exec $ns /bin/sh -c \"$*\"\n")
+                  .ok());
+  std::filesystem::permissions(bin + "/ssh", std::filesystem::perms::owner_all, std::filesystem::perm_options::add);
+  std::string yaml = c.Topology(std::string("  - {name: prefill, role: prefill, host: b, args: ") + kWorkerArgs +
+                                "}\n  - {name: decode, role: decode, host: c, args: " + kWorkerArgs + "}\n");
+  // Every host over ssh; the router on a fixed port (its ready file would stay on host A).
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string prefix = "run: [ip, netns, exec, " + h.host(i).netns + "]";
+    yaml.replace(yaml.find(prefix), prefix.size(), "run: ssh");
+  }
+  yaml.replace(yaml.find("  port: 0\n"), 10, "  port: 8000\n");
+  ASSERT_TRUE(c.Launch(yaml, {"PATH=" + bin + ":" + std::getenv("PATH")}).ok()) << c.Log();
+  EXPECT_EQ(c.http_host(), h.host(0).address);
+  EXPECT_EQ(c.http_port(), 8000);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << c.Log();
+  EXPECT_EQ(HostOf(c.Workers()["decode-0"]["address"]["metrics"].get<std::string>()), h.host(2).address);
+  const StreamRun run = StreamWithFault(c, 700, 4, 8, 0, nullptr);
+  ExpectExact(run, 700, 8);
+  c.launcher()->Signal(SIGINT);
+  const auto code = c.launcher()->WaitExit(30s);
+  ASSERT_TRUE(code.has_value()) << c.Log();
+  EXPECT_EQ(*code, 0) << c.Log();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(NetnsHosts::Run({"ip", "netns", "pids", h.host(i).netns}).value(), "") << i;
   if (HasFailure()) ADD_FAILURE() << c.Log();
 }
 
