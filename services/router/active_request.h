@@ -8,6 +8,7 @@
 // the HTTP side); the last owner frees it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -44,6 +45,10 @@ class ActiveRequest {
   uint32_t prompt_tokens() const { return prompt_tokens_; }
   uint32_t max_tokens() const { return max_tokens_; }
   std::chrono::steady_clock::time_point arrival() const { return arrival_; }
+  // Prompt tokens a worker's prefix cache supplied (its finishing event says; the latest
+  // attempt's report wins). Any thread.
+  void SetCachedPromptTokens(uint32_t n) { cached_prompt_tokens_.store(n, std::memory_order_relaxed); }
+  uint32_t cached_prompt_tokens() const { return cached_prompt_tokens_.load(std::memory_order_relaxed); }
 
   // Queues an event (stamped with its arrival time if unset). Events after a finishing one are
   // dropped: a request ends exactly once.
@@ -68,6 +73,7 @@ class ActiveRequest {
   const uint32_t prompt_tokens_;
   const uint32_t max_tokens_;
   const std::chrono::steady_clock::time_point arrival_;
+  std::atomic<uint32_t> cached_prompt_tokens_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

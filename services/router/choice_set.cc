@@ -1,5 +1,7 @@
 #include "services/router/choice_set.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 
 namespace pdserve::router {
@@ -67,6 +69,12 @@ uint32_t ChoiceSet::reasoning_tokens() const {
   uint32_t n = 0;
   for (const auto& s : sessions_) n += s->reasoning_tokens();
   return n;
+}
+
+uint32_t ChoiceSet::cached_prompt_tokens() const {
+  uint32_t most = 0;
+  for (const auto& s : sessions_) most = std::max(most, s->cached_prompt_tokens());
+  return most;
 }
 
 }  // namespace pdserve::router

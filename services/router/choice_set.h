@@ -48,6 +48,8 @@ class ChoiceSet {
   const std::string& tag() const { return sessions_[0]->tag(); }
   // Usage: the prompt once (the choices share it), the completions and reasoning of all.
   uint32_t prompt_tokens() const { return sessions_[0]->prompt_tokens(); }
+  // Of the prompt, the most any choice found in its worker's prefix cache.
+  uint32_t cached_prompt_tokens() const;
   uint32_t completion_tokens() const;
   uint32_t reasoning_tokens() const;
 

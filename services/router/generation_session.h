@@ -84,6 +84,7 @@ class GenerationSession {
   bool finished() const { return finished_; }
   bool has_first_token() const { return first_token_seen_; }
   uint32_t prompt_tokens() const { return request_->prompt_tokens(); }
+  uint32_t cached_prompt_tokens() const { return request_->cached_prompt_tokens(); }
   uint32_t completion_tokens() const { return completion_tokens_; }
   // Tokens whose text went to the reasoning (Options::chat).
   uint32_t reasoning_tokens() const { return reasoning_tokens_; }

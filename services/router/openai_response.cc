@@ -33,7 +33,8 @@ ResponseBuilder::ResponseBuilder(ApiEndpoint endpoint, std::string id, std::stri
 json UsageJson(const UsageCounts& u) {
   json j = {{"prompt_tokens", u.prompt_tokens},
             {"completion_tokens", u.completion_tokens},
-            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
   if (u.reasoning_tokens) j["completion_tokens_details"] = {{"reasoning_tokens", *u.reasoning_tokens}};
   return j;
 }

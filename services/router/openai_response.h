@@ -49,6 +49,7 @@ struct UsageCounts {
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
   std::optional<uint32_t> reasoning_tokens;  // chat: completion_tokens_details.reasoning_tokens
+  uint32_t cached_tokens = 0;                 // prompt_tokens_details.cached_tokens (prefix cache)
 };
 
 class ResponseBuilder {

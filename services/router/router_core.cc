@@ -371,6 +371,8 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
   Route& r = it->second;
   const std::optional<AttemptSide> side = r.attempt.SideOf(peer);
   if (!side) return;  // not a worker holding a job of this attempt (a stale peer)
+  // The worker that computed the prompt says how much of it its prefix cache supplied.
+  if (ev.cached_prompt_tokens > 0) r.request->SetCachedPromptTokens(ev.cached_prompt_tokens);
 
   // A failure the router did not ask for: a new attempt elsewhere when it is worth one.
   if (ev.finishing() && IsRetriableFailure(ev.finish, ev.error)) {

@@ -104,7 +104,7 @@ const SessionStep* FailedStep(const std::vector<SessionStep>& steps) {
 }
 
 UsageCounts Usage(const ChoiceSet& choices, bool chat) {
-  UsageCounts u{choices.prompt_tokens(), choices.completion_tokens(), std::nullopt};
+  UsageCounts u{choices.prompt_tokens(), choices.completion_tokens(), std::nullopt, choices.cached_prompt_tokens()};
   if (chat) u.reasoning_tokens = choices.reasoning_tokens();
   return u;
 }

@@ -377,10 +377,19 @@ TEST(WorkerE2eTest, PrefixCacheHitsKeepRepliesExact) {
     std::vector<int32_t> turn2 = turn1;
     const std::vector<int32_t> more = LongPrompt(8, 90);
     turn2.insert(turn2.end(), more.begin(), more.end());
+    int turn = 0;
     for (const auto* prompt : {&turn1, &turn2, &turn2}) {
       auto r = HttpPost(c.http_port(), "/v1/completions", Body(*prompt, kMax, false), 120s);
       ASSERT_EQ(r.status, 200) << r.body << w.Logs();
-      EXPECT_EQ(json::parse(r.body)["choices"][0]["text"].get<std::string>(), Text(Reference(*prompt, kMax)));
+      const json j = json::parse(r.body);
+      EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(*prompt, kMax)));
+      // The usage says what the cache supplied: nothing cold, at least turn 1's 9 blocks after.
+      const int cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+      if (turn++ == 0) {
+        EXPECT_EQ(cached, 0) << r.body;
+      } else {
+        EXPECT_GE(cached, 576) << r.body;
+      }
     }
     // Heartbeats refresh the engine figures the metrics show: wait for all three lookups.
     const double looked_up = static_cast<double>(turn1.size() + 2 * turn2.size());
