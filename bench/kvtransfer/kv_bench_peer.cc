@@ -116,7 +116,7 @@ DecodePeerClient::DecodePeerClient(pid_t pid, const std::string& control)
 
 Result<std::unique_ptr<DecodePeerClient>> DecodePeerClient::Spawn(
     const std::string& self_path, const std::map<std::string, std::string>& env,
-    const PeerOptions& options) {
+    const PeerOptions& options, const std::vector<std::string>& command_prefix) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry(*e);
@@ -125,7 +125,8 @@ Result<std::unique_ptr<DecodePeerClient>> DecodePeerClient::Spawn(
     }
   }
   for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<std::string> args = {self_path};
+  std::vector<std::string> args = command_prefix;
+  args.push_back(self_path);
   for (auto& a : PeerArguments(options)) args.push_back(a);
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
@@ -136,7 +137,11 @@ Result<std::unique_ptr<DecodePeerClient>> DecodePeerClient::Spawn(
   if (pid < 0) return Status::Internal("fork failed");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the driver
-    execve(self_path.c_str(), argv.data(), envp.data());
+    if (command_prefix.empty()) {
+      execve(self_path.c_str(), argv.data(), envp.data());
+    } else {
+      execvpe(argv[0], argv.data(), envp.data());
+    }
     _exit(127);
   }
   return std::unique_ptr<DecodePeerClient>(new DecodePeerClient(pid, options.control));

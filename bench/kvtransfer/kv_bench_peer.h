@@ -41,9 +41,11 @@ std::vector<std::string> PeerArguments(const PeerOptions& options);
 
 class DecodePeerClient {
  public:
+  // `command_prefix` runs the peer through another command (e.g. `ip netns exec NS`: on another
+  // host of a test bed); the peer's pid is then the prefix's, which must exec it.
   static Result<std::unique_ptr<DecodePeerClient>> Spawn(
       const std::string& self_path, const std::map<std::string, std::string>& env,
-      const PeerOptions& options);
+      const PeerOptions& options, const std::vector<std::string>& command_prefix = {});
   ~DecodePeerClient();
 
   Result<kvtransfer::KvDescriptor> Reserve(uint64_t request_id, uint32_t num_tokens);

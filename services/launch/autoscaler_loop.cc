@@ -42,8 +42,7 @@ Result<std::unique_ptr<AutoscalerLoop>> AutoscalerLoop::Create(const ClusterConf
     if (loop->api_key_.empty())
       return Status::InvalidArgument("autoscaler: router.api_keys_file '" + config.router.api_keys_file + "' holds no key");
   }
-  const std::string bind = (loop->host_ == "0.0.0.0" ? std::string("0.0.0.0") : loop->host_) + ":" +
-                           std::to_string(config.autoscaler.metrics_port);
+  const std::string bind = config.autoscaler.metrics_host + ":" + std::to_string(config.autoscaler.metrics_port);
   PDSERVE_ASSIGN_OR_RETURN(loop->exposer_, services::MetricsExposer::Start(bind, loop->registry_));
   return loop;
 }
@@ -83,7 +82,7 @@ AutoscalerLoop::AutoscalerLoop(const ClusterConfig& config, std::string router_h
 }
 
 std::unique_ptr<httplib::Client> AutoscalerLoop::RouterClient() const {
-  auto cli = std::make_unique<httplib::Client>(host_ == "0.0.0.0" ? "127.0.0.1" : host_, port_);
+  auto cli = std::make_unique<httplib::Client>(host_, port_);
   cli->set_connection_timeout(std::chrono::seconds(1));
   cli->set_read_timeout(std::chrono::seconds(2));
   if (!api_key_.empty()) cli->set_bearer_token_auth(api_key_);

@@ -52,8 +52,9 @@ class AutoscalerLoop {
     std::function<void(const std::string& line)> say;  // the launcher's output
   };
 
-  // Starts the metrics exposer on host:settings.metrics_port. With router.api_keys_file set, the
-  // loop calls the router with the file's first key. Errors: Unavailable (cannot listen),
+  // Starts the metrics exposer on settings.metrics_host:settings.metrics_port and reads the
+  // router at router_host:router_port (its advertised address). With router.api_keys_file set,
+  // the loop calls the router with the file's first key. Errors: Unavailable (cannot listen),
   // NotFound / InvalidArgument (the key file).
   static Result<std::unique_ptr<AutoscalerLoop>> Create(const ClusterConfig& config, std::string router_host,
                                                         int router_port, Hooks hooks);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "services/common/net_util.h"
+
 namespace pdserve::launch {
 
 const char* RestartPolicyName(RestartPolicy p) {
@@ -41,7 +43,7 @@ Status ReadAutoscaler(const services::YamlSection& root, ClusterConfig* c) {
   if (!root.Has("autoscaler")) return Status::Ok();
   PDSERVE_RETURN_IF_ERROR(a.CheckKeys({"enabled", "interval_ms", "window_ms", "percentile", "slo", "scale_up_after",
                                        "scale_down_after", "low_water", "cooldown_ms", "min_requests",
-                                       "drain_timeout_ms", "metrics_port", "pools"}));
+                                       "drain_timeout_ms", "metrics_port", "metrics_host", "pools"}));
   AutoscalerSettings& s = c->autoscaler;
   planner::AutoscalerConfig& p = s.policy;
   s.enabled = true;
@@ -59,6 +61,7 @@ Status ReadAutoscaler(const services::YamlSection& root, ClusterConfig* c) {
   PDSERVE_RETURN_IF_ERROR(a.Get("cooldown_ms", &p.cooldown));
   PDSERVE_RETURN_IF_ERROR(a.Get("min_requests", &p.min_requests));
   PDSERVE_RETURN_IF_ERROR(a.Get("metrics_port", &port));
+  PDSERVE_RETURN_IF_ERROR(a.Get("metrics_host", &s.metrics_host));
   if (port < 0 || port > 65535) return Status::InvalidArgument(a.path() + ".metrics_port must be in [0, 65535]");
   s.metrics_port = static_cast<int>(port);
   if (s.interval.count() < 10 || s.window < s.interval)
@@ -105,15 +108,101 @@ Status ReadAutoscaler(const services::YamlSection& root, ClusterConfig* c) {
   return Status::Ok();
 }
 
+// The `hosts:` inventory.
+Status ReadHosts(const services::YamlSection& root, ClusterConfig* c) {
+  PDSERVE_ASSIGN_OR_RETURN(std::vector<services::YamlSection> hosts, root.SectionList("hosts"));
+  std::set<std::string> names;
+  for (const auto& h : hosts) {
+    PDSERVE_RETURN_IF_ERROR(
+        h.CheckKeys({"name", "address", "network", "run", "ssh_target", "ssh_options", "shared_files"}));
+    HostConfig hc;
+    PDSERVE_RETURN_IF_ERROR(h.Get("name", &hc.name));
+    PDSERVE_RETURN_IF_ERROR(h.Get("address", &hc.address));
+    PDSERVE_RETURN_IF_ERROR(h.Get("network", &hc.network));
+    PDSERVE_RETURN_IF_ERROR(h.Get("ssh_target", &hc.ssh_target));
+    PDSERVE_RETURN_IF_ERROR(h.Get("ssh_options", &hc.ssh_options));
+    if (h.Has("run")) {
+      std::vector<std::string> prefix;
+      if (h.Get("run", &prefix).ok()) {
+        if (prefix.empty() || prefix[0].empty())
+          return Status::InvalidArgument(h.path() + ".run: a command prefix needs at least a command");
+        hc.run = HostConfig::Run::kPrefix;
+        hc.prefix = std::move(prefix);
+      } else {
+        std::string mode;
+        if (!h.GetEnum("run", {"ssh", "local"}, &mode).ok())
+          return Status::InvalidArgument(h.path() + ".run must be ssh, local or a command prefix list such as "
+                                                    "[ip, netns, exec, NAME]");
+        hc.run = mode == "local" ? HostConfig::Run::kLocal : HostConfig::Run::kSsh;
+      }
+    }
+    hc.shared_files = hc.run != HostConfig::Run::kSsh;
+    PDSERVE_RETURN_IF_ERROR(h.Get("shared_files", &hc.shared_files));
+    if (hc.name.empty() || hc.name.find_first_of(" /\t,") != std::string::npos)
+      return Status::InvalidArgument(h.path() + ".name must be a non-empty word");
+    if (!names.insert(hc.name).second) return Status::InvalidArgument(h.path() + ".name '" + hc.name + "' is used twice");
+    if (hc.address.empty() || hc.address.find_first_of(" /\t") != std::string::npos)
+      return Status::InvalidArgument(h.path() + ".address must be the host's address (how the others reach it)");
+    c->hosts.push_back(std::move(hc));
+  }
+  return Status::Ok();
+}
+
+// Placement (cluster.router_host, workers[].hosts) against the inventory, and addresses the
+// other hosts can reach.
+Status CheckPlacement(ClusterConfig* c) {
+  bool remote_router = false, remote_workers = false;
+  if (!c->router_host.empty()) {
+    const HostConfig* h = c->FindHost(c->router_host);
+    if (h == nullptr) return Status::InvalidArgument("cluster.router_host: no host '" + c->router_host + "' in `hosts`");
+    remote_router = h->run != HostConfig::Run::kLocal;
+    if (!h->shared_files && c->router.port == 0)
+      return Status::InvalidArgument("router.port must be fixed: the router runs on host '" + h->name +
+                                     "', which does not share the launcher's files (its ready file)");
+  }
+  for (size_t gi = 0; gi < c->workers.size(); ++gi) {
+    const WorkerGroupConfig& g = c->workers[gi];
+    const std::string path = "workers[" + std::to_string(gi) + "].hosts";
+    std::set<std::string> networks;
+    for (const std::string& name : g.hosts) {
+      const HostConfig* h = c->FindHost(name);
+      if (h == nullptr) return Status::InvalidArgument(path + ": no host '" + name + "' in `hosts`");
+      remote_workers = remote_workers || h->run != HostConfig::Run::kLocal;
+      networks.insert(c->NetworkOf(*h));
+    }
+    const bool mpi = g.mpi_ranks > 1 || g.plan.has_value();
+    if (mpi && g.hosts.size() > 1) {
+      if (g.mpi_ranks % g.hosts.size() != 0)
+        return Status::InvalidArgument(path + ": " + std::to_string(g.mpi_ranks) + " MPI ranks do not spread evenly over " +
+                                       std::to_string(g.hosts.size()) + " hosts");
+      if (networks.size() != 1 || networks.begin()->empty())
+        return Status::InvalidArgument(path + ": the hosts of an MPI instance need one `network` (set cluster.network "
+                                       "or each host's network to the same interface or subnet): MPI's TCP traffic and "
+                                       "each rank's address are found on it");
+    }
+  }
+  const std::string control_host = services::EndpointHost(c->router.control_endpoint);
+  if ((remote_router || remote_workers) && services::IsLoopbackHost(control_host))
+    return Status::InvalidArgument("router.control_endpoint " + c->router.control_endpoint +
+                                   " is a loopback address, which workers on other hosts cannot reach: bind "
+                                   "tcp://0.0.0.0:PORT (or the router host's address)");
+  if (remote_router && services::IsLoopbackHost(c->router.host))
+    return Status::InvalidArgument("router.host " + c->router.host + " is a loopback address, which nobody off host '" +
+                                   c->router_host + "' reaches: listen on 0.0.0.0 (or the host's address)");
+  return Status::Ok();
+}
+
 Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::string& origin) {
   ClusterConfig c;
-  PDSERVE_RETURN_IF_ERROR(root.CheckKeys({"cluster", "router", "workers", "autoscaler"}));
+  PDSERVE_RETURN_IF_ERROR(root.CheckKeys({"cluster", "router", "workers", "autoscaler", "hosts"}));
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection cl, root.Section("cluster"));
   PDSERVE_RETURN_IF_ERROR(cl.CheckKeys({"name", "bin_dir", "model_dir", "generate_model", "log_dir", "stop_grace_ms",
                                         "ready_timeout_ms", "router_restart", "router_restart_backoff_ms",
                                         "router_restart_max_backoff_ms", "router_max_restarts",
-                                        "router_restart_reset_ms"}));
+                                        "router_restart_reset_ms", "router_host", "network"}));
   PDSERVE_RETURN_IF_ERROR(cl.Get("name", &c.name));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("router_host", &c.router_host));
+  PDSERVE_RETURN_IF_ERROR(cl.Get("network", &c.network));
   PDSERVE_RETURN_IF_ERROR(cl.Get("bin_dir", &c.bin_dir));
   PDSERVE_RETURN_IF_ERROR(cl.Get("model_dir", &c.model_dir));
   PDSERVE_RETURN_IF_ERROR(cl.Get("log_dir", &c.log_dir));
@@ -141,8 +230,13 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
   for (const auto& g : groups) {
     PDSERVE_RETURN_IF_ERROR(g.CheckKeys({"name", "role", "type", "count", "binary", "metrics_port", "mpi_ranks", "plan",
                                          "args", "env", "restart", "restart_backoff_ms", "restart_max_backoff_ms",
-                                         "max_restarts", "restart_reset_ms"}));
+                                         "max_restarts", "restart_reset_ms", "host", "hosts"}));
     WorkerGroupConfig w;
+    if (g.Has("host") && g.Has("hosts")) return Status::InvalidArgument(g.path() + ": give `host` or `hosts`, not both");
+    std::string host;
+    PDSERVE_RETURN_IF_ERROR(g.Get("host", &host));
+    if (!host.empty()) w.hosts = {host};
+    PDSERVE_RETURN_IF_ERROR(g.Get("hosts", &w.hosts));
     std::string role = "colocated";
     PDSERVE_RETURN_IF_ERROR(g.GetEnum("role", {"prefill", "decode", "colocated"}, &role));
     w.role = services::ParseWorkerRole(role).value();
@@ -184,6 +278,8 @@ Result<ClusterConfig> FromRoot(const services::YamlSection& root, const std::str
   }
   if (c.workers.empty()) return Status::InvalidArgument(origin + ": `workers` lists no worker group");
   PDSERVE_RETURN_IF_ERROR(ReadAutoscaler(root, &c));
+  PDSERVE_RETURN_IF_ERROR(ReadHosts(root, &c));
+  PDSERVE_RETURN_IF_ERROR(CheckPlacement(&c));
   return c;
 }
 }  // namespace
@@ -198,6 +294,18 @@ Result<ClusterConfig> ClusterConfig::LoadFile(const std::string& path) {
 Result<ClusterConfig> ClusterConfig::Parse(std::string_view yaml, const std::string& origin) {
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection root, services::YamlSection::Parse(yaml, origin));
   return FromRoot(root, origin);
+}
+
+const HostConfig* ClusterConfig::FindHost(const std::string& name) const {
+  for (const HostConfig& h : hosts)
+    if (h.name == name) return &h;
+  return nullptr;
+}
+
+const HostConfig* ClusterConfig::HostOf(const WorkerGroupConfig& group, uint32_t index) const {
+  if (group.hosts.empty()) return nullptr;
+  const bool mpi = group.mpi_ranks > 1 || group.plan.has_value();
+  return FindHost(group.hosts[mpi ? 0 : index % group.hosts.size()]);
 }
 
 std::string ClusterConfig::BinaryName(const WorkerGroupConfig& g) {

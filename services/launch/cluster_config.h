@@ -6,6 +6,9 @@
 //   workers:   a list of worker groups, each `count` identical processes
 //   autoscaler: optional, the SLO autoscaler over some of the groups (AutoscalerSettings)
 //
+// With a `hosts:` inventory (HostConfig below), the router and each worker group may run on
+// other machines; addresses then must not be loopback ones (checked).
+//
 // Each worker process gets the standard worker command line
 //   <binary> --router <control endpoint> --worker-id <name>-<i> --role <role>
 //            --model-name <router.model_name> --metrics-port <port>
@@ -61,6 +64,41 @@ struct RestartConfig {
   std::chrono::milliseconds reset_after{60000};
 };
 
+// A machine of the inventory (`hosts:`, docs/deploy.md "Many hosts"): where the launcher runs
+// the router and worker groups that name it. Without an inventory everything runs on the
+// launcher's machine, as before.
+//
+//   hosts:
+//     - name: node-a
+//       address: 10.0.0.11        # how the other hosts and the launcher reach it
+//       network: 10.0.0.0/24      # its interface or subnet for serving traffic (default: cluster.network)
+//       run: ssh                  # ssh (default) | local | [command, prefix, ...]
+//       ssh_target: me@node-a     # default: address
+struct HostConfig {
+  enum class Run {
+    kSsh,     // ssh [ssh_options] <ssh_target> -- 'cd <cwd> && exec env K=V... <command>'
+    kPrefix,  // <prefix...> env K=V... <command...>   (e.g. ip netns exec NS; a container exec)
+    kLocal,   // the command itself, on the launcher's machine
+  };
+  std::string name;
+  std::string address;
+  // The interface ("eth0") or IPv4 subnet ("10.0.0.0/24") serving traffic uses on this host:
+  // its workers get --network (their registered address and UCX's device), and an MPI group
+  // spread over hosts runs MPI's TCP traffic on it. A subnet suits hosts whose interface names
+  // differ. Empty: cluster.network (empty too: the workers' own defaults).
+  std::string network;
+  Run run = Run::kSsh;
+  std::vector<std::string> prefix;  // kPrefix
+  std::string ssh_target;           // kSsh; empty: address
+  // kSsh. A pty (-tt) makes the remote command get SIGHUP (a drain) when the launcher stops its
+  // ssh; BatchMode fails at once rather than asking for a password.
+  std::vector<std::string> ssh_options = {"-tt", "-o", "BatchMode=yes"};
+  // The host sees the launcher's files at the same paths (its run directory: the router's ready
+  // file). Default: true for local and prefix hosts (network namespaces, containers sharing a
+  // volume), false for ssh (the launcher then waits on the router's /health instead).
+  bool shared_files = false;
+};
+
 struct WorkerGroupConfig {
   std::string name;              // instance ids are <name>-<i>
   services::WorkerRole role = services::WorkerRole::kColocated;
@@ -76,6 +114,10 @@ struct WorkerGroupConfig {
   std::optional<comm::ParallelPlan> plan;  // engine groups: a multi-rank instance
   // Router registrations one process of the group makes (its DP ranks).
   uint32_t registrations() const { return plan ? static_cast<uint32_t>(plan->dp) : 1; }
+  // Inventory hosts (`host: a` or `hosts: [a, b]`); empty: the launcher's machine. A one-rank
+  // process i runs on hosts[i % n]; an MPI instance spreads its ranks over all of them
+  // (mpi_ranks / n each, in this order), with mpirun started on the launcher's machine.
+  std::vector<std::string> hosts;
   std::vector<std::string> args;           // appended to the standard flags
   std::map<std::string, std::string> env;  // extra environment
   RestartConfig restart;
@@ -104,6 +146,9 @@ struct AutoscalerSettings {
   // scale-down must not cut a stream.
   std::chrono::milliseconds drain_timeout{600000};
   int metrics_port = 0;
+  // Listen address of the pdserve_planner_* metrics (on the launcher's machine). Empty after
+  // parsing means: router.host when the router runs on the launcher's machine, else 0.0.0.0.
+  std::string metrics_host;
   planner::AutoscalerConfig policy;
 };
 
@@ -135,6 +180,18 @@ struct ClusterConfig {
   router::RouterConfig router;
   std::vector<WorkerGroupConfig> workers;
   AutoscalerSettings autoscaler;
+  std::vector<HostConfig> hosts;  // the inventory; empty: one machine
+  std::string router_host;        // cluster.router_host: the inventory host of the router ("": here)
+  std::string network;            // cluster.network: the default HostConfig::network
+
+  // The inventory host `name` (nullptr for "" or an unknown name).
+  const HostConfig* FindHost(const std::string& name) const;
+  // The host worker process `index` of `group` runs on, or of its rank 0 (nullptr: here).
+  const HostConfig* HostOf(const WorkerGroupConfig& group, uint32_t index) const;
+  // Whether any service runs on an inventory host.
+  bool multi_host() const { return !hosts.empty(); }
+  // HostConfig::network, else cluster.network.
+  std::string NetworkOf(const HostConfig& host) const { return host.network.empty() ? network : host.network; }
 
   // Errors: InvalidArgument naming the key; NotFound (no file).
   static Result<ClusterConfig> LoadFile(const std::string& path);

@@ -134,12 +134,102 @@ workers:
   EXPECT_NE(bad.status().message().find("needs router.admin_api"), std::string::npos) << bad.status().ToString();
 }
 
+TEST(ClusterConfigTest, HostsPlaceTheRouterAndTheGroups) {
+  auto c = ClusterConfig::Parse(R"(
+cluster: {router_host: a, network: 10.9.0.0/24}
+router: {host: 0.0.0.0, control_endpoint: "tcp://0.0.0.0:7100"}
+hosts:
+  - {name: a, address: 10.9.0.2, run: [ip, netns, exec, ns-a]}
+  - {name: b, address: 10.9.0.3, network: eth1, run: local}
+  - {name: c, address: 10.9.0.4, ssh_target: me@node-c}
+  - {name: d, address: 10.9.0.5, run: ssh, shared_files: true}
+workers:
+  - {name: p, role: prefill, count: 3, hosts: [b, c]}
+  - {name: d, role: decode, host: c}
+  - {name: dp, role: decode, plan: 'dp=2,ep=2', hosts: [c, d]}
+)");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->hosts.size(), 4u);
+  EXPECT_EQ(c->hosts[0].run, HostConfig::Run::kPrefix);
+  EXPECT_EQ(c->hosts[0].prefix, (std::vector<std::string>{"ip", "netns", "exec", "ns-a"}));
+  EXPECT_TRUE(c->hosts[0].shared_files);
+  EXPECT_EQ(c->hosts[1].run, HostConfig::Run::kLocal);
+  EXPECT_EQ(c->hosts[2].run, HostConfig::Run::kSsh);  // the default
+  EXPECT_FALSE(c->hosts[2].shared_files);
+  EXPECT_EQ(c->hosts[2].ssh_target, "me@node-c");
+  EXPECT_TRUE(c->hosts[3].shared_files);
+  EXPECT_EQ(c->router_host, "a");
+  // One-rank processes go round the group's hosts; an MPI instance starts from its first.
+  EXPECT_EQ(c->HostOf(c->workers[0], 0)->name, "b");
+  EXPECT_EQ(c->HostOf(c->workers[0], 1)->name, "c");
+  EXPECT_EQ(c->HostOf(c->workers[0], 2)->name, "b");
+  EXPECT_EQ(c->workers[1].hosts, std::vector<std::string>{"c"});
+  EXPECT_EQ(c->HostOf(c->workers[2], 0)->name, "c");
+  EXPECT_EQ(c->NetworkOf(c->hosts[1]), "eth1");
+  EXPECT_EQ(c->NetworkOf(c->hosts[0]), "10.9.0.0/24");
+  // Without an inventory nothing is placed.
+  auto one = ClusterConfig::Parse("workers: [{role: decode}]");
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(one->multi_host());
+  EXPECT_EQ(one->HostOf(one->workers[0], 0), nullptr);
+}
+
+TEST(ClusterConfigTest, HostErrorsSayWhatToChange) {
+  const std::string hosts = R"(
+hosts:
+  - {name: a, address: 10.9.0.2, run: local}
+  - {name: b, address: 10.9.0.3, run: [ip, netns, exec, b]}
+  - {name: c, address: 10.9.0.4, run: [ip, netns, exec, c], network: eth0}
+)";
+  const std::string wild = "router: {host: 0.0.0.0, control_endpoint: 'tcp://0.0.0.0:7000'}\n";
+  for (const auto& [yaml, want] : std::vector<std::pair<std::string, std::string>>{
+           {wild + "workers: [{role: decode, host: x}]" + hosts, "workers[0].hosts: no host 'x'"},
+           {wild + "cluster: {router_host: z}\nworkers: [{role: decode}]" + hosts, "cluster.router_host: no host 'z'"},
+           {wild + "workers: [{role: decode, host: b, hosts: [c]}]" + hosts, "give `host` or `hosts`, not both"},
+           // Loopback addresses are unreachable from the other hosts.
+           {"workers: [{role: decode, host: b}]" + hosts, "router.control_endpoint tcp://127.0.0.1:7000 is a loopback"},
+           {"router: {control_endpoint: 'tcp://0.0.0.0:7000'}\ncluster: {router_host: b}\nworkers: [{role: decode}]" +
+                hosts,
+            "router.host 127.0.0.1 is a loopback address"},
+           // An MPI instance over hosts: even ranks, one network.
+           {wild + "workers: [{role: decode, plan: 'dp=3', hosts: [b, c]}]" + hosts, "3 MPI ranks do not spread evenly"},
+           {wild + "workers: [{role: decode, plan: 'dp=2', hosts: [b, c]}]" + hosts, "need one `network`"},
+           {wild + "workers: [{role: decode}]\nhosts: [{name: a, address: 1.2.3.4}, {name: a, address: 1.2.3.5}]",
+            "hosts[1].name 'a' is used twice"},
+           {wild + "workers: [{role: decode}]\nhosts: [{name: a}]", "hosts[0].address must be"},
+           {wild + "workers: [{role: decode}]\nhosts: [{name: a, address: x, run: telnet}]", "hosts[0].run must be ssh"},
+           {wild + "workers: [{role: decode}]\nhosts: [{name: a, address: x, run: []}]", "needs at least a command"},
+           {wild + "workers: [{role: decode}]\nhosts: [{name: a, address: x, colour: red}]", "hosts[0].colour"},
+           // A router on a host that shares no files is found by its fixed port.
+           {"router: {host: 0.0.0.0, port: 0, control_endpoint: 'tcp://0.0.0.0:7000'}\ncluster: {router_host: s}\n"
+            "workers: [{role: decode}]\nhosts: [{name: s, address: 10.0.0.9}]",
+            "router.port must be fixed"},
+       }) {
+    auto bad = ClusterConfig::Parse(yaml);
+    ASSERT_FALSE(bad.ok()) << yaml;
+    EXPECT_NE(bad.status().ToString().find(want), std::string::npos) << bad.status().ToString() << "\n wants " << want;
+  }
+  // A local host may keep loopback addresses.
+  EXPECT_TRUE(ClusterConfig::Parse("cluster: {router_host: a}\nworkers: [{role: decode, host: a}]" + hosts).ok());
+}
+
 TEST(ClusterConfigTest, ShippedTopologiesParse) {
   for (const char* f : {"/deploy/local/cluster.yaml", "/deploy/local/echo-cluster.yaml"}) {
     auto c = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + f);
     ASSERT_TRUE(c.ok()) << f << ": " << c.status().ToString();
     EXPECT_EQ(c->router.port, 8000);
   }
+  // The two-node example (docs/deploy.md "Many hosts"): the router and prefill where the launcher
+  // runs, the decode worker on the other node over ssh, serving on one subnet.
+  auto two = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + "/deploy/multihost/cluster.yaml");
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  ASSERT_EQ(two->hosts.size(), 2u);
+  EXPECT_EQ(two->router_host, "node-a");
+  EXPECT_EQ(two->FindHost("node-a")->run, HostConfig::Run::kLocal);
+  EXPECT_EQ(two->FindHost("node-b")->run, HostConfig::Run::kSsh);
+  EXPECT_EQ(two->HostOf(two->workers[1], 0)->name, "node-b");
+  EXPECT_EQ(two->NetworkOf(*two->FindHost("node-b")), "10.0.0.0/24");
+  EXPECT_EQ(two->router.host, "0.0.0.0");
   auto local = ClusterConfig::LoadFile(std::string(PDSERVE_SOURCE_DIR) + "/deploy/local/cluster.yaml").value();
   ASSERT_EQ(local.workers.size(), 2u);
   EXPECT_EQ(local.workers[0].role, services::WorkerRole::kPrefill);

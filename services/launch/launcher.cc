@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/mapped_file.h"
+#include "services/common/net_util.h"
 #include "services/common/process_util.h"
+#include "services/launch/host_command.h"
 
 namespace pdserve::launch {
 
@@ -62,10 +64,32 @@ Status Launcher::CheckBinaries() {
     if ((g.mpi_ranks > 1 || g.plan) && services::FindInPath("mpirun").empty()) missing.push_back("mpirun (in PATH)");
   }
   if (engine && config_.generate_model.enabled) check("pdserve");
+  // How each inventory host is reached: its command prefix or ssh, here.
+  for (const HostConfig& h : config_.hosts) {
+    const std::string tool = h.run == HostConfig::Run::kPrefix ? h.prefix.front()
+                             : h.run == HostConfig::Run::kSsh  ? std::string("ssh")
+                                                               : std::string();
+    if (tool.empty()) continue;
+    const bool found = tool.find('/') != std::string::npos ? access(tool.c_str(), X_OK) == 0
+                                                           : !services::FindInPath(tool).empty();
+    if (!found) missing.push_back(tool + " (to reach host '" + h.name + "')");
+  }
   if (missing.empty()) return Status::Ok();
   std::string list;
   for (const auto& m : missing) list += "\n  " + m;
   return Status::NotFound("missing executables (not built yet, or a wrong cluster.bin_dir?):" + list);
+}
+
+Status Launcher::WriteLaunchAgent() {
+  bool spread = false;
+  for (const auto& g : config_.workers) spread = spread || SpreadOverHosts(g);
+  if (!spread) return Status::Ok();
+  const std::string path = run_dir_ + "/launch-agent.sh";
+  PDSERVE_RETURN_IF_ERROR(WriteStringToFile(path, MpiLaunchAgentScript(config_.hosts)));
+  std::error_code ec;
+  fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
+  if (ec) return Status::Internal("cannot make " + path + " executable: " + ec.message());
+  return Status::Ok();
 }
 
 Launcher::Instance* Launcher::Find(const std::string& name) {
@@ -182,12 +206,28 @@ Status Launcher::EnsureModel() {
   return Status::Ok();
 }
 
+bool Launcher::SpreadOverHosts(const WorkerGroupConfig& g) { return (g.mpi_ranks > 1 || g.plan) && !g.hosts.empty(); }
+
 std::vector<std::string> Launcher::WorkerArgv(const WorkerGroupConfig& g, uint32_t i) const {
   std::vector<std::string> argv;
-  // One machine: more ranks than cores is expected, and root may run them.
+  // More ranks than cores is expected (one machine, or small test hosts), and root may run them.
   if (g.mpi_ranks > 1 || g.plan) {
     argv = {services::FindInPath("mpirun"), "-n", std::to_string(g.mpi_ranks), "--oversubscribe"};
     if (getuid() == 0) argv.push_back("--allow-run-as-root");
+  }
+  if (SpreadOverHosts(g)) {
+    // mpirun runs here and starts its daemons on the group's hosts through the launch agent,
+    // which reaches each host the way the launcher does; ranks talk TCP on the hosts' network.
+    const std::string network = config_.NetworkOf(*config_.FindHost(g.hosts.front()));
+    argv.insert(argv.end(), {"--hostfile", HostfilePath(g, i), "--mca", "plm_rsh_agent", run_dir_ + "/launch-agent.sh",
+                             "--mca", "plm_rsh_no_tree_spawn", "1"});
+    if (!network.empty())
+      argv.insert(argv.end(), {"--mca", "btl_tcp_if_include", network, "--mca", "oob_tcp_if_include", network});
+    // A rank stopped by mpirun's forwarded SIGTERM drains before mpirun's SIGKILL.
+    argv.insert(argv.end(), {"--mca", "odls_base_sigkill_timeout",
+                             std::to_string(config_.drain_timeout().count() / 1000 + 2)});
+    // The group's environment reaches the remote ranks only when named.
+    for (const auto& [k, v] : g.env) argv.insert(argv.end(), {"-x", k});
   }
   argv.insert(argv.end(), {Bin(ClusterConfig::BinaryName(g)), "--router", control_endpoint_, "--worker-id",
                            fmt::format("{}-{}", g.name, i), "--role", services::WorkerRoleName(g.role), "--model-name",
@@ -201,8 +241,25 @@ std::vector<std::string> Launcher::WorkerArgv(const WorkerGroupConfig& g, uint32
   if (g.plan)
     argv.insert(argv.end(),
                 {"--plan", fmt::format("cp={},dp={},ep={},tp={}", g.plan->cp, g.plan->dp, g.plan->ep, g.plan->tp)});
+  if (!g.hosts.empty()) {
+    // On an inventory host: metrics on every interface, registered with the host's address on
+    // its network (each rank resolves --network on its own host), unless the group says.
+    auto given = [&g](const char* flag) { return std::find(g.args.begin(), g.args.end(), flag) != g.args.end(); };
+    const HostConfig* host = config_.HostOf(g, i);
+    const std::string network = config_.NetworkOf(*host);
+    if (!given("--metrics-host")) argv.insert(argv.end(), {"--metrics-host", "0.0.0.0"});
+    if (!network.empty() && !given("--network")) {
+      argv.insert(argv.end(), {"--network", network});
+    } else if (network.empty() && g.hosts.size() == 1 && !given("--advertise-host")) {
+      argv.insert(argv.end(), {"--advertise-host", host->address});
+    }
+  }
   argv.insert(argv.end(), g.args.begin(), g.args.end());
   return argv;
+}
+
+std::string Launcher::HostfilePath(const WorkerGroupConfig& g, uint32_t i) const {
+  return fmt::format("{}/{}-{}.hostfile", run_dir_, g.name, i);
 }
 
 Status Launcher::StartInstance(Instance& in) {
@@ -212,12 +269,30 @@ Status Launcher::StartInstance(Instance& in) {
     const std::string ready = run_dir_ + "/router.ready";
     std::error_code ec;
     fs::remove(ready, ec);
-    spec.argv = {Bin("pdserve-router"), "--config", config_path_, "--ready-file", ready};
+    const HostConfig* host = config_.FindHost(config_.router_host);
+    std::vector<std::string> argv = {Bin("pdserve-router"), "--config", fs::absolute(config_path_, ec).string()};
+    if (host == nullptr || host->shared_files) argv.insert(argv.end(), {"--ready-file", ready});
+    if (host != nullptr && config_.router.advertise_host.empty())
+      argv.insert(argv.end(), {"--advertise-host", host->address});
+    LocalCommand lc = CommandOnHost(host, argv, {}, cwd_);
+    spec.argv = std::move(lc.argv);
+    spec.env = std::move(lc.env);
   } else {
     const WorkerGroupConfig& g = config_.workers[in.group];
-    spec.argv = WorkerArgv(g, in.index);
-    spec.env = g.env;
-    spec.stop_through_children = g.mpi_ranks > 1 || g.plan.has_value();
+    if (SpreadOverHosts(g)) {
+      // mpirun here, its ranks on the group's hosts (WorkerArgv). Stopping: mpirun forwards
+      // its SIGTERM to every rank (its children here are only launch agents).
+      std::vector<const HostConfig*> hosts;
+      for (const std::string& h : g.hosts) hosts.push_back(config_.FindHost(h));
+      PDSERVE_RETURN_IF_ERROR(WriteStringToFile(HostfilePath(g, in.index), MpiHostfile(hosts, g.mpi_ranks)));
+      spec.argv = WorkerArgv(g, in.index);
+      spec.env = g.env;
+    } else {
+      LocalCommand lc = CommandOnHost(config_.HostOf(g, in.index), WorkerArgv(g, in.index), g.env, cwd_);
+      spec.argv = std::move(lc.argv);
+      spec.env = std::move(lc.env);
+      spec.stop_through_children = g.mpi_ranks > 1 || g.plan.has_value();
+    }
   }
   PDSERVE_RETURN_IF_ERROR(supervisor_.Start(spec).status());
   in.state = InstanceState::kRunning;
@@ -230,6 +305,27 @@ Status Launcher::StartRouter() {
   PDSERVE_RETURN_IF_ERROR(StartInstance(instances_.back()));
   const std::string ready = run_dir_ + "/router.ready";
   const auto deadline = Clock::now() + config_.ready_timeout;
+  const HostConfig* host = config_.FindHost(config_.router_host);
+  if (host != nullptr && !host->shared_files) {
+    // No ready file comes back from this host: the router's fixed ports (checked by the config)
+    // at its advertised address, and its /health answering (200 or 503), say it is up.
+    const std::string& advertise = config_.router.advertise_host.empty() ? host->address : config_.router.advertise_host;
+    http_host_ = advertise;
+    http_port_ = config_.router.port;
+    const std::string control_host = services::EndpointHost(config_.router.control_endpoint);
+    control_endpoint_ = services::IsWildcardHost(control_host) || !config_.router.advertise_host.empty()
+                            ? services::EndpointWithHost(config_.router.control_endpoint, advertise)
+                            : config_.router.control_endpoint;
+    httplib::Client cli(http_host_, http_port_);
+    cli.set_connection_timeout(std::chrono::seconds(1));
+    cli.set_read_timeout(std::chrono::seconds(2));
+    while (Clock::now() < deadline) {
+      if (!PollOnce(std::chrono::milliseconds(200))) return Status::Aborted("while waiting for the router");
+      if (cli.Get("/health")) return Status::Ok();
+    }
+    return Status::DeadlineExceeded(fmt::format("the router on host '{}' did not answer at http://{}:{}/health in time",
+                                                host->name, http_host_, http_port_));
+  }
   while (Clock::now() < deadline) {
     if (!PollOnce(std::chrono::milliseconds(50))) return Status::Aborted("while waiting for the router");
     auto text = ReadFileToString(ready);
@@ -238,6 +334,10 @@ Status Launcher::StartRouter() {
       auto j = nlohmann::json::parse(text.value());
       http_port_ = j["http_port"].get<int>();
       control_endpoint_ = j["control_endpoint"].get<std::string>();
+      // The advertised HTTP host (docs/configuration.md "Addresses"); an older router's file
+      // has none.
+      http_host_ = j.contains("host") ? j["host"].get<std::string>()
+                                      : services::AdvertisedHost(config_.router.host, config_.router.advertise_host);
       return Status::Ok();
     } catch (const std::exception&) {
     }
@@ -321,7 +421,13 @@ Status Launcher::StartAutoscaler() {
     if (Status s = WriteReadyFile(); !s.ok()) Say("warning: " + s.ToString());
   };
   hooks.say = [](const std::string& line) { Say(line); };
-  PDSERVE_ASSIGN_OR_RETURN(autoscaler_, AutoscalerLoop::Create(config_, config_.router.host, http_port_, std::move(hooks)));
+  if (config_.autoscaler.metrics_host.empty()) {
+    // Next to a router on this machine, as exposed as it is; else on every interface here.
+    const HostConfig* rh = config_.FindHost(config_.router_host);
+    config_.autoscaler.metrics_host =
+        rh == nullptr || rh->run == HostConfig::Run::kLocal ? config_.router.host : std::string("0.0.0.0");
+  }
+  PDSERVE_ASSIGN_OR_RETURN(autoscaler_, AutoscalerLoop::Create(config_, http_host_, http_port_, std::move(hooks)));
   const auto& p = config_.autoscaler.policy;
   std::string pools;
   for (const auto& pool : p.pools)
@@ -336,7 +442,7 @@ Status Launcher::StartAutoscaler() {
 
 Status Launcher::WaitReady() {
   const auto deadline = Clock::now() + config_.ready_timeout;
-  httplib::Client cli("127.0.0.1", http_port_);
+  httplib::Client cli(http_host_, http_port_);
   cli.set_connection_timeout(std::chrono::seconds(2));
   cli.set_read_timeout(std::chrono::seconds(2));
   // Ready means every configured worker registered, not only the router's minimum (one prefill
@@ -375,8 +481,19 @@ Status Launcher::WriteReadyFile() {
   for (const Instance& in : instances_) {
     static const char* kStates[] = {"running", "restart_pending", "draining", "left", "gave_up"};
     instances[in.name] = {{"state", kStates[static_cast<int>(in.state)]}, {"restarts", in.restarts}};
+    // Where it runs (an inventory host; its ranks' hosts for an MPI instance spread over some).
+    if (in.group < 0 && !config_.router_host.empty()) instances[in.name]["hosts"] = {config_.router_host};
+    if (in.group >= 0) {
+      const WorkerGroupConfig& g = config_.workers[static_cast<size_t>(in.group)];
+      if (SpreadOverHosts(g)) {
+        instances[in.name]["hosts"] = g.hosts;
+      } else if (const HostConfig* h = config_.HostOf(g, in.index)) {
+        instances[in.name]["hosts"] = {h->name};
+      }
+    }
   }
   nlohmann::json ready = {{"http_port", http_port_},
+                          {"http_host", http_host_},
                           {"control_endpoint", control_endpoint_},
                           {"pids", pids},
                           {"instances", instances}};
@@ -395,8 +512,13 @@ int Launcher::Shutdown(int code) {
   for (ProcessExit& e : supervisor_.Stop({"router", "make-model"}, config_.stop_grace)) exits.push_back(std::move(e));
   // A clean stop ends every process with status 0 (a worker drains, then exits): say so when one
   // did not, e.g. a drain cut short by the SIGKILL after cluster.stop_grace_ms.
-  for (const ProcessExit& e : exits)
+  for (const ProcessExit& e : exits) {
+    // mpirun exits 1 after forwarding a SIGTERM to its ranks even when they all drained and
+    // exited 0: that is how an instance spread over hosts stops (StartInstance).
+    const Instance* in = Find(e.name);
+    if (e.status == 1 && in != nullptr && in->group >= 0 && SpreadOverHosts(config_.workers[in->group])) continue;
     if (e.status != 0) Say(fmt::format("warning: {} (pid {}) {} while stopping", e.name, e.pid, DescribeExit(e.status)));
+  }
   Say(code == 0 ? "all processes stopped" : fmt::format("all processes stopped; exit {}", code));
   if (!ready_file_.empty()) std::remove(ready_file_.c_str());
   std::error_code ec;
@@ -419,6 +541,7 @@ int Launcher::Run() {
   run_dir_ = fs::temp_directory_path().string() + fmt::format("/pdserve-launch-{}", getpid());
   std::error_code ec;
   fs::create_directories(run_dir_, ec);
+  cwd_ = fs::current_path(ec).string();
   if (!config_.log_dir.empty()) fs::create_directories(config_.log_dir, ec);
 
   auto fail = [&](const Status& s) {
@@ -442,6 +565,7 @@ int Launcher::Run() {
     return Shutdown(1);
   };
   if (Status s = CheckBinaries(); !s.ok()) return fail(s);
+  if (Status s = WriteLaunchAgent(); !s.ok()) return fail(s);
   if (Status s = EnsureModel(); !s.ok()) return fail(s);
   if (Status s = StartRouter(); !s.ok()) return fail(s);
   if (Status s = StartWorkers(); !s.ok()) return fail(s);
@@ -449,7 +573,7 @@ int Launcher::Run() {
   ready_ = true;
   if (Status s = StartAutoscaler(); !s.ok()) return fail(s);
 
-  const std::string host = config_.router.host == "0.0.0.0" ? "127.0.0.1" : config_.router.host;
+  const std::string& host = http_host_;
   Say(fmt::format("cluster '{}' ready: OpenAI API at http://{}:{}/v1 (model '{}'), router metrics at "
                   "http://{}:{}/metrics, workers at http://{}:{}/admin/workers; Ctrl-C stops it",
                   config_.name, host, http_port_, config_.router.model_name, host, http_port_, host, http_port_));

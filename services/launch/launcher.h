@@ -1,10 +1,13 @@
-// Launcher: pdserve-launch's job: start a whole ClusterConfig topology on this machine, keep it
-// in the foreground and supervise it, stop it cleanly.
+// Launcher: pdserve-launch's job: start a whole ClusterConfig topology on this machine or on
+// the hosts of its inventory (each service through its host's ssh / command prefix,
+// host_command.h), keep it in the foreground and supervise it, stop it cleanly.
 //
 //   1. checks every binary exists (a missing one is an error naming it, before anything starts);
 //   2. makes the model with `pdserve make-model` when an engine worker needs it and model_dir
 //      has none (cluster.generate_model: a tokenizer-sized vocabulary by default);
-//   3. starts pdserve-router (--config <the same file>) and waits for its ready file;
+//   3. starts pdserve-router (--config <the same file>, --advertise-host <its host's address>
+//      on an inventory host) and waits for its ready file (for a host that does not share the
+//      launcher's files: for its /health at the advertised address);
 //   4. starts every worker with the standard worker flags (cluster_config.h), telling each to
 //      drain for cluster.drain_timeout() on SIGTERM;
 //   5. waits until GET /health lists every configured worker, prints where the API and the
@@ -79,6 +82,12 @@ class Launcher {
   Status WaitReady();
   Status StartInstance(Instance& instance);
   std::vector<std::string> WorkerArgv(const WorkerGroupConfig& group, uint32_t index) const;
+  // An MPI instance whose ranks run on inventory hosts: mpirun runs here with a hostfile and
+  // the launch agent (host_command.h).
+  static bool SpreadOverHosts(const WorkerGroupConfig& group);
+  std::string HostfilePath(const WorkerGroupConfig& group, uint32_t index) const;
+  // <run_dir>/launch-agent.sh when an instance is spread over hosts.
+  Status WriteLaunchAgent();
   const RestartConfig& RestartOf(const Instance& instance) const;
   // Applies the restart policy to an exit seen after the cluster was ready.
   void OnExit(const ProcessExit& exit);
@@ -100,6 +109,7 @@ class Launcher {
   const std::string ready_file_;
   std::string bin_dir_;
   std::string run_dir_;
+  std::string cwd_;  // the launcher's working directory (ssh hosts cd there)
   ProcessSupervisor supervisor_;
   std::deque<Instance> instances_;  // the router first, then the workers in start order (stable addresses)
   int signal_fd_ = -1;
@@ -107,6 +117,7 @@ class Launcher {
   bool ready_ = false;
   std::string failure_;
   int http_port_ = 0;
+  std::string http_host_;  // the router's advertised HTTP host (its ready file)
   std::string control_endpoint_;
   std::unique_ptr<AutoscalerLoop> autoscaler_;  // after ready_, with config_.autoscaler.enabled
 };

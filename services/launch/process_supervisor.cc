@@ -56,7 +56,7 @@ Result<pid_t> ProcessSupervisor::Start(const ProcessSpec& spec) {
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     for (auto& e : env_strings) putenv(e.data());
-    execv(argv[0], argv.data());
+    execvp(argv[0], argv.data());  // a host's command prefix may name a program in PATH (ip, ssh)
     std::fprintf(stderr, "cannot execute %s: %s\n", argv[0], std::strerror(errno));
     _exit(127);
   }
@@ -81,7 +81,9 @@ void ProcessSupervisor::Forward(Child& c, const char* data, size_t n) {
   c.partial.append(data, n);
   size_t start = 0, nl;
   while ((nl = c.partial.find('\n', start)) != std::string::npos) {
-    std::printf("[%s] %.*s\n", c.name.c_str(), static_cast<int>(nl - start), c.partial.data() + start);
+    // A line from a pty (a process on an ssh host) ends in "\r\n".
+    const size_t end = nl > start && c.partial[nl - 1] == '\r' ? nl - 1 : nl;
+    std::printf("[%s] %.*s\n", c.name.c_str(), static_cast<int>(end - start), c.partial.data() + start);
     start = nl + 1;
   }
   c.partial.erase(0, start);

@@ -22,7 +22,7 @@ namespace pdserve::launch {
 
 struct ProcessSpec {
   std::string name;
-  std::vector<std::string> argv;           // argv[0]: a path
+  std::vector<std::string> argv;           // argv[0]: a path, or a program name looked up in PATH
   std::map<std::string, std::string> env;  // added to the launcher's environment
   // An MPI launcher (mpirun): its ranks sit in process groups of their own, and mpirun turns a
   // SIGTERM of its own into a job abort (exit 1) even when every rank stops cleanly. Stopping

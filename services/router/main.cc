@@ -1,7 +1,8 @@
 // pdserve-router: the OpenAI-compatible front of the cluster (docs/router.md).
 //
-//   pdserve-router [--config FILE] [--host H] [--port P] [--control ENDPOINT] [--model-name N]
-//                  [--tokenizer DIR] [--chat-format F] [--mode auto|disaggregated|colocated]
+//   pdserve-router [--config FILE] [--host H] [--advertise-host H] [--port P] [--control ENDPOINT]
+//                  [--model-name N] [--tokenizer DIR] [--chat-format F]
+//                  [--mode auto|disaggregated|colocated]
 //                  [--prefill-policy P] [--decode-policy P] [--colocated-policy P]
 //                  [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N]
 //                  [--request-timeout-ms N] [--first-token-timeout-ms N]
@@ -37,7 +38,9 @@ const pdserve::services::CommandSpec kSpec{
     "arguments at all it refuses to start rather than bind default ports. Runs until SIGINT or\n"
     "SIGTERM, then stops cleanly (exit 0).",
     {{"config", "FILE", "YAML file with a `router:` section (docs/configuration.md)"},
-     {"host", "HOST", "HTTP listen address (default 127.0.0.1)"},
+     {"host", "HOST", "HTTP listen address (default 127.0.0.1; 0.0.0.0: every interface)"},
+     {"advertise-host", "HOST", "address clients and workers reach this router on (default: the listen address, "
+                                "or an interface's address when listening on 0.0.0.0)"},
      {"port", "P", "HTTP port (default 8000; 0: a free one, see --ready-file)"},
      {"control", "ENDPOINT", "control endpoint the workers dial (default tcp://127.0.0.1:7000; tcp://HOST:* picks a port)"},
      {"model-name", "NAME", "the model served; workers must register with it (default pdserve)"},
@@ -73,6 +76,7 @@ Result<RouterConfig> BuildConfig(const pdserve::services::CommandLine& cl) {
   }
   if (auto v = cl.Get("log-level")) PDSERVE_RETURN_IF_ERROR(pdserve::SetLogLevel(*v));
   c.host = cl.GetOr("host", c.host);
+  c.advertise_host = cl.GetOr("advertise-host", c.advertise_host);
   PDSERVE_ASSIGN_OR_RETURN(int64_t port, cl.GetInt("port", c.port));
   c.port = static_cast<int>(port);
   c.control_endpoint = cl.GetOr("control", c.control_endpoint);

@@ -12,12 +12,13 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
                                        "request_keepalive_ms", "api_keys_file", "auth_exempt_paths", "max_prompt_tokens",
                                        "retry_after_s", "http_read_timeout_ms", "control_curve_secret_key_file",
                                        "control_curve_allowed_clients_file", "request_curve_secret_key_file",
-                                       "request_curve_allowed_clients_file"}));
+                                       "request_curve_allowed_clients_file", "advertise_host"}));
   PDSERVE_RETURN_IF_ERROR(s.Get("host", &c.host));
   int64_t port = c.port;
   PDSERVE_RETURN_IF_ERROR(s.Get("port", &port));
   c.port = static_cast<int>(port);
   PDSERVE_RETURN_IF_ERROR(s.Get("control_endpoint", &c.control_endpoint));
+  PDSERVE_RETURN_IF_ERROR(s.Get("advertise_host", &c.advertise_host));
   PDSERVE_RETURN_IF_ERROR(s.Get("model_name", &c.model_name));
   PDSERVE_RETURN_IF_ERROR(s.Get("tokenizer_dir", &c.tokenizer_dir));
   PDSERVE_RETURN_IF_ERROR(s.GetEnum("chat_format", {"auto", "deepseek_v3", "deepseek_v31"}, &c.chat_format));
@@ -76,6 +77,8 @@ Status RouterConfig::Validate() const {
   if (port < 0 || port > 65535) return Status::InvalidArgument("router.port must be in [0, 65535]");
   if (control_endpoint.rfind("tcp://", 0) != 0 && control_endpoint.rfind("ipc://", 0) != 0)
     return Status::InvalidArgument("router.control_endpoint must be tcp://HOST:PORT or ipc://PATH");
+  if (advertise_host.find_first_of(" /\t") != std::string::npos || advertise_host.find("://") != std::string::npos)
+    return Status::InvalidArgument("router.advertise_host must be a host name or address, not '" + advertise_host + "'");
   if (model_name.empty()) return Status::InvalidArgument("router.model_name is empty");
   if (chat_format != "auto" && chat_format != "deepseek_v3" && chat_format != "deepseek_v31")
     return Status::InvalidArgument("router.chat_format must be auto, deepseek_v3 or deepseek_v31");

@@ -24,10 +24,17 @@ struct RoutingConfig {
 };
 
 struct RouterConfig {
-  std::string host = "127.0.0.1";  // HTTP listen address
+  std::string host = "127.0.0.1";  // HTTP listen address (0.0.0.0: every interface)
   int port = 8000;                 // HTTP port; 0 picks a free one (see the ready file)
-  // ZeroMQ ROUTER endpoint the workers connect to ("tcp://HOST:*" picks a free port).
+  // ZeroMQ ROUTER endpoint the router binds and the workers connect to ("tcp://HOST:*" picks a
+  // free port; "tcp://0.0.0.0:7000" listens on every interface).
   std::string control_endpoint = "tcp://127.0.0.1:7000";
+  // The address clients and workers reach this router on (docs/configuration.md "Addresses"):
+  // the host of the endpoints in the ready file and the log. Empty: `host` / the control
+  // endpoint's host when they name one address, else the first address of a non-loopback
+  // interface (services::AdvertisedHost). Set it when the router listens on a wildcard and
+  // the host has several interfaces, or sits behind NAT.
+  std::string advertise_host;
   std::string model_name = "pdserve";  // the one model served; workers must register with it
   std::string tokenizer_dir;           // empty: tokenizer::DefaultTokenizerDir()
   // The chat prompt format (tokenizer/chat_template.h). deepseek_v31: DeepSeek-V3.1 /

@@ -298,17 +298,32 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
     server->listen_after_bind();
     done->store(true);
   });
-  log->info("serving model '{}' on http://{}:{} (control {}, routing {}: prefill {}, decode {}, colocated {})",
-            c.model_name, c.host, s->port_, s->core_->control_endpoint(), c.routing.mode, c.routing.prefill_policy,
-            c.routing.decode_policy, c.routing.colocated_policy);
+  // What clients and workers dial (docs/configuration.md "Addresses"): the listen addresses, with
+  // a wildcard host (or every host, given router.advertise_host) replaced by the advertised one.
+  auto advertised = [&c](const std::string& endpoint) {
+    const std::string host = services::EndpointHost(endpoint);
+    if (c.advertise_host.empty() && !services::IsWildcardHost(host)) return endpoint;
+    return services::EndpointWithHost(endpoint, services::AdvertisedHost(host, c.advertise_host));
+  };
+  const std::string http_host = services::AdvertisedHost(c.host, c.advertise_host);
+  const std::string control_advertised = advertised(s->core_->control_endpoint());
+  log->info("serving model '{}' on http://{}:{} (listening on {}; control {}{}, routing {}: prefill {}, decode {}, "
+            "colocated {})",
+            c.model_name, http_host, s->port_, c.host, control_advertised,
+            control_advertised == s->core_->control_endpoint() ? "" : " bound as " + s->core_->control_endpoint(),
+            c.routing.mode, c.routing.prefill_policy, c.routing.decode_policy, c.routing.colocated_policy);
   if (!c.request_endpoint.empty()) {
     RequestApiServer::Context rc{&s->config_, s->tokenizer_.get(), &*s->chat_template_, s->core_.get(),
                                  s->metrics_.get(), s->auth_ ? &*s->auth_ : nullptr, std::move(request_curve)};
     PDSERVE_ASSIGN_OR_RETURN(s->request_api_, RequestApiServer::Start(rc));
   }
   if (!c.ready_file.empty()) {
-    json ready = {{"http_port", s->port_}, {"control_endpoint", s->core_->control_endpoint()}, {"pid", getpid()}};
-    if (s->request_api_) ready["request_endpoint"] = s->request_api_->endpoint();
+    // The endpoints others dial; `host` is the advertised HTTP host.
+    json ready = {{"http_port", s->port_},
+                  {"host", http_host},
+                  {"control_endpoint", control_advertised},
+                  {"pid", getpid()}};
+    if (s->request_api_) ready["request_endpoint"] = advertised(s->request_api_->endpoint());
     PDSERVE_RETURN_IF_ERROR(WriteStringToFile(c.ready_file, ready.dump()));
   }
   return s;

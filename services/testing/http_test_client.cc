@@ -17,8 +17,8 @@ namespace pdserve::services::testing {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-std::unique_ptr<httplib::Client> MakeClient(int port, std::chrono::milliseconds timeout) {
-  auto cli = std::make_unique<httplib::Client>("127.0.0.1", port);
+std::unique_ptr<httplib::Client> MakeClient(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  auto cli = std::make_unique<httplib::Client>(host, port);
   cli->set_connection_timeout(std::chrono::seconds(5));
   cli->set_read_timeout(timeout);
   cli->set_write_timeout(timeout);
@@ -40,20 +40,29 @@ HttpReply ToReply(const httplib::Result& r) {
 }  // namespace
 
 HttpReply HttpGet(int port, const std::string& path, std::chrono::milliseconds timeout) {
-  auto cli = MakeClient(port, timeout);
+  return HttpGet("127.0.0.1", port, path, timeout);
+}
+
+HttpReply HttpGet(const std::string& host, int port, const std::string& path, std::chrono::milliseconds timeout) {
+  auto cli = MakeClient(host, port, timeout);
   return ToReply(cli->Get(path));
 }
 
 HttpReply HttpPost(int port, const std::string& path, const std::string& body, std::chrono::milliseconds timeout,
                    const std::string& content_type) {
-  auto cli = MakeClient(port, timeout);
+  auto cli = MakeClient("127.0.0.1", port, timeout);
   return ToReply(cli->Post(path, body, content_type));
 }
 
 SseReply HttpPostSse(int port, const std::string& path, const std::string& body, std::chrono::milliseconds timeout,
                      const std::function<bool(const std::string&)>& on_event) {
+  return HttpPostSse("127.0.0.1", port, path, body, timeout, on_event);
+}
+
+SseReply HttpPostSse(const std::string& host, int port, const std::string& path, const std::string& body,
+                     std::chrono::milliseconds timeout, const std::function<bool(const std::string&)>& on_event) {
   SseReply out;
-  auto cli = MakeClient(port, timeout);
+  auto cli = MakeClient(host, port, timeout);
   httplib::Request req;
   req.method = "POST";
   req.path = path;

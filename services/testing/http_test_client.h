@@ -1,4 +1,4 @@
-// HTTP helpers for tests and benchmarks: plain requests, server-sent-event streams read as
+// HTTP helpers for tests and benchmarks (at 127.0.0.1, or at a given host): plain requests, server-sent-event streams read as
 // they arrive (with per-event arrival times and early cancellation = a client disconnect),
 // and a raw socket connection for half-sent requests and abrupt hang-ups.
 //
@@ -22,6 +22,9 @@ struct HttpReply {
 
 HttpReply HttpGet(int port, const std::string& path,
                   std::chrono::milliseconds timeout = std::chrono::seconds(10));
+// The same at HOST:port (another host of a multi-host test bed).
+HttpReply HttpGet(const std::string& host, int port, const std::string& path,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(10));
 HttpReply HttpPost(int port, const std::string& path, const std::string& body,
                    std::chrono::milliseconds timeout = std::chrono::seconds(30),
                    const std::string& content_type = "application/json");
@@ -38,6 +41,10 @@ struct SseReply {
 
 // POSTs and reads the SSE stream. on_event(payload) may return false to hang up at once.
 SseReply HttpPostSse(int port, const std::string& path, const std::string& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                     const std::function<bool(const std::string&)>& on_event = nullptr);
+
+SseReply HttpPostSse(const std::string& host, int port, const std::string& path, const std::string& body,
                      std::chrono::milliseconds timeout = std::chrono::seconds(60),
                      const std::function<bool(const std::string&)>& on_event = nullptr);
 

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "services/common/net_util.h"
 #include "services/common/yaml_config.h"
 
 namespace pdserve::services::worker {
@@ -16,7 +17,8 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
                                        "ready_file", "drain_timeout_ms", "register_retry_ms", "ucx_tls",
                                        "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
                                        "log_level", "curve_secret_key_file", "router_public_key_file", "plan",
-                                       "step_stall_timeout_ms", "tokenizer_dir", "prefix_cache"}));
+                                       "step_stall_timeout_ms", "tokenizer_dir", "prefix_cache", "network",
+                                       "advertise_host"}));
   int64_t threads = c->threads, port = c->metrics_port;
   std::string plan;
   PDSERVE_RETURN_IF_ERROR(w.Get("plan", &plan));
@@ -35,6 +37,8 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("max_seqs", &c->max_seqs));
   PDSERVE_RETURN_IF_ERROR(w.Get("metrics_host", &c->metrics_host));
   PDSERVE_RETURN_IF_ERROR(w.Get("metrics_port", &port));
+  PDSERVE_RETURN_IF_ERROR(w.Get("network", &c->network));
+  PDSERVE_RETURN_IF_ERROR(w.Get("advertise_host", &c->advertise_host));
   PDSERVE_RETURN_IF_ERROR(w.Get("ready_file", &c->ready_file));
   PDSERVE_RETURN_IF_ERROR(w.Get("drain_timeout_ms", &c->drain_timeout));
   PDSERVE_RETURN_IF_ERROR(w.Get("register_retry_ms", &c->register_retry));
@@ -68,7 +72,11 @@ const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role) {
       {"kv-gib", "X", "paged KV pool size in GiB (default 0.25)"},
       {"block-tokens", "N", "tokens per KV block (default 64)"},
       {"max-seqs", "N", "scheduler batch limit (0: engine default)"},
-      {"metrics-host", "HOST", "metrics listen address (default 127.0.0.1)"},
+      {"metrics-host", "HOST", "metrics listen address (default 127.0.0.1; 0.0.0.0: every interface)"},
+      {"network", "IF|CIDR", "interface (eth0) or IPv4 subnet (10.0.0.0/24) this worker serves on: its address "
+                             "there is registered, and UCX uses that interface (unless --ucx-net-devices)"},
+      {"advertise-host", "HOST", "address registered for the metrics (default: the --network address, else the "
+                                 "listen address, else an interface's address)"},
       {"metrics-port", "P", "metrics port (0: a free one)"},
       {"ready-file", "PATH", "write {metrics_port, pid} here once registered"},
       {"drain-timeout-ms", "N", "on SIGTERM: how long running requests may finish (default 10000)"},
@@ -118,6 +126,8 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
   c.model_dir = cl.GetOr("model", c.model_dir);
   c.tokenizer_dir = cl.GetOr("tokenizer", c.tokenizer_dir);
   c.metrics_host = cl.GetOr("metrics-host", c.metrics_host);
+  c.network = cl.GetOr("network", c.network);
+  c.advertise_host = cl.GetOr("advertise-host", c.advertise_host);
   c.ready_file = cl.GetOr("ready-file", c.ready_file);
   c.ucx_tls = cl.GetOr("ucx-tls", c.ucx_tls);
   c.ucx_net_devices = cl.GetOr("ucx-net-devices", c.ucx_net_devices);
@@ -156,6 +166,19 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
     return Status::InvalidArgument("--threads, --max-seqs, --metrics-port, --drain-timeout-ms must be >= 0; "
                                    "--kv-gib, --block-tokens, --kv-lease-ms, --kv-transfer-timeout-ms > 0");
   return c;
+}
+
+Status ResolveWorkerNetwork(WorkerServiceConfig* c) {
+  if (c->network.empty()) return Status::Ok();
+  auto found = FindInterfaceAddress(c->network);
+  if (!found.ok()) return found.status().WithContext("--network");
+  if (c->advertise_host.empty()) c->advertise_host = found->address;
+  if (c->ucx_net_devices.empty()) c->ucx_net_devices = found->interface;
+  return Status::Ok();
+}
+
+std::string AdvertisedMetricsAddress(const WorkerServiceConfig& c, int metrics_port) {
+  return AdvertisedHost(c.metrics_host, c.advertise_host) + ":" + std::to_string(metrics_port);
 }
 
 }  // namespace pdserve::services::worker

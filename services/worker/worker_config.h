@@ -34,8 +34,15 @@ struct WorkerServiceConfig {
   double kv_cache_gib = 0.25;            // the paged KV pool
   int64_t block_tokens = 64;
   int64_t max_seqs = 0;                  // scheduler batch limit (0: engine default)
-  std::string metrics_host = "127.0.0.1";
+  std::string metrics_host = "127.0.0.1";  // metrics listen address (0.0.0.0: every interface)
   int metrics_port = 0;                  // 0: ephemeral
+  // Addresses (docs/configuration.md "Addresses"). `network`: the interface ("eth0") or IPv4
+  // subnet ("10.0.0.0/24") this worker serves on; its address there is advertised, and UCX
+  // uses that interface unless ucx_net_devices names others. `advertise_host`: the address
+  // registered with the router for the metrics (/v1/workers), overriding the network's.
+  // Both empty: the metrics listen address (an interface's address when it is a wildcard).
+  std::string network;
+  std::string advertise_host;
   std::string ready_file;                // {"metrics_port", "pid"} once up
   std::chrono::milliseconds drain_timeout{10000};
   std::chrono::milliseconds register_retry{250};
@@ -65,6 +72,13 @@ struct WorkerServiceConfig {
   std::string curve_secret_key_file;
   std::string router_public_key_file;
 };
+
+// Resolves `config->network` on this host (each rank of a multi-rank instance resolves its own):
+// fills advertise_host (unless set) with the address there and ucx_net_devices (unless set) with
+// the interface. Errors: FindInterfaceAddress's (NotFound: no such interface or subnet here).
+Status ResolveWorkerNetwork(WorkerServiceConfig* config);
+// The "HOST:PORT" the worker registers for its metrics (RegisterMsg::http_address).
+std::string AdvertisedMetricsAddress(const WorkerServiceConfig& config, int metrics_port);
 
 // The options of a worker binary (docs/services.md); `fixed_role` is the role of a role-named
 // binary (pdserve-prefill ...), nullopt for pdserve-worker.

@@ -33,6 +33,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, c
     if (Status s = InitLogLevelFromEnv(); !s.ok()) return fail(s);
     auto config = WorkerConfigFromCommandLine(cl, fixed_role);
     if (!config.ok()) return fail(config.status());
+    if (Status s = ResolveWorkerNetwork(&config.value()); !s.ok()) return fail(s);
     if (!config.value().log_level.empty()) {
       if (Status s = SetLogLevel(config.value().log_level); !s.ok()) return fail(s);
     }
@@ -85,7 +86,7 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, c
     ao.compat_hash = w->compat_hash();
     ao.vocab_size = static_cast<uint32_t>(in->model().config().vocab_size);
     ao.kv_namespace = w->kv_namespace();
-    ao.http_address = exposer.value()->address();
+    ao.http_address = AdvertisedMetricsAddress(c, exposer.value()->port());
     ao.transfer_address = w->transfer_address();
     ao.capacity = w->Capacity();
     if (in->group()) {
@@ -104,8 +105,10 @@ int RunWorkerMain(int argc, char** argv, std::optional<WorkerRole> fixed_role, c
       Status s = WriteStringToFile(c.ready_file, ready.dump());
       if (!s.ok()) return fail(s);
     }
-    log->info("{} {} up: router {}, metrics on http://{}/metrics, kernels {} ({})", name, c.worker_id, c.router,
-              exposer.value()->address(), kernels::IsaName(kernels::ActiveIsa()),
+    log->info("{} {} up: router {}, metrics on http://{}/metrics{}, kernels {} ({})", name, c.worker_id, c.router,
+              ao.http_address,
+              c.ucx_net_devices.empty() ? std::string() : ", UCX on " + c.ucx_net_devices,
+              kernels::IsaName(kernels::ActiveIsa()),
               kernels::IsaFeatures(kernels::ActiveIsa()));
 
     int exit_code = 0;

@@ -13,6 +13,7 @@
 #include "common/mapped_file.h"
 #include "services/common/command_line.h"
 #include "services/common/metrics.h"
+#include "services/common/net_util.h"
 #include "services/common/process_util.h"
 #include "services/worker/agent/worker_agent.h"
 #include "services/testing/echo_worker/echo_engine.h"
@@ -40,6 +41,8 @@ const CommandSpec kSpec{
      {"compat-hash", "N", "compatibility hash to register with"},
      {"vocab-size", "N", "vocabulary size to register with (0: unknown)"},
      {"metrics-host", "HOST", "metrics listen address"},
+     {"advertise-host", "HOST", "address registered for the metrics (default: the listen address, or an "
+                                "interface's address when it is 0.0.0.0)"},
      {"metrics-port", "P", "metrics port (0: a free one)"},
      {"ready-file", "PATH", "write {metrics_port, pid} here once up"},
      {"drain-timeout-ms", "N", "drain time on SIGTERM"},
@@ -112,7 +115,8 @@ int Run(int argc, char** argv) {
   const std::string metrics_host = cl->GetOr("metrics-host", "127.0.0.1");
   auto exposer = MetricsExposer::Start(metrics_host + ":" + std::to_string(metrics_port), registry);
   if (!exposer.ok()) return fail(exposer.status());
-  ao.http_address = exposer.value()->address();
+  ao.http_address = AdvertisedHost(metrics_host, cl->GetOr("advertise-host", "")) + ":" +
+                    std::to_string(exposer.value()->port());
   ao.metrics_registry = registry;
 
   EchoEngine engine(eo);
