@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 
@@ -64,8 +65,15 @@ Result<std::unique_ptr<UcxTransport>> UcxTransport::Create(const UcxTransportOpt
   if (options.max_chunk_bytes == 0 || options.max_inflight_ops == 0) {
     return Status::InvalidArgument("max_chunk_bytes and max_inflight_ops must be positive");
   }
-  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<UcxContext> context,
-                           UcxContext::Create(options.context));
+  // UCX 1.13's tcp transport connects a new endpoint with a blocking connect() on the I/O
+  // thread: to a host that stopped answering (a cut link: no reset, ARP fails) that holds every
+  // peer's transfers for the ARP timeout (3 s), again for each endpoint tried. Non-blocking
+  // connects (unless UCX_TCP_CONN_NB says otherwise) keep the other peers moving
+  // (tests/multihost DecodeHostCutOffMidTransferRetriesExactly).
+  // (A transport-level setting: ucp_config_modify takes it without the TCP_ prefix.)
+  UcxContextOptions context_options = options.context;
+  if (std::getenv("UCX_TCP_CONN_NB") == nullptr) context_options.defaults.emplace("CONN_NB", "y");
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<UcxContext> context, UcxContext::Create(context_options));
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, UcxWorker::Create(context.get()));
   const int event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);

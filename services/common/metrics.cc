@@ -48,8 +48,10 @@ MetricsExposer::~MetricsExposer() {
   // civetweb's listener thread polls its sockets with a 2 s timeout and notices the stop flag only
   // when it wakes, so every worker took ~2 s to exit. A connection wakes it at once: knock until
   // the exposer is gone.
+  // A wildcard listener is knocked on through this machine's own loopback (a connection to
+  // ourselves, not an assumption about where peers are).
   std::string host = address_.substr(0, address_.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "*") host = "127.0.0.1";
+  if (IsWildcardHost(host)) host = "127.0.0.1";
   std::atomic<bool> stopped{false};
   std::thread knock([&] {
     sockaddr_in to{};

@@ -33,6 +33,7 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(std::unique_ptr<Eng
   }
   PDSERVE_ASSIGN_OR_RETURN(w->sender_, kvtransfer::KvSender::Create(send_through));
   w->transfer_thread_ = std::jthread([p = w.get()](std::stop_token st) { p->TransferLoop(st); });
+  w->abort_thread_ = std::jthread([p = w.get()](std::stop_token st) { p->AbortLoop(st); });
   w->host_->engine().Start();
   return w;
 }
@@ -40,6 +41,7 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(std::unique_ptr<Eng
 PrefillWorker::~PrefillWorker() {
   host_->SetAgent(nullptr);
   transfer_thread_ = {};
+  abort_thread_ = {};
   host_->StopEngine();
   sender_.reset();
   send_transport_.reset();
@@ -211,11 +213,25 @@ void PrefillWorker::AbortJob(uint64_t request_id, std::string_view reason) {
     (void)host_->engine().Abort(job.engine_id);
     return;
   }
-  // Sampled: queued for, or in, the transfer. End the job now; the transfer stops (or is
-  // skipped) and releases the held blocks.
+  // Sampled: queued for, or in, the transfer. End the job now; the abort thread stops the
+  // writes (the transfer thread then skips or ends it and releases the held blocks).
   EndLocked(job, FinishReason::kAbort, Status::Ok());
-  lock.unlock();
-  sender_->Abort(rid, Status::Cancelled("aborted by the router"));
+  aborts_.push_back(rid);
+  abort_cv_.notify_all();
+}
+
+void PrefillWorker::AbortLoop(std::stop_token stop) {
+  while (true) {
+    uint64_t rid = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      abort_cv_.wait(lock, stop, [this] { return !aborts_.empty(); });
+      if (stop.stop_requested()) return;
+      rid = aborts_.front();
+      aborts_.pop_front();
+    }
+    sender_->Abort(rid, Status::Cancelled("aborted by the router"));  // a finished request: nothing to do
+  }
 }
 
 void PrefillWorker::TransferLoop(std::stop_token stop) {

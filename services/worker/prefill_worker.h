@@ -14,8 +14,12 @@
 // another request. A job ending early (error mid-layers, abort, nothing to decode) is queued to
 // the transfer thread for that abort + release: the engine thread never waits on the network.
 //
-// Threading: as EngineWorker, plus one transfer thread (a std::jthread member stopped in the
-// destructor). `mu_` guards the job table and the transfer queue.
+// Threading: as EngineWorker, plus one transfer thread and one abort thread (std::jthread
+// members stopped in the destructor). `mu_` guards the job table and both queues. The router's
+// aborts reach the KvSender through the abort thread: KvSender::Abort returns only once no
+// write of the request is in flight, which, with the decode host cut off the network (no
+// reset, just silence), is the transfer's deadline; the agent's control thread, which delivers
+// the abort, must keep heartbeating meanwhile.
 #pragma once
 
 #include <chrono>
@@ -37,7 +41,7 @@ class PrefillWorker final : public EngineWorker {
   // `hooks.wrap_sender_transport` (tests) wraps the transport the sender writes through.
   // Errors: KvSender::Create's.
   static Result<std::unique_ptr<PrefillWorker>> Create(std::unique_ptr<EngineHost> host, const WorkerHooks& hooks);
-  // Transfer thread, then the engine's loop, then the sender (it aborts its requests and
+  // Transfer and abort threads, then the engine's loop, then the sender (it aborts its requests and
   // returns once none of their writes, which read the engine's pool, is in flight), then the
   // engine; the host last.
   ~PrefillWorker() override;
@@ -77,6 +81,7 @@ class PrefillWorker final : public EngineWorker {
   kvtransfer::KvSource SourceFor(const std::vector<int32_t>& blocks, uint32_t num_tokens);
   void TransferLoop(std::stop_token stop);
   void RunTransfer(uint64_t request_id);
+  void AbortLoop(std::stop_token stop);
 
   std::unique_ptr<kvtransfer::Transport> send_transport_;  // tests' wrapper over the host's, if any
   std::unique_ptr<kvtransfer::KvSender> sender_;
@@ -85,8 +90,11 @@ class PrefillWorker final : public EngineWorker {
   std::condition_variable_any cv_;          // transfer queue
   std::unordered_map<uint64_t, Job> jobs_;  // by router request id
   std::deque<uint64_t> transfers_;          // first token sampled (or job ended): KV to send or abort
+  std::condition_variable_any abort_cv_;    // abort queue
+  std::deque<uint64_t> aborts_;             // the router aborted: stop the request's writes
 
   std::jthread transfer_thread_;
+  std::jthread abort_thread_;
 };
 
 }  // namespace pdserve::services::worker

@@ -12,6 +12,8 @@
 //   * a decode host's link cut mid-stream (ip link set down): its streams migrate exactly, no
 //     KV block stays used anywhere, the host rejoins after the heal and serves exactly, and no
 //     stale token of the cut worker reaches a client;
+//   * the same link cut while long prompts' KV is streaming to it: the transfers fail, the
+//     requests are placed again and complete exactly, the reservations come back;
 //   * a CP=2 prefill instance over hosts B+C and a DP=2 (EP=2) decode instance over D+E, each
 //     run by mpirun through the launch agent: exact streams, each DP rank registered at its own
 //     host's address; then host E's processes killed mid-stream (a rank lost inside the
@@ -64,9 +66,11 @@ const std::string kScript = std::string(PDSERVE_SOURCE_DIR) + "/scripts/netns_ho
 // The worker settings of every test: one compute thread, a small KV pool, short leases, KV
 // over UCX tcp only (between namespaces UCX would otherwise find shared memory, which real
 // hosts do not share).
-const char* kWorkerArgs =
-    "[--threads, '1', --kv-gib, '0.0625', --kv-lease-ms, '4000', --kv-transfer-timeout-ms, '4000', "
-    "--register-retry-ms, '50', --ucx-tls, tcp]";
+std::string WorkerArgs(int lease_ms = 4000) {
+  return "[--threads, '1', --kv-gib, '0.0625', --kv-lease-ms, '" + std::to_string(lease_ms) +
+         "', --kv-transfer-timeout-ms, '4000', --register-retry-ms, '50', --ucx-tls, tcp]";
+}
+const std::string kWorkerArgs = WorkerArgs();
 
 // A pdserve-launch cluster over a bed of namespace hosts.
 class HostCluster {
@@ -343,6 +347,66 @@ TEST(MultiHostTest, DelayAndLossOnTheDecodeLinkCostTimeNotExactness) {
   link->reset();
   EXPECT_TRUE(c.RouterIdle());
   for (const char* id : {"decode-0", "prefill-0"}) EXPECT_TRUE(c.NoBlocksUsed(id, 10s)) << id;
+  if (HasFailure()) ADD_FAILURE() << c.Log();
+}
+
+TEST(MultiHostTest, DecodeHostCutOffMidTransferRetriesExactly) {
+  HostCluster c;
+  MAKE_HOSTS_OR_SKIP(c, 4);
+  NetnsHosts& h = c.hosts();
+  // The prefill worker finishes transfers one at a time: the one stuck on the cut host holds
+  // the others back until its deadline (4 s), so the decode side's leases must outlast that.
+  const std::string workers = "  - {name: prefill, role: prefill, host: b, args: " + WorkerArgs(20000) +
+                              "}\n  - {name: decode, role: decode, count: 2, hosts: [c, d], args: " +
+                              WorkerArgs(20000) + "}\n";
+  ASSERT_TRUE(c.Launch(c.Topology(workers)).ok()) << c.Log();
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << c.Log();
+  // Prompts long enough that each prefill (and the KV it streams layer by layer) takes a while;
+  // they keep arriving, so the cut finds transfers to host D under way.
+  constexpr int kN = 8, kMax = 6;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int k = 0; k < kN; ++k) prompts.push_back(LongPrompt(800 + k, 400));
+  for (const auto& p : prompts) Reference(p, kMax);
+  std::vector<Streamed> got(kN);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kN; ++k)
+    threads.emplace_back([&, k] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 * k));
+      got[k] = Collect(
+          HttpPostSse(c.http_host(), c.http_port(), "/v1/completions", Body(prompts[k], kMax, true), 120s));
+    });
+  // Cut D once the prefill worker is computing a prompt whose KV goes to D (both have one
+  // outstanding in the router's view).
+  const bool busy = WaitFor(
+      [&] {
+        auto w = c.Workers();
+        return w.count("prefill-0") && w.count("decode-1") &&
+               w["prefill-0"]["load"]["outstanding_requests"].get<int64_t>() > 0 &&
+               w["decode-1"]["load"]["outstanding_requests"].get<int64_t>() > 0;
+      },
+      30s, 2ms);
+  ASSERT_TRUE(h.SetLinkUp(3, false).ok());
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(busy) << "no transfer to host D was under way: the cut would prove nothing\n" << c.Log();
+  for (int k = 0; k < kN; ++k) {
+    EXPECT_FALSE(got[k].error) << "request " << k << ": " << got[k].error_message;
+    EXPECT_EQ(got[k].text, Text(Reference(prompts[k], kMax))) << "request " << k;
+  }
+  const std::string pm = c.WorkerMetrics("prefill-0");
+  EXPECT_GE(MetricValue(pm, "pdserve_worker_kv_transfers_total", "failed") +
+                c.RouterMetric("pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\"") +
+                c.RouterMetric("pdserve_router_migrations_total", "outcome=\"migrated\",role=\"prefill\""),
+            1)
+      << "nothing was moved off host D";
+  EXPECT_TRUE(c.RouterIdle());
+  EXPECT_TRUE(c.NoBlocksUsed("decode-0", 15s));
+  EXPECT_TRUE(c.NoBlocksUsed("prefill-0", 15s));
+  ASSERT_TRUE(h.SetLinkUp(3, true).ok());
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << c.Log();
+  // D's reservations come back (lease expiry, quarantine) and it serves again.
+  EXPECT_TRUE(c.NoBlocksUsed("decode-1", 20s)) << "the cut host kept its reserved blocks";
+  const StreamRun after = StreamWithFault(c, 850, 6, 6, 0, nullptr);
+  ExpectExact(after, 850, 6);
   if (HasFailure()) ADD_FAILURE() << c.Log();
 }
 
