@@ -241,13 +241,16 @@ TEST(ResponseBuilderTest, ChoicesUsageAndRoleChunks) {
     outs[i].text = "t" + std::to_string(i);
     outs[i].finish_reason = i == 2 ? "stop" : "length";
   }
-  json full = b.Full(outs, {5, 9, std::nullopt});
+  json full = b.Full(outs, {5, 9, std::nullopt, 3});
   ASSERT_EQ(full["choices"].size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(full["choices"][i]["index"], i);
     EXPECT_EQ(full["choices"][i]["text"], "t" + std::to_string(i));
   }
-  EXPECT_EQ(full["usage"], json({{"prompt_tokens", 5}, {"completion_tokens", 9}, {"total_tokens", 14}}));
+  EXPECT_EQ(full["usage"], json({{"prompt_tokens", 5},
+                                 {"completion_tokens", 9},
+                                 {"total_tokens", 14},
+                                 {"prompt_tokens_details", {{"cached_tokens", 3}}}}));
   ResponseBuilder chat(ApiEndpoint::kChat, "chatcmpl-1", "m", true, false, Tok(), 2);
   EXPECT_EQ(chat.RoleChunk(1)["choices"][0]["index"], 1);
   EXPECT_EQ(chat.UsageChunk({5, 9, 4})["usage"]["completion_tokens_details"]["reasoning_tokens"], 4);
