@@ -21,6 +21,9 @@ sigset_t TerminationSet() {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGHUP);
+  // What mpirun forwards to every rank as is (its SIGTERM becomes a kill sequence instead):
+  // how pdserve-launch stops an instance spread over hosts.
+  sigaddset(&set, SIGUSR1);
   return set;
 }
 }  // namespace

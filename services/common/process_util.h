@@ -17,10 +17,12 @@
 
 namespace pdserve::services {
 
-// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and so in threads it starts later)
-// and ignores SIGPIPE (a client that hangs up must not kill a server).
+// Blocks SIGINT, SIGTERM, SIGHUP and SIGUSR1 in the calling thread (and so in threads it starts
+// later) and ignores SIGPIPE (a client that hangs up must not kill a server). SIGUSR1 is the
+// stop request mpirun forwards to every rank unchanged (its own SIGTERM turns into SIGCONT,
+// SIGTERM and SIGKILL a second apart, too soon for a drain).
 void BlockTerminationSignals();
-// Waits up to `timeout` for SIGINT/SIGTERM/SIGHUP; returns the signal, or 0 on timeout.
+// Waits up to `timeout` for one of those signals; returns it, or 0 on timeout.
 int WaitForTerminationSignal(std::chrono::milliseconds timeout);
 
 // Whole-file reads and atomic writes: ReadFileToString / WriteStringToFile (common/mapped_file.h).

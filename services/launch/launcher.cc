@@ -223,9 +223,6 @@ std::vector<std::string> Launcher::WorkerArgv(const WorkerGroupConfig& g, uint32
                              "--mca", "plm_rsh_no_tree_spawn", "1"});
     if (!network.empty())
       argv.insert(argv.end(), {"--mca", "btl_tcp_if_include", network, "--mca", "oob_tcp_if_include", network});
-    // A rank stopped by mpirun's forwarded SIGTERM drains before mpirun's SIGKILL.
-    argv.insert(argv.end(), {"--mca", "odls_base_sigkill_timeout",
-                             std::to_string(config_.drain_timeout().count() / 1000 + 2)});
     // The group's environment reaches the remote ranks only when named.
     for (const auto& [k, v] : g.env) argv.insert(argv.end(), {"-x", k});
   }
@@ -280,13 +277,15 @@ Status Launcher::StartInstance(Instance& in) {
   } else {
     const WorkerGroupConfig& g = config_.workers[in.group];
     if (SpreadOverHosts(g)) {
-      // mpirun here, its ranks on the group's hosts (WorkerArgv). Stopping: mpirun forwards
-      // its SIGTERM to every rank (its children here are only launch agents).
+      // mpirun here, its ranks on the group's hosts (WorkerArgv). Stopping: SIGUSR1 to mpirun,
+      // which forwards it to every rank as is (they drain and exit 0, and so does mpirun); its
+      // SIGTERM would become SIGCONT, SIGTERM and SIGKILL a second apart, cutting the drain.
       std::vector<const HostConfig*> hosts;
       for (const std::string& h : g.hosts) hosts.push_back(config_.FindHost(h));
       PDSERVE_RETURN_IF_ERROR(WriteStringToFile(HostfilePath(g, in.index), MpiHostfile(hosts, g.mpi_ranks)));
       spec.argv = WorkerArgv(g, in.index);
       spec.env = g.env;
+      spec.stop_signal = SIGUSR1;
     } else {
       LocalCommand lc = CommandOnHost(config_.HostOf(g, in.index), WorkerArgv(g, in.index), g.env, cwd_);
       spec.argv = std::move(lc.argv);
@@ -513,10 +512,6 @@ int Launcher::Shutdown(int code) {
   // A clean stop ends every process with status 0 (a worker drains, then exits): say so when one
   // did not, e.g. a drain cut short by the SIGKILL after cluster.stop_grace_ms.
   for (const ProcessExit& e : exits) {
-    // mpirun exits 1 after forwarding a SIGTERM to its ranks even when they all drained and
-    // exited 0: that is how an instance spread over hosts stops (StartInstance).
-    const Instance* in = Find(e.name);
-    if (e.status == 1 && in != nullptr && in->group >= 0 && SpreadOverHosts(config_.workers[in->group])) continue;
     if (e.status != 0) Say(fmt::format("warning: {} (pid {}) {} while stopping", e.name, e.pid, DescribeExit(e.status)));
   }
   Say(code == 0 ? "all processes stopped" : fmt::format("all processes stopped; exit {}", code));

@@ -68,6 +68,7 @@ Result<pid_t> ProcessSupervisor::Start(const ProcessSpec& spec) {
   c->pid = pid;
   c->out_fd = fds[0];
   c->stop_through_children = spec.stop_through_children;
+  c->stop_signal = spec.stop_signal;
   if (!log_dir_.empty()) c->log_fd = open((log_dir_ + "/" + spec.name + ".log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   children_.push_back(std::move(c));
   return pid;
@@ -236,6 +237,10 @@ std::vector<pid_t> ChildrenOf(pid_t parent) {
 }  // namespace
 
 void ProcessSupervisor::SendStop(const Child& c) {
+  if (c.stop_signal != SIGTERM) {
+    kill(c.pid, c.stop_signal);
+    return;
+  }
   if (c.stop_through_children) {
     const std::vector<pid_t> ranks = ChildrenOf(c.pid);
     for (pid_t r : ranks) kill(r, SIGTERM);

@@ -9,6 +9,8 @@
 
 #include <sys/types.h>
 
+#include <csignal>
+
 #include <chrono>
 #include <map>
 #include <memory>
@@ -29,6 +31,10 @@ struct ProcessSpec {
   // it therefore sends SIGTERM to its child processes (the ranks, which drain and exit 0, after
   // which mpirun exits 0), and to mpirun only when it has none.
   bool stop_through_children = false;
+  // Otherwise the stop is this signal to the process's group; a signal other than SIGTERM goes
+  // to the process alone (mpirun forwards SIGUSR1 to every rank of an instance spread over
+  // hosts, where its SIGTERM would start a kill sequence).
+  int stop_signal = SIGTERM;
 };
 
 struct ProcessExit {
@@ -74,6 +80,7 @@ class ProcessSupervisor {
     int log_fd = -1;
     bool running = true;
     bool stop_through_children = false;
+    int stop_signal = SIGTERM;
   };
   static void SendStop(const Child& c);
   void Forward(Child& c, const char* data, size_t n);

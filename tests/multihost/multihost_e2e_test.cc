@@ -18,7 +18,9 @@
 //     run by mpirun through the launch agent: exact streams, each DP rank registered at its own
 //     host's address; then host E's processes killed mid-stream (a rank lost inside the
 //     instance's collectives): the instance ends, its streams move to the spare decode worker
-//     on F and complete exactly, nothing hangs, and the launcher brings the instance back.
+//     on F and complete exactly, nothing hangs, and the launcher brings the instance back;
+//     Ctrl-C stops both instances through their mpirun (SIGUSR1, forwarded to every rank), with
+//     nothing left on any host.
 //
 // These tests need root (network namespaces); elsewhere they SKIP with the reason. To add a
 // case: make the hosts with MakeHostsOrSkip, write a topology with Topology(), Launch it, then
@@ -519,6 +521,15 @@ TEST(MultiHostTest, MultiRankInstancesSpreadOverHostsAndAHostLostMidCollective) 
       << c.Log();
   const StreamRun after = StreamWithFault(c, 600, 6, 6, 0, nullptr);
   ExpectExact(after, 600, 6);
+  // Ctrl-C: the instances stop through their mpirun (which forwards SIGTERM to every rank on
+  // every host); nothing is left on any host and the launcher exits 0.
+  c.launcher()->Signal(SIGINT);
+  const auto code = c.launcher()->WaitExit(60s);
+  ASSERT_TRUE(code.has_value()) << c.Log();
+  EXPECT_EQ(*code, 0) << c.Log();
+  for (size_t i = 0; i < h.hosts().size(); ++i)
+    EXPECT_EQ(NetnsHosts::Run({"ip", "netns", "pids", h.host(i).netns}).value(), "") << "processes left on host " << i;
+  EXPECT_EQ(c.Log().find("while stopping"), std::string::npos) << c.Log();
   if (HasFailure()) ADD_FAILURE() << c.Log();
 }
 
