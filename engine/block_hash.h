@@ -14,6 +14,8 @@
 // are interchangeable can ever share a name. The hash is an index key, not the proof: the pool
 // also compares the parent block and the tokens before it hands out a cached block
 // (engine/prefix_cache.h), so a 64-bit collision costs a miss, never a wrong token.
+// The chain itself (ChainBlockHash, ExtendChain) is defined once in common/block_hash.h, which
+// the router uses too; this header adds the engine's namespace.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include <span>
 #include <vector>
 
+#include "common/block_hash.h"
 #include "common/kv_layout.h"
 #include "model/config.h"
 
@@ -38,12 +41,8 @@ struct KvNamespaceInputs {
 // The namespace: XXH3-64 of a canonical text of the inputs (never 0).
 uint64_t KvNamespace(const KvNamespaceInputs& in);
 
-// h(j) from h(j - 1) and the block's tokens.
-uint64_t ChainBlockHash(uint64_t parent, std::span<const int32_t> block_tokens);
-
-// Extends *hashes (the chain of `tokens` under `ns`, already holding hashes->size() blocks) to
-// n_blocks full blocks of `block_tokens`. REQUIRES: n_blocks * block_tokens <= tokens.size().
-void ExtendChain(uint64_t ns, std::span<const int32_t> tokens, int64_t block_tokens, int64_t n_blocks,
-                 std::vector<uint64_t>* hashes);
+// h(j) from h(j - 1) and the block's tokens; the chain of a sequence (common/block_hash.h).
+using ::pdserve::ChainBlockHash;
+using ::pdserve::ExtendChain;
 
 }  // namespace pdserve::engine

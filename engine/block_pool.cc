@@ -134,6 +134,16 @@ int64_t BlockPool::EvictIdle() {
   return n;
 }
 
+KvEventBatch BlockPool::TakeKvEvents(bool full) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.TakeEvents(full);
+}
+
+int64_t BlockPool::kv_event_overflows() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.event_overflows();
+}
+
 Status BlockTable::EnsureCapacity(BlockPool* pool, int64_t n_tokens) {
   const int64_t need = static_cast<int64_t>(pool->layout().BlocksForTokens(static_cast<uint64_t>(n_tokens))) - n_blocks();
   if (need <= 0) return Status::Ok();

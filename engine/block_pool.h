@@ -86,6 +86,12 @@ class BlockPool {
                                         std::span<const int32_t> block_tokens);
   // Evicts every idle cached block (blocks in use stay cached). Returns how many.
   int64_t EvictIdle();
+  // The prefix cache's events since the last call (PrefixCache::TakeEvents): the hashes
+  // registered and unregistered, or with `full` (or after the bounded backlog overflowed) the
+  // whole set with reset.
+  KvEventBatch TakeKvEvents(bool full);
+  // Times the event backlog overflowed (and a whole set was sent instead).
+  int64_t kv_event_overflows() const;
 
  private:
   BlockPool(const KvLayout& layout, uint8_t* base, int64_t n_blocks, bool owned);

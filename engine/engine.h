@@ -219,8 +219,15 @@ class Engine {
   // decode engine needs in RequestOptions::imported_kv_namespace to cache KV this one computed.
   bool prefix_cache_enabled() const { return scheduler_.prefix_policy().enabled; }
   uint64_t prefix_cache_namespace() const { return scheduler_.prefix_policy().ns; }
+  // The hit rule's first-chunk size C: a hit maps at least C tokens or none (docs/prefix-cache.md).
+  int64_t prefix_cache_first_chunk_tokens() const { return scheduler_.prefix_policy().first_chunk_tokens; }
   // Evicts every idle cached block (blocks of live requests stay). Returns how many. Any thread.
   int64_t ClearPrefixCache();
+  // The prefix cache's events for a cluster-wide index (docs/prefix-cache.md, "Events"): the
+  // hashes of the blocks cached and no longer cached since the last call, or with `full` (or
+  // once the bounded backlog overflowed) every cached hash with `reset`. Nothing is ever cached
+  // with the cache off. Any thread (the pool's lock orders them with the step thread's changes).
+  KvEventBatch TakeKvEvents(bool full) { return pool_->TakeKvEvents(full); }
   const model::ModelConfig& config() const { return model_->config(); }
   // Longest sequence (prompt + output) a request may reach.
   int64_t max_sequence_length() const { return max_len_; }

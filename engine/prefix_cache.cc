@@ -6,7 +6,9 @@
 
 namespace pdserve::engine {
 
-PrefixCache::PrefixCache(int64_t n_blocks) : entries_(static_cast<size_t>(n_blocks)) {}
+// A backlog of more distinct hashes than the pool has blocks is larger than the whole set.
+PrefixCache::PrefixCache(int64_t n_blocks)
+    : entries_(static_cast<size_t>(n_blocks)), events_(std::max<int64_t>(n_blocks, 16)) {}
 
 bool PrefixCache::Stale(const Entry& e) const {
   if (e.parent.block < 0) return false;  // block 0 of a chain: its root never goes away
@@ -46,6 +48,7 @@ std::optional<CachedBlockId> PrefixCache::Register(int32_t block, uint64_t hash,
   e.parent = parent;
   e.tokens.assign(tokens.begin(), tokens.end());
   index_[hash] = block;
+  events_.Stored(hash);
   return id(block);
 }
 
@@ -86,9 +89,23 @@ void PrefixCache::Unregister(int32_t block) {
   Entry& e = entries_[static_cast<size_t>(block)];
   PDSERVE_CHECK(e.registered && !e.parked, "unregistering a block that is not an active cached block");
   index_.erase(e.hash);
+  events_.Removed(e.hash);
   e.registered = false;
   e.tokens.clear();
   e.tokens.shrink_to_fit();
+}
+
+KvEventBatch PrefixCache::TakeEvents(bool full) {
+  KvEventBatch b;
+  if (full || events_.overflowed()) {
+    b.reset = true;
+    b.stored.reserve(index_.size());
+    for (const auto& [hash, block] : index_) b.stored.push_back(hash);
+    events_.Clear();
+  } else {
+    events_.Take(&b);
+  }
+  return b;
 }
 
 }  // namespace pdserve::engine

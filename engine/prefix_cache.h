@@ -14,6 +14,10 @@
 // LRU: idle entries (no reference) are parked, oldest first; EvictOldest takes the oldest. The
 // pool parks a released sequence's blocks last block first, so a sequence's tail is evicted
 // before the prefix others are more likely to share.
+//
+// Events (engine/kv_event_log.h): every entry registered and every entry unregistered (evicted,
+// replaced as stale, unregistered) is logged by its hash, for the cluster's index of cached
+// blocks; TakeEvents hands them out.
 // Thread-safety: not thread-safe (guarded by the owning BlockPool's mutex).
 #pragma once
 
@@ -22,6 +26,8 @@
 #include <span>
 #include <unordered_map>
 #include <vector>
+
+#include "engine/kv_event_log.h"
 
 namespace pdserve::engine {
 
@@ -65,6 +71,11 @@ class PrefixCache {
   // REQUIRES: registered and not parked. Unregisters it (it stays the caller's block).
   void Unregister(int32_t block);
 
+  // The events since the last call: the net changes, or (reset) the hash of every registered
+  // entry when `full` or when the log overflowed (kv_event_log.h).
+  KvEventBatch TakeEvents(bool full);
+  int64_t event_overflows() const { return events_.overflows(); }
+
   int64_t n_registered() const { return static_cast<int64_t>(index_.size()); }
   int64_t n_parked() const { return n_parked_; }
   int64_t evictions() const { return evictions_; }
@@ -88,6 +99,7 @@ class PrefixCache {
   int64_t n_parked_ = 0;
   uint64_t next_generation_ = 1;
   int64_t evictions_ = 0;
+  KvEventLog events_;
 };
 
 }  // namespace pdserve::engine

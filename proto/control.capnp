@@ -39,6 +39,14 @@
 #   Drain          R -> W drain   W stops taking jobs (heartbeats say draining), finishes the
 #                                 running ones, then W -> R deregister and leaves.
 #   Shutdown       W -> R deregister   R removes the worker, failing whatever it still had.
+#   KV events      W -> R kvEvents     (every ~100 ms while there is news; engine workers with a
+#                                       prefix cache) the block hashes its cache stored and
+#                                       removed. The first one after each registerAck, and any
+#                                       after the worker's bounded backlog overflowed, has
+#                                       reset = true and the whole set. R keeps a global index
+#                                       (hash -> workers) to predict each worker's cache hit for
+#                                       routing; a stale entry costs a misprediction, never a
+#                                       wrong token (the worker looks up its own cache).
 #
 # Every job ends with exactly one finishing tokenEvent from each worker it was sent to
 # (finishReason != none, or errorCode != 0); a prefill job's single event counts as finishing.
@@ -257,6 +265,18 @@ struct Deregister {
   reason @0 :Text;
 }
 
+# W -> R: prefix-cache events (docs/prefix-cache.md "Events", docs/router.md "KV-aware
+# routing"). A block hash is the chained name of a full KV block under the worker's
+# Register.kvNamespace (common/block_hash.h): the router computes the same names for a prompt.
+struct KvEvents {
+  reset @0 :Bool;               # forget every hash held for this worker: `stored` is its whole
+                                # set (`removed` is empty)
+  blockTokens @1 :UInt32;       # B: a hit is whole blocks (> 0)
+  firstChunkTokens @2 :UInt32;  # C: a hit maps at least C tokens or none
+  stored @3 :List(UInt64);      # hashes now cached (disjoint from removed)
+  removed @4 :List(UInt64);     # hashes no longer cached (evicted, replaced, cleared)
+}
+
 struct ControlMessage {
   union {
     register @0 :Register;              # W -> R
@@ -271,5 +291,6 @@ struct ControlMessage {
     abort @9 :Abort;                    # R -> W
     drain @10 :Drain;                   # R -> W
     deregister @11 :Deregister;         # W -> R
+    kvEvents @12 :KvEvents;             # W -> R
   }
 }

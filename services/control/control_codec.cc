@@ -118,6 +118,16 @@ Status SetConstraint(cp::Constraint::Builder b, const grammar::Constraint& c) {
   return Status::Ok();
 }
 
+// kvEvents rules, for both directions: a block size, lists within the limit, no removals in a
+// reset (the whole set follows).
+Status CheckKvEvents(bool reset, uint32_t block_tokens, size_t n_stored, size_t n_removed) {
+  if (block_tokens == 0) return Status::InvalidArgument("kvEvents.blockTokens is 0");
+  if (n_stored > ControlLimits::kMaxKvEventHashes || n_removed > ControlLimits::kMaxKvEventHashes)
+    return Status::InvalidArgument("kvEvents lists more hashes than the control-plane limit");
+  if (reset && n_removed != 0) return Status::InvalidArgument("kvEvents.removed must be empty with reset");
+  return Status::Ok();
+}
+
 struct Encoder {
   cp::ControlMessage::Builder root;
 
@@ -294,6 +304,18 @@ struct Encoder {
   Status operator()(const DeregisterMsg& m) {
     PDSERVE_RETURN_IF_ERROR(CheckText(m.reason, "reason"));
     root.initDeregister().setReason(AsText(m.reason));
+    return Status::Ok();
+  }
+  Status operator()(const KvEventsMsg& m) {
+    PDSERVE_RETURN_IF_ERROR(CheckKvEvents(m.reset, m.block_tokens, m.stored.size(), m.removed.size()));
+    auto b = root.initKvEvents();
+    b.setReset(m.reset);
+    b.setBlockTokens(m.block_tokens);
+    b.setFirstChunkTokens(m.first_chunk_tokens);
+    auto stored = b.initStored(static_cast<unsigned>(m.stored.size()));
+    for (size_t i = 0; i < m.stored.size(); ++i) stored.set(static_cast<unsigned>(i), m.stored[i]);
+    auto removed = b.initRemoved(static_cast<unsigned>(m.removed.size()));
+    for (size_t i = 0; i < m.removed.size(); ++i) removed.set(static_cast<unsigned>(i), m.removed[i]);
     return Status::Ok();
   }
 };
@@ -509,6 +531,21 @@ Result<ControlMessage> DecodeTokenEvent(cp::TokenEvent::Reader r) {
   return ControlMessage(std::move(m));
 }
 
+Result<ControlMessage> DecodeKvEvents(cp::KvEvents::Reader r) {
+  KvEventsMsg m;
+  m.reset = r.getReset();
+  m.block_tokens = r.getBlockTokens();
+  m.first_chunk_tokens = r.getFirstChunkTokens();
+  auto stored = r.getStored();
+  auto removed = r.getRemoved();
+  PDSERVE_RETURN_IF_ERROR(CheckKvEvents(m.reset, m.block_tokens, stored.size(), removed.size()));
+  m.stored.reserve(stored.size());
+  for (uint64_t h : stored) m.stored.push_back(h);
+  m.removed.reserve(removed.size());
+  for (uint64_t h : removed) m.removed.push_back(h);
+  return ControlMessage(std::move(m));
+}
+
 Result<ControlMessage> DecodeRoot(cp::ControlMessage::Reader root) {
   switch (root.which()) {
     case cp::ControlMessage::REGISTER: return DecodeRegister(root.getRegister());
@@ -563,6 +600,7 @@ Result<ControlMessage> DecodeRoot(cp::ControlMessage::Reader root) {
       PDSERVE_ASSIGN_OR_RETURN(m.reason, ReadText(root.getDeregister().getReason(), "deregister.reason"));
       return ControlMessage(std::move(m));
     }
+    case cp::ControlMessage::KV_EVENTS: return DecodeKvEvents(root.getKvEvents());
   }
   return Status::Unimplemented("control message of an unknown kind (a newer peer?)");
 }

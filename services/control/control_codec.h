@@ -31,6 +31,8 @@ struct ControlLimits {
   static constexpr size_t kMaxTextBytes = 64 * 1024;     // ids, addresses, messages, reasons
   static constexpr size_t kMaxBlobBytes = size_t{16} << 20;  // KV descriptors, matcher states
   static constexpr size_t kMaxConstraintBytes = size_t{1} << 20;  // a schema / regex / grammar
+  // Hashes in one kvEvents list (8 MiB); a larger set goes out as several messages.
+  static constexpr size_t kMaxKvEventHashes = size_t{1} << 20;
 };
 
 // Errors: InvalidArgument when the message breaks a limit above.

@@ -114,6 +114,9 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
       AbortMsg{5, "client gone"},
       DrainMsg{1000},
       DeregisterMsg{"shutdown"},
+      KvEventsMsg{true, 64, 256, {1, 0xffffffffffffffffull, 0}, {}},
+      KvEventsMsg{false, 16, 32, {7}, {8, 9}},
+      KvEventsMsg{false, 16, 32, {}, {}},
   };
   for (const auto& m : messages) {
     SCOPED_TRACE(ControlMessageName(m));
@@ -197,6 +200,28 @@ TEST(ControlCodecTest, RejectsBadValues) {
     JobMsg j = SampleJob();
     j.sampling.stop.assign(ControlLimits::kMaxStopStrings + 1, "x");
     EXPECT_EQ(EncodeControlMessage(j).status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(ControlCodecTest, KvEventsNeedABlockSizeAndNoRemovalsInAReset) {
+  EXPECT_EQ(EncodeControlMessage(KvEventsMsg{false, 0, 0, {1}, {}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeControlMessage(KvEventsMsg{true, 16, 32, {1}, {2}}).status().code(), StatusCode::kInvalidArgument);
+  KvEventsMsg big{false, 16, 32, {}, {}};
+  big.stored.assign(ControlLimits::kMaxKvEventHashes + 1, 5);
+  EXPECT_EQ(EncodeControlMessage(big).status().code(), StatusCode::kInvalidArgument);
+  // The same rules when decoding what another sender built.
+  for (const bool reset : {false, true}) {
+    capnp::MallocMessageBuilder b;
+    auto ev = b.initRoot<proto::control::ControlMessage>().initKvEvents();
+    ev.setReset(reset);
+    ev.setBlockTokens(reset ? 16 : 0);
+    ev.initRemoved(1).set(0, 3);
+    auto words = capnp::messageToFlatArray(b);
+    auto bytes = words.asBytes();
+    auto r = DecodeControlMessage(std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size()));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("kvEvents"), std::string::npos) << r.status().ToString();
   }
 }
 

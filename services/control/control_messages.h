@@ -172,10 +172,23 @@ struct DeregisterMsg {
   bool operator==(const DeregisterMsg&) const = default;
 };
 
+// Worker -> router: what the worker's prefix cache stored and removed (proto/control.capnp
+// KvEvents; docs/router.md "KV-aware routing"). Hashes are chained block names under the
+// worker's RegisterMsg::kv_namespace (common/block_hash.h).
+struct KvEventsMsg {
+  bool reset = false;               // `stored` is the whole set: forget what was known before
+  uint32_t block_tokens = 0;        // B: hits are whole blocks (> 0)
+  uint32_t first_chunk_tokens = 0;  // C: a hit maps at least C tokens or none
+  std::vector<uint64_t> stored;     // now cached
+  std::vector<uint64_t> removed;    // no longer cached (empty with reset)
+  bool empty() const { return !reset && stored.empty() && removed.empty(); }
+  bool operator==(const KvEventsMsg&) const = default;
+};
+
 using ControlMessage =
     std::variant<RegisterMsg, RegisterAckMsg, RegisterRefuseMsg, HeartbeatMsg, HeartbeatAckMsg,
                  JobMsg, KvReservedMsg, FirstTokenMsg, TokenEventMsg, AbortMsg, DrainMsg,
-                 DeregisterMsg>;
+                 DeregisterMsg, KvEventsMsg>;
 
 // The message's name as in the schema ("register", "tokenEvent", ...), for logs and metrics.
 const char* ControlMessageName(const ControlMessage& message);

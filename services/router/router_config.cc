@@ -26,11 +26,11 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(r.CheckKeys({"mode", "prefill_policy", "decode_policy", "colocated_policy"}));
   PDSERVE_RETURN_IF_ERROR(r.GetEnum("mode", {"auto", "disaggregated", "colocated"}, &c.routing.mode));
   PDSERVE_RETURN_IF_ERROR(
-      r.GetEnum("prefill_policy", {"round_robin", "least_outstanding_tokens"}, &c.routing.prefill_policy));
+      r.GetEnum("prefill_policy", {"round_robin", "least_outstanding_tokens", "kv_aware"}, &c.routing.prefill_policy));
   PDSERVE_RETURN_IF_ERROR(r.GetEnum("decode_policy", {"round_robin", "least_outstanding_tokens", "kv_capacity_aware"},
                                     &c.routing.decode_policy));
   PDSERVE_RETURN_IF_ERROR(r.GetEnum("colocated_policy",
-                                    {"round_robin", "least_outstanding_tokens", "kv_capacity_aware"},
+                                    {"round_robin", "least_outstanding_tokens", "kv_capacity_aware", "kv_aware"},
                                     &c.routing.colocated_policy));
   PDSERVE_RETURN_IF_ERROR(s.Get("heartbeat_interval_ms", &c.heartbeat_interval));
   PDSERVE_RETURN_IF_ERROR(s.Get("heartbeat_timeout_ms", &c.heartbeat_timeout));
@@ -82,6 +82,11 @@ Status RouterConfig::Validate() const {
   if (model_name.empty()) return Status::InvalidArgument("router.model_name is empty");
   if (chat_format != "auto" && chat_format != "deepseek_v3" && chat_format != "deepseek_v31")
     return Status::InvalidArgument("router.chat_format must be auto, deepseek_v3 or deepseek_v31");
+  // A decode worker takes the whole prompt's KV from the transfer and looks nothing up.
+  if (routing.decode_policy == "kv_aware")
+    return Status::InvalidArgument(
+        "router.routing.decode_policy cannot be kv_aware (decode workers import the whole prompt; use it for "
+        "prefill_policy / colocated_policy)");
   if (heartbeat_interval.count() <= 0) return Status::InvalidArgument("router.heartbeat_interval_ms must be > 0");
   if (heartbeat_timeout <= heartbeat_interval)
     return Status::InvalidArgument("router.heartbeat_timeout_ms must exceed heartbeat_interval_ms");

@@ -18,9 +18,11 @@ namespace pdserve::router {
 struct RoutingConfig {
   // auto: disaggregated when >= 1 prefill and >= 1 decode worker are ready, else colocated.
   std::string mode = "auto";  // auto | disaggregated | colocated
-  std::string prefill_policy = "least_outstanding_tokens";    // round_robin | least_outstanding_tokens
-  std::string decode_policy = "kv_capacity_aware";            // + kv_capacity_aware
-  std::string colocated_policy = "least_outstanding_tokens";  // + kv_capacity_aware
+  // kv_aware (prefill, colocated): the fewest prompt tokens left to compute after the worker's
+  // predicted prefix-cache hit plus its outstanding tokens (docs/router.md "KV-aware routing").
+  std::string prefill_policy = "least_outstanding_tokens";    // round_robin | least_outstanding_tokens | kv_aware
+  std::string decode_policy = "kv_capacity_aware";            // round_robin | least_outstanding_tokens | kv_capacity_aware
+  std::string colocated_policy = "least_outstanding_tokens";  // any of the above
 };
 
 struct RouterConfig {

@@ -172,17 +172,25 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   const std::string& prefer_output = same_kind ? prefer->output_peer() : no_peer;
   const std::string& prefer_prefill = same_kind ? prefer->prefill_peer() : no_peer;
   WorkerChoice out, prefill;
+  // The prefix-cache hit each candidate computing the prompt would find (kv_index.h); the
+  // prompt's block names are computed once per namespace and only as far as a walk goes.
+  PromptChains chains(prompt);
+  const PredictHitFn predict = [&](const WorkerEntry& w) {
+    return kv_index_.PredictHitTokens(w.registration, &chains);
+  };
   if (disaggregated) {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kDecode, options_.decode_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true, &cursor_decode_,
                                                    prefer_output));
     PDSERVE_ASSIGN_OR_RETURN(prefill, registry_.Choose(WorkerRole::kPrefill, options_.prefill_policy, prompt_tokens,
-                                                       std::nullopt, 0, false, &cursor_prefill_, prefer_prefill));
+                                                       std::nullopt, 0, false, &cursor_prefill_, prefer_prefill,
+                                                       predict));
   } else {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kColocated, options_.colocated_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true,
-                                                   &cursor_colocated_, prefer_output));
+                                                   &cursor_colocated_, prefer_output, predict));
   }
+  route.predicted_hit_tokens = disaggregated ? prefill.predicted_hit_tokens : out.predicted_hit_tokens;
 
   services::JobMsg job;
   job.request_id = job_id;
@@ -218,8 +226,9 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
     job.phase = services::JobPhase::kColocated;
   }
   services::RequestLog("router", tag)
-      .Debug("job {:x}: {} prompt tokens, max_tokens {} -> {}{}", job_id, prompt_tokens, out.max_tokens,
-             out.worker->id, disaggregated ? " (decode), prefill " + prefill.worker->id : std::string());
+      .Debug("job {:x}: {} prompt tokens ({} predicted cached), max_tokens {} -> {}{}", job_id, prompt_tokens,
+             *route.predicted_hit_tokens, out.max_tokens, out.worker->id,
+             disaggregated ? " (decode), prefill " + prefill.worker->id : std::string());
   metrics_->CountPlacement(out.worker->role, out.worker->id, out.worker->dp_rank);
   if (disaggregated) metrics_->CountPlacement(prefill.worker->role, prefill.worker->id, prefill.worker->dp_rank);
   SendLocked(out.worker->peer, job);
@@ -332,6 +341,7 @@ void RouterCore::MigrateLocked(uint64_t job_id, const Failure& failure) {
 void RouterCore::WorkerGoneLocked(const WorkerEntry& worker, const std::string& reason) {
   metrics_->CountRemoval(worker.role, reason);
   metrics_->ForgetWorker(worker.id);
+  kv_index_.Forget(worker.registration);
   // Its entry is gone: its charges close with nothing to credit.
   ledger_.ForgetWorker(worker);
   std::vector<uint64_t> affected;
@@ -360,6 +370,36 @@ void RouterCore::OnKvReservedLocked(const std::string& peer, services::KvReserve
   SendLocked(r.attempt.prefill_peer(), r.prefill_job);
   r.prefill_job.prompt.clear();  // no longer needed
   r.prefill_job.kv_descriptor.clear();
+}
+
+void RouterCore::OnKvEventsLocked(const std::string& peer, const services::KvEventsMsg& msg) {
+  WorkerEntry* w = registry_.FindByPeer(peer);
+  // Not registered (timed out, replaced, or not yet): its next registration starts with a reset.
+  if (!w) return;
+  const Status applied =
+      kv_index_.Apply(w->registration, w->kv_namespace, static_cast<int64_t>(w->capacity.kv_blocks_total), msg);
+  w->kv_index_blocks = kv_index_.Blocks(w->registration);
+  if (!applied.ok()) {
+    metrics_->control_errors.Increment();
+    GetLogger("router")->warn("dropped KV events of worker {}: {}", w->id, applied.message());
+  }
+}
+
+void RouterCore::CountPrefixHitLocked(Route& r, const std::string& peer, const services::TokenEventMsg& ev) {
+  if (!r.predicted_hit_tokens) return;
+  // The report of the worker that computed the prompt: the prefill's single event, or a
+  // colocated attempt's finishing one; an error or abort carries no usage.
+  const std::optional<AttemptSide> side = r.attempt.SideOf(peer);
+  const bool report = side == AttemptSide::kPrefill ||
+                      (side == AttemptSide::kOutput && !r.attempt.disaggregated() && ev.finishing());
+  if (!report) return;
+  if (!ev.error.ok() || ev.finish == FinishReason::kError || ev.finish == FinishReason::kAbort) return;
+  metrics_->prefix_predicted_hit_tokens.Increment(static_cast<double>(*r.predicted_hit_tokens));
+  metrics_->prefix_actual_hit_tokens.Increment(ev.cached_prompt_tokens);
+  if (*r.predicted_hit_tokens != ev.cached_prompt_tokens)
+    services::RequestLog("router", r.request->tag())
+        .Debug("prefix cache: {} tokens predicted cached, {} found", *r.predicted_hit_tokens, ev.cached_prompt_tokens);
+  r.predicted_hit_tokens.reset();
 }
 
 void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEventMsg ev) {
@@ -393,6 +433,7 @@ void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEven
                           peer, peer});
     return;
   }
+  CountPrefixHitLocked(r, peer, ev);
   if (*side == AttemptSide::kPrefill) {
     OnPrefillEventLocked(r, peer, std::move(ev));
   } else {
@@ -499,6 +540,9 @@ void RouterCore::HandleMessage(std::string_view peer_view, std::string_view payl
   } else if (auto* kv = std::get_if<services::KvReservedMsg>(&msg)) {
     registry_.Touch(peer, now);
     OnKvReservedLocked(peer, std::move(*kv));
+  } else if (auto* kv_events = std::get_if<services::KvEventsMsg>(&msg)) {
+    registry_.Touch(peer, now);
+    OnKvEventsLocked(peer, *kv_events);
   } else if (auto* dereg = std::get_if<services::DeregisterMsg>(&msg)) {
     if (auto gone = registry_.Remove(peer)) {
       log->info("worker {} deregistered ({})", gone->id, dereg->reason);
@@ -585,6 +629,7 @@ nlohmann::json RouterCore::WorkersJson() const {
         {"waiting", w->load.waiting},
         {"outstanding_tokens", w->outstanding_tokens},
         {"outstanding_requests", w->outstanding_requests},
+        {"prefix_cache_blocks", w->kv_index_blocks},
         {"last_heartbeat_ms_ago",
          std::chrono::duration_cast<std::chrono::milliseconds>(now - w->last_seen).count()},
     });

@@ -50,6 +50,7 @@
 #include "services/router/active_request.h"
 #include "services/router/attempt.h"
 #include "services/router/charge_ledger.h"
+#include "services/router/kv_index.h"
 #include "services/router/router_metrics.h"
 #include "services/router/routing_policy.h"
 #include "services/router/worker_registry.h"
@@ -174,6 +175,9 @@ class RouterCore {
     uint32_t migrations = 0;
     Attempt attempt;               // the current one
     services::JobMsg prefill_job;  // disaggregated: sent once the decode worker reserved KV
+    // The current attempt's predicted prefix-cache hit on the worker computing the prompt
+    // (prefill, colocated); counted with the actual one when that worker reports it.
+    std::optional<int64_t> predicted_hit_tokens;
   };
   // Why the current attempt failed, for MigrateLocked.
   struct Failure {
@@ -191,6 +195,9 @@ class RouterCore {
   void OnPrefillEventLocked(Route& route, const std::string& peer, services::TokenEventMsg ev);
   void OnOutputEventLocked(Route& route, const std::string& peer, services::TokenEventMsg ev);
   void OnKvReservedLocked(const std::string& peer, services::KvReservedMsg msg);
+  void OnKvEventsLocked(const std::string& peer, const services::KvEventsMsg& msg);
+  // The predicted hit against what the worker computing the prompt reports (metrics).
+  void CountPrefixHitLocked(Route& route, const std::string& peer, const services::TokenEventMsg& ev);
   void WorkerGoneLocked(const WorkerEntry& worker, const std::string& reason);
   // Whether the request can be served at all now: disaggregated (true) or colocated (false).
   Result<bool> ChooseModeLocked() const;
@@ -221,6 +228,7 @@ class RouterCore {
   mutable std::mutex mu_;
   WorkerRegistry registry_;
   ChargeLedger ledger_{&registry_};                         // the registry's accounting
+  KvIndex kv_index_;                                        // the workers' prefix caches
   std::unordered_map<uint64_t, Route> routes_;              // by the current attempt's job id
   std::unordered_map<uint64_t, uint64_t> job_of_request_;  // ActiveRequest id -> current job id
   uint64_t next_request_id_;

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include "common/block_hash.h"
 #include "services/control/control_codec.h"
 
 namespace pdserve::router {
@@ -803,6 +804,137 @@ TEST_F(RouterCoreTest, UnknownAndMalformedMessages) {
   core_->Cancel(req->id(), "done");
   EXPECT_EQ(Aborts("c"), std::vector<uint64_t>{job.request_id});
   ExpectNothingSent();
+  ExpectIdle();
+}
+
+// kv_aware (docs/router.md "KV-aware routing"): the workers' KV events build the index, the
+// prefill worker holding a prompt's blocks gets it, the predicted hit is counted against the
+// one the worker reports, a colocated attempt reports at its finish, and a worker's entries go
+// when it does (re-registration, deregistration). Events the index cannot use are counted.
+TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHits) {
+  RouterCoreOptions o = TestOptions();
+  o.prefill_policy = RoutingPolicy::kKvAware;
+  o.colocated_policy = RoutingPolicy::kKvAware;
+  Make(o);
+  constexpr uint64_t kNs = 55;
+  constexpr uint32_t kB = 10, kC = 20;
+  auto register_cached = [&](const std::string& peer, WorkerRole role, uint64_t incarnation, uint64_t ns) {
+    RegisterMsg m;
+    m.worker_id = peer + "-id";
+    m.role = role;
+    m.incarnation = incarnation;
+    m.model_name = "m";
+    m.compat_hash = 7;
+    m.capacity = {16, 100, 100, kB, 1000, 1};
+    m.kv_namespace = ns;
+    From(peer, m);
+    ASSERT_EQ(Take<services::RegisterAckMsg>(peer).size(), 1u) << peer;
+  };
+  register_cached("p0", WorkerRole::kPrefill, 1, kNs);
+  register_cached("p1", WorkerRole::kPrefill, 1, kNs);
+  register_cached("d", WorkerRole::kDecode, 1, 0);
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 31 % 997);
+  std::vector<uint64_t> names;
+  ExtendChain(kNs, prompt, kB, 9, &names);
+  // p1 holds the prompt's first 6 blocks.
+  From("p1", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 6}, {}});
+  EXPECT_EQ(Worker("p1").kv_index_blocks, 6);
+  EXPECT_EQ(Worker("p0").kv_index_blocks, 0);
+  EXPECT_TRUE(core_->WorkersJson()[1]["prefix_cache_blocks"].is_number());
+  auto submit = [&](const std::vector<int32_t>& p) {
+    SubmitSpec spec;
+    spec.tag = "kv";
+    spec.prompt = p;
+    spec.max_tokens = 4;
+    auto r = core_->Submit(std::move(spec));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : nullptr;
+  };
+  // Every time, whatever the round-robin cursor says: p1 computes 40 tokens, p0 100.
+  for (int i = 0; i < 3; ++i) {
+    auto req = submit(prompt);
+    const uint64_t job = ToPrefilling("d", "p1");
+    TokenEventMsg first = Tokens(job, {42});
+    first.cached_prompt_tokens = 60;
+    From("p1", first);
+    EXPECT_EQ(Take<FirstTokenMsg>("d").size(), 1u);
+    From("d", Tokens(job, {43}, FinishReason::kStop));
+    EXPECT_TRUE(req->ended());
+  }
+  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 180);
+  EXPECT_EQ(metrics_.prefix_actual_hit_tokens.Value(), 180);
+  // A stale entry: p1 says it found less than predicted; both sides are counted as reported.
+  {
+    auto req = submit(prompt);
+    const uint64_t job = ToPrefilling("d", "p1");
+    From("p1", Tokens(job, {42}));  // nothing cached after all
+    Take<FirstTokenMsg>("d");
+    From("d", Tokens(job, {43}, FinishReason::kStop));
+    EXPECT_TRUE(req->ended());
+  }
+  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 240);
+  EXPECT_EQ(metrics_.prefix_actual_hit_tokens.Value(), 180);
+  // Removals move the choice: p1 keeps 1 block (below the first chunk), p0 now has 3.
+  From("p1", services::KvEventsMsg{false, kB, kC, {}, {names.begin() + 1, names.begin() + 6}});
+  From("p0", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 3}, {}});
+  {
+    auto req = submit(prompt);
+    ToPrefilling("d", "p0");
+    core_->Cancel(req->id(), "enough");
+    Aborts("d");
+    Aborts("p0");
+  }
+  // Events the index cannot use: from a worker registered without a cache (counted), from a
+  // peer nobody registered (ignored).
+  const double errors = metrics_.control_errors.Value();
+  From("d", services::KvEventsMsg{true, kB, kC, {1, 2}, {}});
+  EXPECT_EQ(metrics_.control_errors.Value(), errors + 1);
+  From("nobody", services::KvEventsMsg{true, kB, kC, {1, 2}, {}});
+  EXPECT_EQ(metrics_.control_errors.Value(), errors + 1);
+  ExpectNothingSent();
+  // A restart of p0 starts its index from nothing; a deregistration drops p1's.
+  register_cached("p0", WorkerRole::kPrefill, 2, kNs);
+  EXPECT_EQ(Worker("p0").kv_index_blocks, 0);
+  From("p1", services::DeregisterMsg{"bye"});
+  register_cached("p1", WorkerRole::kPrefill, 3, kNs);
+  EXPECT_EQ(Worker("p1").kv_index_blocks, 0);
+  ExpectIdle();
+}
+
+TEST_F(RouterCoreTest, KvAwareColocatedCountsTheHitAtTheFinish) {
+  RouterCoreOptions o = TestOptions();
+  o.colocated_policy = RoutingPolicy::kKvAware;
+  Make(o);
+  for (const char* peer : {"c0", "c1"}) {
+    RegisterMsg m;
+    m.worker_id = std::string(peer) + "-id";
+    m.role = WorkerRole::kColocated;
+    m.incarnation = 1;
+    m.model_name = "m";
+    m.capacity = {16, 100, 100, 10, 1000, 1};
+    m.kv_namespace = 9;
+    From(peer, m);
+    Take<services::RegisterAckMsg>(peer);
+  }
+  std::vector<int32_t> prompt(50, 4);
+  std::vector<uint64_t> names;
+  ExtendChain(9, prompt, 10, 4, &names);
+  From("c0", services::KvEventsMsg{true, 10, 20, names, {}});
+  SubmitSpec spec;
+  spec.tag = "kv";
+  spec.prompt = prompt;
+  spec.max_tokens = 4;
+  auto req = core_->Submit(std::move(spec));
+  ASSERT_TRUE(req.ok());
+  const JobMsg job = TakeJob("c0");
+  From("c0", Tokens(job.request_id, {1}));
+  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 0);  // not before the finish
+  TokenEventMsg last = Tokens(job.request_id, {2}, FinishReason::kStop);
+  last.cached_prompt_tokens = 40;
+  From("c0", last);
+  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 40);
+  EXPECT_EQ(metrics_.prefix_actual_hit_tokens.Value(), 40);
   ExpectIdle();
 }
 

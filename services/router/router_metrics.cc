@@ -63,6 +63,16 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
                                 .Help("ZeroMQ request API messages refused as malformed or of a wrong kind")
                                 .Register(*registry)
                                 .Add({})),
+      prefix_predicted_hit_tokens(prometheus::BuildCounter()
+                                      .Name("pdserve_router_prefix_predicted_hit_tokens_total")
+                                      .Help("Prompt tokens predicted cached on the worker that computed the prompt")
+                                      .Register(*registry)
+                                      .Add({})),
+      prefix_actual_hit_tokens(prometheus::BuildCounter()
+                                   .Name("pdserve_router_prefix_actual_hit_tokens_total")
+                                   .Help("Prompt tokens the computing worker's prefix cache supplied")
+                                   .Register(*registry)
+                                   .Add({})),
       registry_(registry),
       requests_(prometheus::BuildCounter()
                     .Name("pdserve_router_requests_total")

@@ -27,6 +27,13 @@
 //                                                 `role`: migrated (a new attempt started), or
 //                                                 failed: limit (router.max_migrations),
 //                                                 no_worker, deadline
+//   pdserve_router_prefix_predicted_hit_tokens_total  prompt tokens the router predicted the
+//                                                 chosen worker's prefix cache holds (kv_index.h),
+//   pdserve_router_prefix_actual_hit_tokens_total     and those its engine actually found, both
+//                                                 counted when the worker that computed the
+//                                                 prompt reports it (prefill's first token,
+//                                                 colocated finish): equal while the index is
+//                                                 exact; a gap means stale entries
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe; UpdateWorkerKv is called from the
 // control thread only.
@@ -78,6 +85,8 @@ class RouterMetrics {
   prometheus::Counter& generation_tokens;
   prometheus::Counter& control_errors;
   prometheus::Counter& request_api_malformed;
+  prometheus::Counter& prefix_predicted_hit_tokens;
+  prometheus::Counter& prefix_actual_hit_tokens;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

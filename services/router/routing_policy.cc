@@ -9,8 +9,9 @@ Result<RoutingPolicy> ParseRoutingPolicy(std::string_view name) {
   if (name == "round_robin") return RoutingPolicy::kRoundRobin;
   if (name == "least_outstanding_tokens") return RoutingPolicy::kLeastOutstandingTokens;
   if (name == "kv_capacity_aware") return RoutingPolicy::kKvCapacityAware;
+  if (name == "kv_aware") return RoutingPolicy::kKvAware;
   return Status::InvalidArgument("unknown routing policy '" + std::string(name) +
-                                 "' (round_robin, least_outstanding_tokens, kv_capacity_aware)");
+                                 "' (round_robin, least_outstanding_tokens, kv_capacity_aware, kv_aware)");
 }
 
 const char* RoutingPolicyName(RoutingPolicy policy) {
@@ -18,6 +19,7 @@ const char* RoutingPolicyName(RoutingPolicy policy) {
     case RoutingPolicy::kRoundRobin: return "round_robin";
     case RoutingPolicy::kLeastOutstandingTokens: return "least_outstanding_tokens";
     case RoutingPolicy::kKvCapacityAware: return "kv_capacity_aware";
+    case RoutingPolicy::kKvAware: return "kv_aware";
   }
   return "unknown";
 }
@@ -30,6 +32,17 @@ int ChooseWorker(RoutingPolicy policy, const std::vector<RoutingCandidate>& c, u
   auto at = [&](size_t k) { return static_cast<size_t>((start + k) % n); };
   if (policy == RoutingPolicy::kRoundRobin) return static_cast<int>(at(0));
   int best = -1;
+  if (policy == RoutingPolicy::kKvAware) {
+    // The tokens the worker would compute for this prompt plus the work it already owes.
+    auto score = [&](size_t i) {
+      return std::max<int64_t>(c[i].prompt_tokens - c[i].predicted_hit_tokens, 0) + c[i].outstanding_tokens;
+    };
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = at(k);
+      if (best < 0 || score(i) < score(static_cast<size_t>(best))) best = static_cast<int>(i);
+    }
+    return best;
+  }
   if (policy == RoutingPolicy::kLeastOutstandingTokens) {
     for (size_t k = 0; k < n; ++k) {
       const size_t i = at(k);

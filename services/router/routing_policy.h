@@ -13,6 +13,12 @@
 //                             outstanding tokens wins among them (ties go round-robin), so
 //                             while every cache has room this balances the work, and a cache
 //                             running short stops getting requests
+//   kv_aware                  (prefill / colocated) the eligible worker with the least work
+//                             for this request: the prompt tokens it would still compute after
+//                             its predicted prefix-cache hit (KvIndex, kv_index.h) plus its
+//                             outstanding tokens; ties go round-robin. Decode workers take the
+//                             whole prompt's KV from the transfer (no lookup), so the decode
+//                             side keeps its own policy
 //
 // Eligible: ready (not draining) and prompt_tokens < max_context_tokens. Free blocks are the
 // worker's last heartbeat minus what the router assigned since (WorkerRegistry).
@@ -28,7 +34,7 @@
 
 namespace pdserve::router {
 
-enum class RoutingPolicy { kRoundRobin, kLeastOutstandingTokens, kKvCapacityAware };
+enum class RoutingPolicy { kRoundRobin, kLeastOutstandingTokens, kKvCapacityAware, kKvAware };
 
 // Errors: InvalidArgument for an unknown name.
 Result<RoutingPolicy> ParseRoutingPolicy(std::string_view name);
@@ -43,6 +49,8 @@ struct RoutingCandidate {
   int64_t kv_blocks_total = 0;    // the worker's pool (0: unknown; headroom is then in blocks)
   int64_t blocks_for_request = 0; // prompt + max_tokens
   int64_t blocks_for_prompt = 0;
+  int64_t prompt_tokens = 0;         // kv_aware: the request's prompt
+  int64_t predicted_hit_tokens = 0;  // kv_aware: of those, predicted cached on this worker
 };
 
 // Index of the chosen candidate, or -1 when none can take the request (kv_capacity_aware only:

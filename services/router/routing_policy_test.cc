@@ -10,6 +10,8 @@ namespace {
 TEST(RoutingPolicyTest, Parse) {
   EXPECT_EQ(ParseRoutingPolicy("round_robin").value(), RoutingPolicy::kRoundRobin);
   EXPECT_EQ(ParseRoutingPolicy("kv_capacity_aware").value(), RoutingPolicy::kKvCapacityAware);
+  EXPECT_EQ(ParseRoutingPolicy("kv_aware").value(), RoutingPolicy::kKvAware);
+  EXPECT_STREQ(RoutingPolicyName(RoutingPolicy::kKvAware), "kv_aware");
   EXPECT_FALSE(ParseRoutingPolicy("random").ok());
 }
 
@@ -33,6 +35,36 @@ TEST(RoutingPolicyTest, LeastOutstandingTokensWithRotatingTies) {
   std::map<int, int> counts;
   for (int i = 0; i < 9; ++i) ++counts[ChooseWorker(RoutingPolicy::kLeastOutstandingTokens, c, &cursor)];
   EXPECT_EQ(counts, (std::map<int, int>{{0, 3}, {1, 3}, {2, 3}}));
+}
+
+TEST(RoutingPolicyTest, KvAwareScoresTheTokensLeftToComputePlusTheQueue) {
+  std::vector<RoutingCandidate> c(3);
+  for (auto& x : c) x.prompt_tokens = 1000;
+  c[0].predicted_hit_tokens = 0;
+  c[1].predicted_hit_tokens = 768;  // computes 232
+  c[2].predicted_hit_tokens = 512;  // computes 488
+  uint64_t cursor = 0;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 1);
+  // The holder's queue counts: 232 + 300 > 488 + 0.
+  c[1].outstanding_tokens = 300;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 2);
+  // Equal scores (232 + 256 = 488 + 0): the rotation decides, so both get requests.
+  c[1].outstanding_tokens = 256;
+  std::map<int, int> counts;
+  for (int i = 0; i < 6; ++i) ++counts[ChooseWorker(RoutingPolicy::kKvAware, c, &cursor)];
+  EXPECT_EQ(counts.count(0), 0u);
+  EXPECT_GT(counts[1], 0);
+  EXPECT_GT(counts[2], 0);
+  // No prediction anywhere: the least outstanding tokens, as least_outstanding_tokens.
+  for (auto& x : c) x.predicted_hit_tokens = 0;
+  c[0].outstanding_tokens = 5;
+  c[1].outstanding_tokens = 1;
+  c[2].outstanding_tokens = 9;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 1);
+  // A prediction above the prompt (a stale or odd index) never scores below zero work.
+  c[2].predicted_hit_tokens = 5000;
+  c[2].outstanding_tokens = 2;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 2);
 }
 
 TEST(RoutingPolicyTest, KvCapacityAware) {

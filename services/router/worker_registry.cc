@@ -144,7 +144,8 @@ WorkerEntry* WorkerRegistry::FindById(const std::string& id) {
 
 Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy policy, uint32_t prompt_tokens,
                                             std::optional<uint32_t> max_tokens, uint32_t default_max_tokens,
-                                            bool produces_output, uint64_t* cursor, const std::string& prefer) {
+                                            bool produces_output, uint64_t* cursor, const std::string& prefer,
+                                            const PredictHitFn& predict_hit) {
   std::vector<WorkerEntry*> eligible;
   std::vector<WorkerChoice> choices;
   std::vector<RoutingCandidate> candidates;
@@ -171,6 +172,8 @@ Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy polic
     rc.blocks_for_prompt = BlocksFor(prompt_tokens, bt);
     rc.blocks_for_request = BlocksFor(static_cast<int64_t>(prompt_tokens) + c.max_tokens, bt);
     c.blocks = produces_output ? rc.blocks_for_request : rc.blocks_for_prompt;
+    rc.prompt_tokens = prompt_tokens;
+    if (predict_hit) rc.predicted_hit_tokens = c.predicted_hit_tokens = predict_hit(*e);
     choices.push_back(c);
     candidates.push_back(rc);
   }

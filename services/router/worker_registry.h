@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -60,6 +61,9 @@ struct WorkerEntry {
   int64_t outstanding_tokens = 0;
   int64_t outstanding_requests = 0;
   int64_t kv_free_estimate = 0;
+  // Blocks the router's prefix-cache index (kv_index.h) holds for this worker, from its KV
+  // events (0: it publishes none).
+  int64_t kv_index_blocks = 0;
 };
 
 struct RegisterOutcome {
@@ -74,7 +78,11 @@ struct WorkerChoice {
   WorkerEntry* worker = nullptr;
   uint32_t max_tokens = 0;       // resolved for this worker's context (output workers)
   int64_t blocks = 0;            // KV blocks the request needs there
+  int64_t predicted_hit_tokens = 0;  // of the prompt, predicted cached there (with predict_hit)
 };
+
+// The prefix-cache hit (prompt tokens) a worker is predicted to find (KvIndex).
+using PredictHitFn = std::function<int64_t(const WorkerEntry&)>;
 
 class WorkerRegistry {
  public:
@@ -110,9 +118,12 @@ class WorkerRegistry {
   // `prefer` (a peer; empty: none): taken instead of the policy's pick when it is eligible and
   // its free-KV estimate holds the request (prompt + max_tokens for an output worker, the prompt
   // for a prefill worker); the choices of one client request share their workers this way.
+  // `predict_hit` (optional): each candidate's predicted prefix-cache hit, which kv_aware
+  // scores by and the choice reports.
   Result<WorkerChoice> Choose(services::WorkerRole role, RoutingPolicy policy, uint32_t prompt_tokens,
                               std::optional<uint32_t> max_tokens, uint32_t default_max_tokens,
-                              bool produces_output, uint64_t* cursor, const std::string& prefer = {});
+                              bool produces_output, uint64_t* cursor, const std::string& prefer = {},
+                              const PredictHitFn& predict_hit = {});
 
   size_t ReadyCount(services::WorkerRole role) const;
   size_t DrainingCount(services::WorkerRole role) const;

@@ -33,6 +33,7 @@ nlohmann::json WorkersView(const std::vector<WorkerEntry>& workers, std::chrono:
           {"max_batch", w.capacity.max_batch},
           {"block_tokens", w.capacity.block_tokens}}},
         {"model", w.model_name},
+        {"prefix_cache", {{"blocks", w.kv_index_blocks}}},
     });
   }
   return {{"object", "list"}, {"data", std::move(data)}};

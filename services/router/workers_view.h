@@ -10,7 +10,9 @@
 //     "load": {"running", "waiting", "queued_tokens", "kv_blocks_free", "kv_blocks_total",
 //              "outstanding_requests", "outstanding_tokens"},
 //     "instance": "" (one-process worker) | the instance id, "dp_rank": r, "dp_ranks": N,
-//     "capacity": {"max_context_tokens", "max_batch", "block_tokens"}, "model"}]}
+//     "capacity": {"max_context_tokens", "max_batch", "block_tokens"}, "model",
+//     "prefix_cache": {"blocks": the cached blocks the router's index holds for it (kv_index.h;
+//                      0 when the worker publishes no KV events)}}]}
 //
 // Thread-safety: a pure function of a snapshot (RouterCore::WorkerSnapshot).
 #pragma once

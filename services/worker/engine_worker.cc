@@ -29,12 +29,30 @@ Result<std::unique_ptr<EngineWorker>> EngineWorker::Create(const WorkerServiceCo
       break;
     }
   }
+  worker->kv_events_hook_ = hooks.kv_events;
   const KvLayout& layout = h->engine().pool().layout();
   GetLogger("worker")->info("{} worker {}: model {} ({}), KV {} blocks of {} tokens, compat hash {:016x}{}; {}",
                             WorkerRoleName(config.role), config.worker_id, config.model_dir, layout.ToString(),
                             h->engine().pool().n_blocks(), layout.tokens_per_block, h->compat_hash(),
                             h->transport() ? ", KV transfer over UCX" : "", instance->Describe());
   return worker;
+}
+
+std::optional<KvEventsMsg> EngineWorker::TakeKvEvents(bool full) {
+  if (host_->kv_namespace() == 0) return std::nullopt;  // no prefix cache: nothing to publish
+  engine::Engine& e = host_->engine();
+  engine::KvEventBatch batch = e.TakeKvEvents(full);
+  KvEventsMsg m;
+  m.reset = batch.reset;
+  m.block_tokens = static_cast<uint32_t>(e.pool().layout().tokens_per_block);
+  m.first_chunk_tokens = static_cast<uint32_t>(e.prefix_cache_first_chunk_tokens());
+  m.stored = std::move(batch.stored);
+  m.removed = std::move(batch.removed);
+  if (m.reset && !full)
+    GetLogger("worker")->info("worker {}: the KV event backlog overflowed; sending the whole set ({} blocks)",
+                              host_->config().worker_id, m.stored.size());
+  if (kv_events_hook_) kv_events_hook_(&m);
+  return m;
 }
 
 }  // namespace pdserve::services::worker

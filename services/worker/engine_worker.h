@@ -18,7 +18,9 @@
 // destroyed before the worker.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <prometheus/registry.h>
@@ -56,6 +58,9 @@ class EngineWorker : public WorkerHandler {
 
   WorkerLoad CurrentLoad() override { return host_->Load(QuarantinedBlocks()); }
   Status Health() override { return host_->Health(); }
+  // The engine's prefix-cache events with its hit rule (block size, first chunk); nullopt with
+  // the cache off.
+  std::optional<KvEventsMsg> TakeKvEvents(bool full) override;
 
  protected:
   explicit EngineWorker(std::unique_ptr<EngineHost> host) : host_(std::move(host)) {}
@@ -65,6 +70,9 @@ class EngineWorker : public WorkerHandler {
   // Destroyed after the role's own members (declared in the derived class), which each role's
   // destructor tears down in its order first.
   std::unique_ptr<EngineHost> host_;
+
+ private:
+  std::function<void(KvEventsMsg*)> kv_events_hook_;  // WorkerHooks::kv_events (tests)
 };
 
 }  // namespace pdserve::services::worker

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "kvtransfer/transport.h"
+#include "services/control/control_messages.h"
 
 namespace pdserve::services::worker {
 
@@ -22,6 +23,9 @@ struct WorkerHooks {
   // Becomes engine::EngineOptions::layer_fault_hook: called on the engine's step thread after
   // each layer of a forward that exports KV; a non-OK status fails that forward.
   std::function<Status(int64_t layer)> layer_fault;
+  // Edits each batch of prefix-cache events before the agent sends it (e.g. drops the
+  // removals, so the router's index goes stale). Called on the agent's thread.
+  std::function<void(KvEventsMsg*)> kv_events;
 };
 
 }  // namespace pdserve::services::worker

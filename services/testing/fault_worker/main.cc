@@ -8,6 +8,9 @@
 //                                     the completion notice carries (a transfer torn in flight)
 //   --fault-fail-prefill-at-layer N   every forward that exports KV fails right after layer N
 //                                     was streamed (engine::EngineOptions::layer_fault_hook)
+//   --fault-drop-kv-removals 1        the prefix-cache events sent to the router never say a
+//                                     block left the cache, so the router's index keeps blocks
+//                                     this worker evicted (a stale index)
 //
 // The faults enter through WorkerHooks; nothing of this is compiled into the shipped worker
 // binaries or the Docker image.
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   const auto tear = TakeInt(args, "fault-tear-kv-writes");
   const auto fail_at = TakeInt(args, "fault-fail-prefill-at-layer");
+  const auto drop_removals = TakeInt(args, "fault-drop-kv-removals");
   pdserve::services::worker::WorkerHooks hooks;
   if (tear && *tear > 0) {
     const int n = static_cast<int>(*tear);
@@ -76,6 +80,10 @@ int main(int argc, char** argv) {
                                                      std::to_string(at))
                          : pdserve::Status::Ok();
     };
+  }
+  if (drop_removals && *drop_removals > 0) {
+    std::fprintf(stderr, "pdserve-fault-worker: TEST FAULT: KV events never report a removed block\n");
+    hooks.kv_events = [](pdserve::services::KvEventsMsg* m) { m->removed.clear(); };
   }
   std::vector<char*> rest;
   for (std::string& a : args) rest.push_back(a.data());

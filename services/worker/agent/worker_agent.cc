@@ -227,6 +227,38 @@ void WorkerAgent::SendHeartbeat() {
   Send(m);
 }
 
+void WorkerAgent::SendKvEvents() {
+  std::optional<KvEventsMsg> events = handler_->TakeKvEvents(kv_resync_);
+  kv_resync_ = false;
+  if (!events || events->empty()) return;
+  if (metrics_) {
+    metrics_->kv_event_stored.Increment(static_cast<double>(events->stored.size()));
+    metrics_->kv_event_removed.Increment(static_cast<double>(events->removed.size()));
+    if (events->reset) metrics_->kv_event_resets.Increment();
+  }
+  constexpr size_t kMax = ControlLimits::kMaxKvEventHashes;
+  if (events->stored.size() <= kMax && events->removed.size() <= kMax) {
+    Send(*events);
+    return;
+  }
+  // Too many hashes for one message: the first part carries the reset, the rest follow it
+  // (the two lists are disjoint, so their order does not matter).
+  bool first = true;
+  for (const std::vector<uint64_t>* list : {&events->removed, &events->stored}) {
+    for (size_t at = 0; at < list->size(); at += kMax) {
+      KvEventsMsg part;
+      part.reset = first && events->reset;
+      part.block_tokens = events->block_tokens;
+      part.first_chunk_tokens = events->first_chunk_tokens;
+      const size_t end = std::min(list->size(), at + kMax);
+      (list == &events->stored ? part.stored : part.removed).assign(list->begin() + static_cast<std::ptrdiff_t>(at),
+                                                                  list->begin() + static_cast<std::ptrdiff_t>(end));
+      Send(part);
+      first = false;
+    }
+  }
+}
+
 void WorkerAgent::OnTick(Clock::time_point now) {
   bool caught_up;
   {
@@ -311,6 +343,10 @@ void WorkerAgent::OnTick(Clock::time_point now) {
       if (now >= next_heartbeat_) {
         SendHeartbeat();
         next_heartbeat_ = now + heartbeat_interval_;
+      }
+      if (now >= next_kv_events_) {
+        SendKvEvents();
+        next_kv_events_ = now + options_.kv_events_interval;
       }
       MaybeFinishDrain(now);
       break;
@@ -401,6 +437,9 @@ void WorkerAgent::OnMessage(std::string_view payload) {
     SetState(State::kRegistered);
     first_seq_of_registration_ = heartbeat_seq_ + 1;
     next_heartbeat_ = now;
+    // A new registration starts with an empty index at the router: send the whole set.
+    kv_resync_ = true;
+    next_kv_events_ = now;
     log->info("worker {} registered with router {} (incarnation {:x}, heartbeat {} ms)", options_.worker_id,
               options_.router_address, ack->router_incarnation, heartbeat_interval_.count());
     // The same router instance may still route the jobs we dropped to us: tell it they are gone.

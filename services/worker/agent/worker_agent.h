@@ -15,7 +15,9 @@
 //   * tracks live jobs: events for a job that is not live (finished, aborted by a lost router)
 //     are dropped, so a restarted router never sees stale events;
 //   * drains: no new jobs, then Deregister once the last live job finished (or after the drain
-//     timeout, aborting the rest).
+//     timeout, aborting the rest);
+//   * publishes the handler's prefix-cache events (TakeKvEvents) every kv_events_interval while
+//     registered, the first time after each registration with the whole set (reset).
 //
 // Threading: one owner thread (the ControlChannel's) runs every WorkerHandler call. The
 // Send* and BeginDrain methods may be called from any thread (e.g. the engine step thread).
@@ -28,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -81,6 +84,11 @@ class WorkerHandler {
   // requests; once healthy again the worker finds the router forgot it, drops its jobs and
   // registers anew (as after a lost router). Called on the agent's thread every tick.
   virtual Status Health() { return Status::Ok(); }
+
+  // The prefix-cache events since the last call (KvEventsMsg; docs/router.md "KV-aware
+  // routing"), or with `full` the whole set with reset. nullopt: this worker has no prefix
+  // cache (the default). Called on the agent's thread, only while registered.
+  virtual std::optional<KvEventsMsg> TakeKvEvents(bool full) { return std::nullopt; }
 };
 
 struct WorkerAgentOptions {
@@ -101,6 +109,9 @@ struct WorkerAgentOptions {
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds router_timeout{2500};
   std::chrono::milliseconds tick{20};
+  // How often the prefix-cache events go out (when there are any): the router's index lags
+  // the caches by about this much (a stale entry costs a misprediction, not an error).
+  std::chrono::milliseconds kv_events_interval{100};
   // CURVE on the control connection (curve_keys.h; disabled: plain TCP).
   CurveOptions curve;
   // Agent metrics are registered here when set (see worker_metrics.h).
@@ -150,6 +161,8 @@ class WorkerAgent {
   void OnJob(JobMsg job);
   void SendRegister();
   void SendHeartbeat();
+  // The handler's KV events (the whole set when kv_resync_), split to the control-plane limits.
+  void SendKvEvents();
   // Aborts every live job and forgets it (its events are dropped from now on).
   // Aborts every live job in the handler; returns their ids.
   std::vector<uint64_t> AbortAll(std::string_view reason);
@@ -201,6 +214,10 @@ class WorkerAgent {
   std::vector<uint64_t> dropped_while_lost_;
   uint64_t incarnation_when_lost_ = 0;
   bool unhealthy_ = false;  // the handler's Health() failed at the last tick (agent thread)
+  // The router has nothing (or something stale) of our cache: the next KV events are the whole
+  // set. Set by every registration.
+  bool kv_resync_ = true;
+  std::chrono::steady_clock::time_point next_kv_events_{};
 
   std::unique_ptr<ControlChannel> channel_;  // last: its thread stops before the rest goes
 };

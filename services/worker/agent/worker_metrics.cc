@@ -23,6 +23,8 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, WorkerRole role, const std
 WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const prometheus::Labels& l)
     : jobs_family_(Counter(r, "pdserve_worker_jobs_total", "Jobs by outcome", l)),
       kv_family_(Gauge(r, "pdserve_worker_kv_blocks", "KV cache blocks by state", l)),
+      kv_events_family_(Counter(r, "pdserve_worker_kv_event_hashes_total",
+                                "Prefix-cache block hashes sent to the router in KV events", l)),
       jobs_finished(jobs_family_.Add({{"outcome", "finished"}})),
       jobs_aborted(jobs_family_.Add({{"outcome", "aborted"}})),
       jobs_failed(jobs_family_.Add({{"outcome", "error"}})),
@@ -51,7 +53,11 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const prometheus::Labels& 
                               .Register(r)
                               .Add({}, RequestLatencyBuckets())),
       kv_transfer_failures(
-          Counter(r, "pdserve_worker_kv_transfer_failures_total", "KV transfers that failed or timed out", l).Add({})) {}
+          Counter(r, "pdserve_worker_kv_transfer_failures_total", "KV transfers that failed or timed out", l).Add({})),
+      kv_event_stored(kv_events_family_.Add({{"kind", "stored"}})),
+      kv_event_removed(kv_events_family_.Add({{"kind", "removed"}})),
+      kv_event_resets(Counter(r, "pdserve_worker_kv_event_resets_total",
+                              "KV events sent with the whole set of cached block hashes", l).Add({})) {}
 
 void WorkerMetrics::SetLoad(const WorkerLoad& load) {
   running.Set(load.running);

@@ -20,6 +20,10 @@
 //   pdserve_worker_kv_transfer_seconds             reservation -> transfer complete, per request
 //   pdserve_worker_kv_transfer_failures_total      transfers that failed or timed out
 // The last four are fed by the engine-backed services (the echo test worker leaves them 0).
+//   pdserve_worker_kv_event_hashes_total{kind}     prefix-cache block hashes sent to the router
+//                                                  in kvEvents (kind stored | removed)
+//   pdserve_worker_kv_event_resets_total           kvEvents sent with the whole set (after each
+//                                                  registration, and after a backlog overflow)
 //
 // EngineWorkerMetrics: the series only engine-backed workers have, on the same registry and
 // constant labels (created by EngineHost):
@@ -66,6 +70,7 @@ class WorkerMetrics {
   // registered once.
   prometheus::Family<prometheus::Counter>& jobs_family_;
   prometheus::Family<prometheus::Gauge>& kv_family_;
+  prometheus::Family<prometheus::Counter>& kv_events_family_;
 
  public:
   WorkerMetrics(prometheus::Registry& registry, WorkerRole role, const std::string& worker_id);
@@ -88,6 +93,9 @@ class WorkerMetrics {
   prometheus::Counter& kv_transfer_bytes;
   prometheus::Histogram& kv_transfer_seconds;
   prometheus::Counter& kv_transfer_failures;
+  prometheus::Counter& kv_event_stored;
+  prometheus::Counter& kv_event_removed;
+  prometheus::Counter& kv_event_resets;
 
   void SetLoad(const WorkerLoad& load);
 

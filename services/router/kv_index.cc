@@ -1,0 +1,63 @@
+#include "services/router/kv_index.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/block_hash.h"
+
+namespace pdserve::router {
+
+uint64_t PromptChains::BlockHash(uint64_t ns, int64_t block_tokens, int64_t j) {
+  std::vector<uint64_t>& chain = chains_[{ns, block_tokens}];
+  if (static_cast<int64_t>(chain.size()) <= j) ExtendChain(ns, prompt_, block_tokens, j + 1, &chain);
+  return chain[static_cast<size_t>(j)];
+}
+
+Status KvIndex::Apply(uint64_t worker, uint64_t ns, int64_t max_blocks, const services::KvEventsMsg& events) {
+  if (ns == 0) {
+    by_worker_.erase(worker);
+    return Status::InvalidArgument("KV events from a worker that registered without a prefix cache (kv_namespace 0)");
+  }
+  Worker& w = by_worker_[worker];
+  if (events.reset || w.ns != ns || w.block_tokens != events.block_tokens) w.hashes.clear();
+  w.ns = ns;
+  w.block_tokens = events.block_tokens;
+  w.first_chunk_tokens = events.first_chunk_tokens;
+  for (uint64_t h : events.removed) w.hashes.erase(h);
+  for (uint64_t h : events.stored) w.hashes.insert(h);
+  if (max_blocks > 0 && static_cast<int64_t>(w.hashes.size()) > max_blocks) {
+    const size_t claimed = w.hashes.size();
+    w.hashes = {};
+    return Status::InvalidArgument(
+        fmt::format("KV events claim {} cached blocks in a pool of {}; the worker's index is dropped", claimed,
+                    max_blocks));
+  }
+  return Status::Ok();
+}
+
+void KvIndex::Forget(uint64_t worker) { by_worker_.erase(worker); }
+
+int64_t KvIndex::Blocks(uint64_t worker) const {
+  auto it = by_worker_.find(worker);
+  return it == by_worker_.end() ? 0 : static_cast<int64_t>(it->second.hashes.size());
+}
+
+int64_t KvIndex::PredictHitTokens(uint64_t worker, PromptChains* chains) const {
+  auto it = by_worker_.find(worker);
+  if (it == by_worker_.end()) return 0;
+  const Worker& w = it->second;
+  const auto n = static_cast<int64_t>(chains->prompt().size());
+  const int64_t B = w.block_tokens;
+  if (B <= 0 || n < 1 || w.hashes.empty()) return 0;
+  // The engine's rule (engine/scheduler.cc MapCachedPrefix): whole blocks, never the last
+  // token (its row gives the logits to sample from), the first chunk whole or nothing.
+  const int64_t max_blocks = (n - 1) / B;
+  const int64_t first_chunk = std::max<int64_t>(w.first_chunk_tokens, 1);
+  if (max_blocks * B < first_chunk) return 0;
+  int64_t m = 0;
+  while (m < max_blocks && w.hashes.count(chains->BlockHash(w.ns, B, m))) ++m;
+  return m * B >= first_chunk ? m * B : 0;
+}
+
+}  // namespace pdserve::router

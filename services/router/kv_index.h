@@ -1,0 +1,77 @@
+// KvIndex: the router's index of its workers' prefix caches (docs/router.md "KV-aware routing"),
+// and PromptChains: the chained block names of one prompt.
+//
+// Each engine worker publishes what its prefix cache stores and removes (kvEvents,
+// proto/control.capnp): the chained hashes of full KV blocks under its namespace
+// (RegisterMsg::kv_namespace), and its hit rule (block size B, first chunk C). The index keeps,
+// per worker registration, the set of hashes it holds. For a prompt and a worker it predicts
+// the prefix-cache hit the worker's engine would find: it names the prompt's blocks exactly as
+// the engine does (common/block_hash.h, the one definition both use), walks them while the
+// worker holds each, and applies the engine's rule (docs/prefix-cache.md): whole blocks, never
+// the prompt's last token, and at least C tokens or nothing.
+//
+// A prediction is only advice for routing: the index lags the caches by the event interval,
+// and a block may be evicted after its event (or a 64-bit name may collide). A wrong prediction
+// sends a request to a worker that then computes more than expected, never a wrong token: the
+// worker looks up its own cache, which checks tokens and parents.
+//
+// Memory: per worker at most the blocks of its pool (capacity.kv_blocks_total): a worker that
+// claims more is refused and its set dropped (a bug or a hostile peer; its next reset restores).
+// Thread-safety: none; RouterCore owns it under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "services/control/control_messages.h"
+
+namespace pdserve::router {
+
+// The chain names of one prompt's full blocks, computed lazily per (namespace, block size), so
+// workers of one namespace share the work and a walk that stops early hashes no further.
+// Borrows the prompt (it must outlive the object).
+class PromptChains {
+ public:
+  explicit PromptChains(std::span<const int32_t> prompt) : prompt_(prompt) {}
+  std::span<const int32_t> prompt() const { return prompt_; }
+  // The name of block j (tokens [jB, (j+1)B)). REQUIRES: (j + 1) * block_tokens <= prompt size.
+  uint64_t BlockHash(uint64_t ns, int64_t block_tokens, int64_t j);
+
+ private:
+  std::span<const int32_t> prompt_;
+  std::map<std::pair<uint64_t, int64_t>, std::vector<uint64_t>> chains_;
+};
+
+class KvIndex {
+ public:
+  // Applies a worker's events. `worker`: its registration (WorkerEntry::registration); `ns`:
+  // its kv_namespace; `max_blocks`: its pool's block count (0: unknown, no cap).
+  // Errors: InvalidArgument when the worker announced no cache (ns 0; nothing is kept) or
+  // claims more cached blocks than its pool holds (its set is dropped).
+  Status Apply(uint64_t worker, uint64_t ns, int64_t max_blocks, const services::KvEventsMsg& events);
+  // Drops everything of a worker (removed, replaced, gone).
+  void Forget(uint64_t worker);
+  // Blocks the index believes `worker` holds.
+  int64_t Blocks(uint64_t worker) const;
+  size_t workers() const { return by_worker_.size(); }
+
+  // The prompt tokens `worker` would find in its prefix cache (0 when it publishes nothing).
+  int64_t PredictHitTokens(uint64_t worker, PromptChains* chains) const;
+
+ private:
+  struct Worker {
+    uint64_t ns = 0;
+    int64_t block_tokens = 0;
+    int64_t first_chunk_tokens = 0;
+    std::unordered_set<uint64_t> hashes;
+  };
+  std::unordered_map<uint64_t, Worker> by_worker_;
+};
+
+}  // namespace pdserve::router
