@@ -38,16 +38,20 @@ Result<std::unique_ptr<EngineWorker>> EngineWorker::Create(const WorkerServiceCo
   return worker;
 }
 
-std::optional<KvEventsMsg> EngineWorker::TakeKvEvents(bool full) {
-  if (host_->kv_namespace() == 0) return std::nullopt;  // no prefix cache: nothing to publish
-  engine::Engine& e = host_->engine();
-  engine::KvEventBatch batch = e.TakeKvEvents(full);
+KvEventsMsg TakeEngineKvEvents(engine::Engine* e, bool full) {
+  engine::KvEventBatch batch = e->TakeKvEvents(full);
   KvEventsMsg m;
   m.reset = batch.reset;
-  m.block_tokens = static_cast<uint32_t>(e.pool().layout().tokens_per_block);
-  m.first_chunk_tokens = static_cast<uint32_t>(e.prefix_cache_first_chunk_tokens());
+  m.block_tokens = static_cast<uint32_t>(e->pool().layout().tokens_per_block);
+  m.first_chunk_tokens = static_cast<uint32_t>(e->prefix_cache_first_chunk_tokens());
   m.stored = std::move(batch.stored);
   m.removed = std::move(batch.removed);
+  return m;
+}
+
+std::optional<KvEventsMsg> EngineWorker::TakeKvEvents(bool full) {
+  if (host_->kv_namespace() == 0) return std::nullopt;  // no prefix cache: nothing to publish
+  KvEventsMsg m = TakeEngineKvEvents(&host_->engine(), full);
   if (m.reset && !full)
     GetLogger("worker")->info("worker {}: the KV event backlog overflowed; sending the whole set ({} blocks)",
                               host_->config().worker_id, m.stored.size());

@@ -34,6 +34,10 @@ namespace pdserve::services::worker {
 
 class ModelInstance;
 
+// The engine's prefix-cache events as the control message (KvEventsMsg): the hashes with the
+// engine's hit rule (block size, first chunk). `full`: the whole set (reset). Any thread.
+KvEventsMsg TakeEngineKvEvents(engine::Engine* engine, bool full);
+
 class EngineWorker : public WorkerHandler {
  public:
   // The worker of config.role. `instance` (the model, and for a multi-rank instance this DP

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -235,6 +236,88 @@ TEST(WorkerAgentTest, ForgottenWorkerRegistersAgainAndAbortsItsJobs) {
   router.Send(Job(6));
   ASSERT_TRUE(WaitFor([&] { return handler.Started().size() == 2; }, 5s));
   for (const auto& ev : router.Received<TokenEventMsg>()) EXPECT_NE(ev.request_id, 5u);
+}
+
+// A handler with a prefix cache: `pending` is what TakeKvEvents hands out next, `set` the
+// whole set it sends when asked for it.
+class CachingHandler : public RecordingHandler {
+ public:
+  std::optional<KvEventsMsg> TakeKvEvents(bool full) override {
+    std::lock_guard<std::mutex> l(mu);
+    KvEventsMsg m;
+    m.block_tokens = 16;
+    m.first_chunk_tokens = 32;
+    if (full) {
+      ++full_requests;
+      m.reset = true;
+      m.stored = set;
+    } else {
+      m.stored = std::move(pending);
+    }
+    pending.clear();
+    return m;
+  }
+  void Store(std::vector<uint64_t> hashes) {
+    std::lock_guard<std::mutex> l(mu);
+    set.insert(set.end(), hashes.begin(), hashes.end());
+    pending.insert(pending.end(), hashes.begin(), hashes.end());
+  }
+  std::vector<uint64_t> set, pending;
+  int full_requests = 0;  // guarded by mu
+};
+
+// The agent publishes the handler's KV events: the whole set (reset) first after every
+// registration, then only news (nothing when there is none); a set larger than one message
+// allows goes out in parts, the first carrying the reset.
+TEST(WorkerAgentTest, KvEventsStartWithTheWholeSetAfterEachRegistration) {
+  FakeRouter router("tcp://127.0.0.1:*");
+  CachingHandler handler;
+  handler.Store({1, 2, 3});
+  WorkerAgentOptions o = Options(router.endpoint());
+  o.kv_events_interval = 10ms;
+  auto agent = WorkerAgent::Start(o, &handler);
+  ASSERT_TRUE(agent.ok());
+  ASSERT_TRUE(WaitFor([&] { return router.Received<KvEventsMsg>().size() == 1; }, 5s));
+  KvEventsMsg first = router.Received<KvEventsMsg>()[0];
+  EXPECT_TRUE(first.reset);
+  EXPECT_EQ(first.stored, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(first.block_tokens, 16u);
+  EXPECT_EQ(first.first_chunk_tokens, 32u);
+  // Registered before anything was sent: the Register went first.
+  EXPECT_FALSE(router.Received<RegisterMsg>().empty());
+  handler.Store({4});
+  ASSERT_TRUE(WaitFor([&] { return router.Received<KvEventsMsg>().size() == 2; }, 5s));
+  const KvEventsMsg news = router.Received<KvEventsMsg>()[1];
+  EXPECT_FALSE(news.reset);
+  EXPECT_EQ(news.stored, (std::vector<uint64_t>{4}));
+  // Quiet ticks send nothing.
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(router.Received<KvEventsMsg>().size(), 2u);
+  // The router forgets the worker: it registers again and starts over with the whole set.
+  router.forget_once = true;
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registrations() == 2; }, 5s));
+  ASSERT_TRUE(WaitFor([&] { return router.Received<KvEventsMsg>().size() == 3; }, 5s));
+  const KvEventsMsg again = router.Received<KvEventsMsg>()[2];
+  EXPECT_TRUE(again.reset);
+  EXPECT_EQ(again.stored, (std::vector<uint64_t>{1, 2, 3, 4}));
+  // A set beyond one message's limit: two parts, the reset on the first.
+  std::vector<uint64_t> many(ControlLimits::kMaxKvEventHashes + 5);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 100 + i;
+  {
+    std::lock_guard<std::mutex> l(handler.mu);
+    handler.set.insert(handler.set.end(), many.begin(), many.end());  // only in the whole set
+  }
+  router.forget_once = true;
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registrations() == 3; }, 5s));
+  ASSERT_TRUE(WaitFor([&] { return router.Received<KvEventsMsg>().size() == 5; }, 10s));
+  const auto parts = router.Received<KvEventsMsg>();
+  EXPECT_TRUE(parts[3].reset);
+  EXPECT_FALSE(parts[4].reset);
+  EXPECT_EQ(parts[3].stored.size() + parts[4].stored.size(), many.size() + 4);
+  {
+    std::lock_guard<std::mutex> l(handler.mu);
+    EXPECT_EQ(handler.full_requests, 3);
+  }
 }
 
 // Stamps every load it reports (heartbeats carry it) with the number of loads taken so far,
