@@ -83,6 +83,24 @@ router:
   EXPECT_NE(bad("request_curve_secret_key_file: /x").message().find("router.request_endpoint"), std::string::npos);
 }
 
+TEST(RouterConfigTest, KvAwareForTheRolesThatComputePrompts) {
+  auto parse = [](const char* routing) {
+    auto root = services::YamlSection::Parse(std::string("routing: ") + routing).value();
+    return RouterConfig::FromYaml(root);
+  };
+  auto c = parse("{prefill_policy: kv_aware, colocated_policy: kv_aware}");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->routing.prefill_policy, "kv_aware");
+  EXPECT_EQ(c->routing.colocated_policy, "kv_aware");
+  // Decode workers import the whole prompt: the yaml and the command line are both refused.
+  EXPECT_FALSE(parse("{decode_policy: kv_aware}").ok());
+  RouterConfig cli;
+  cli.routing.decode_policy = "kv_aware";  // as --decode-policy would set it
+  const Status s = cli.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("decode_policy cannot be kv_aware"), std::string::npos) << s.ToString();
+}
+
 TEST(RouterConfigTest, Errors) {
   auto bad = [](const char* yaml) {
     auto root = services::YamlSection::Parse(yaml).value();

@@ -79,7 +79,8 @@ class RouterCoreTest : public ::testing::Test {
     core_->HandleMessage(peer, *bytes);
     ExpectBalanced();
   }
-  void Register(const std::string& peer, WorkerRole role, uint32_t incarnation = 1) {
+  // A worker with 100 KV blocks of 10 tokens; `kv_namespace`: its prefix cache's (0: none).
+  void Register(const std::string& peer, WorkerRole role, uint32_t incarnation = 1, uint64_t kv_namespace = 0) {
     RegisterMsg m;
     m.worker_id = peer + "-id";
     m.role = role;
@@ -87,6 +88,7 @@ class RouterCoreTest : public ::testing::Test {
     m.model_name = "m";
     m.compat_hash = 7;
     m.capacity = {16, 100, 100, 10, 1000, 1};
+    m.kv_namespace = kv_namespace;
     From(peer, m);
     ASSERT_EQ(Take<services::RegisterAckMsg>(peer).size(), 1u) << peer;
   }
@@ -817,22 +819,10 @@ TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHit
   o.colocated_policy = RoutingPolicy::kKvAware;
   Make(o);
   constexpr uint64_t kNs = 55;
-  constexpr uint32_t kB = 10, kC = 20;
-  auto register_cached = [&](const std::string& peer, WorkerRole role, uint64_t incarnation, uint64_t ns) {
-    RegisterMsg m;
-    m.worker_id = peer + "-id";
-    m.role = role;
-    m.incarnation = incarnation;
-    m.model_name = "m";
-    m.compat_hash = 7;
-    m.capacity = {16, 100, 100, kB, 1000, 1};
-    m.kv_namespace = ns;
-    From(peer, m);
-    ASSERT_EQ(Take<services::RegisterAckMsg>(peer).size(), 1u) << peer;
-  };
-  register_cached("p0", WorkerRole::kPrefill, 1, kNs);
-  register_cached("p1", WorkerRole::kPrefill, 1, kNs);
-  register_cached("d", WorkerRole::kDecode, 1, 0);
+  constexpr uint32_t kB = 10, kC = 20;  // Register's block size
+  Register("p0", WorkerRole::kPrefill, 1, kNs);
+  Register("p1", WorkerRole::kPrefill, 1, kNs);
+  Register("d", WorkerRole::kDecode);
   std::vector<int32_t> prompt(100);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 31 % 997);
   std::vector<uint64_t> names;
@@ -894,10 +884,10 @@ TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHit
   EXPECT_EQ(metrics_.control_errors.Value(), errors + 1);
   ExpectNothingSent();
   // A restart of p0 starts its index from nothing; a deregistration drops p1's.
-  register_cached("p0", WorkerRole::kPrefill, 2, kNs);
+  Register("p0", WorkerRole::kPrefill, 2, kNs);
   EXPECT_EQ(Worker("p0").kv_index_blocks, 0);
   From("p1", services::DeregisterMsg{"bye"});
-  register_cached("p1", WorkerRole::kPrefill, 3, kNs);
+  Register("p1", WorkerRole::kPrefill, 3, kNs);
   EXPECT_EQ(Worker("p1").kv_index_blocks, 0);
   ExpectIdle();
 }
@@ -906,17 +896,8 @@ TEST_F(RouterCoreTest, KvAwareColocatedCountsTheHitAtTheFinish) {
   RouterCoreOptions o = TestOptions();
   o.colocated_policy = RoutingPolicy::kKvAware;
   Make(o);
-  for (const char* peer : {"c0", "c1"}) {
-    RegisterMsg m;
-    m.worker_id = std::string(peer) + "-id";
-    m.role = WorkerRole::kColocated;
-    m.incarnation = 1;
-    m.model_name = "m";
-    m.capacity = {16, 100, 100, 10, 1000, 1};
-    m.kv_namespace = 9;
-    From(peer, m);
-    Take<services::RegisterAckMsg>(peer);
-  }
+  Register("c0", WorkerRole::kColocated, 1, 9);
+  Register("c1", WorkerRole::kColocated, 1, 9);
   std::vector<int32_t> prompt(50, 4);
   std::vector<uint64_t> names;
   ExtendChain(9, prompt, 10, 4, &names);

@@ -1,5 +1,6 @@
 #include "services/testing/worker_test_cluster.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -122,6 +123,18 @@ std::vector<std::string> WorkerArgs(const std::string& router, const std::string
           "--kv-lease-ms", "4000", "--kv-transfer-timeout-ms", "4000"};
 }
 
+// The default worker flags (pairs of flag and value) then `extra`; a flag that `extra` gives
+// replaces its default (the workers refuse a flag given twice).
+void AppendArgs(const std::vector<std::string>& defaults, const std::vector<std::string>& extra,
+                std::vector<std::string>* argv) {
+  for (size_t i = 0; i + 1 < defaults.size(); i += 2) {
+    if (std::find(extra.begin(), extra.end(), defaults[i]) != extra.end()) continue;
+    argv->push_back(defaults[i]);
+    argv->push_back(defaults[i + 1]);
+  }
+  argv->insert(argv->end(), extra.begin(), extra.end());
+}
+
 // The binary of a worker of `role`: the shipped pdserve-<role>, or the test-only
 // pdserve-fault-worker when `extra` asks for a fault (--fault-...).
 std::vector<std::string> WorkerBinary(const std::string& role, const std::vector<std::string>& extra) {
@@ -137,8 +150,7 @@ Status Workers::Start(const std::string& id, const std::string& role, std::vecto
   auto via = router_endpoints_.find(id);
   const std::string router = via != router_endpoints_.end() ? via->second : c_->control_endpoint();
   std::vector<std::string> argv = WorkerBinary(role, extra);
-  for (std::string& a : WorkerArgs(router, id, ready)) argv.push_back(std::move(a));
-  argv.insert(argv.end(), extra.begin(), extra.end());
+  AppendArgs(WorkerArgs(router, id, ready), extra, &argv);
   PDSERVE_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log",
                                                            {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"}));
   ChildProcess* p = child.get();
@@ -154,8 +166,7 @@ Status Workers::StartInstance(const std::string& id, const std::string& role, in
   std::vector<std::string> argv = {PDSERVE_MPIEXEC, "-n", std::to_string(ranks)};
   for (std::string& a : WorkerBinary(role, extra)) argv.push_back(std::move(a));
   argv.insert(argv.end(), {"--plan", plan});
-  for (std::string& a : WorkerArgs(c_->control_endpoint(), id, ready)) argv.push_back(std::move(a));
-  argv.insert(argv.end(), extra.begin(), extra.end());
+  AppendArgs(WorkerArgs(c_->control_endpoint(), id, ready), extra, &argv);
   std::vector<std::string> env = services::testing::LoopbackMpiEnv();
   env.insert(env.end(), {"UCX_TLS=tcp", "UCX_NET_DEVICES=lo"});
   PDSERVE_ASSIGN_OR_RETURN(auto child, ChildProcess::Spawn(argv, c_->dir() + "/" + id + ".log", env));

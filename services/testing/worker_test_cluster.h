@@ -54,9 +54,10 @@ class Workers {
  public:
   explicit Workers(router::testing::TestCluster* c) : c_(c) {}
   // Starts pdserve-<role> `id` (small KV pool, one thread, 4 s leases) and waits for its ready
-  // file. Registration is not awaited (TestCluster::WaitForWorkers). With a fault flag in
-  // `extra` (--fault-tear-kv-writes N, --fault-fail-prefill-at-layer N) it starts the test-only
-  // pdserve-fault-worker --role <role> instead.
+  // file. Registration is not awaited (TestCluster::WaitForWorkers). A flag in `extra` that has
+  // a default here (e.g. --kv-gib) replaces it. With a fault flag in `extra`
+  // (--fault-tear-kv-writes N, --fault-fail-prefill-at-layer N, --fault-kv-events-freeze-file F)
+  // it starts the test-only pdserve-fault-worker --role <role> instead.
   Status Start(const std::string& id, const std::string& role, std::vector<std::string> extra = {});
   // Starts a multi-rank instance `id`: `mpirun -n <ranks> pdserve-<role> --plan <plan>` (the
   // same settings as Start), and waits for every DP rank's ready file. Its DP ranks register

@@ -8,14 +8,16 @@
 //                                     the completion notice carries (a transfer torn in flight)
 //   --fault-fail-prefill-at-layer N   every forward that exports KV fails right after layer N
 //                                     was streamed (engine::EngineOptions::layer_fault_hook)
-//   --fault-drop-kv-removals 1        the prefix-cache events sent to the router never say a
-//                                     block left the cache, so the router's index keeps blocks
-//                                     this worker evicted (a stale index)
+//   --fault-kv-events-freeze-file F   while file F exists, the prefix-cache events this worker
+//                                     would send the router are lost: the router's index keeps
+//                                     what it knew (blocks evicted since stay in it: stale)
 //
 // The faults enter through WorkerHooks; nothing of this is compiled into the shipped worker
 // binaries or the Docker image.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,23 @@ std::optional<long> TakeInt(std::vector<std::string>& args, const std::string& n
   return std::nullopt;
 }
 
+// Takes "--NAME VALUE" (or --NAME=VALUE) out of args; nullopt when absent.
+std::optional<std::string> TakeText(std::vector<std::string>& args, const std::string& name) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--" + name && i + 1 < args.size()) {
+      std::string v = args[i + 1];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+      return v;
+    }
+    if (args[i].rfind("--" + name + "=", 0) == 0) {
+      std::string v = args[i].substr(name.size() + 3);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      return v;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,7 +81,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   const auto tear = TakeInt(args, "fault-tear-kv-writes");
   const auto fail_at = TakeInt(args, "fault-fail-prefill-at-layer");
-  const auto drop_removals = TakeInt(args, "fault-drop-kv-removals");
+  const auto freeze_file = TakeText(args, "fault-kv-events-freeze-file");
   pdserve::services::worker::WorkerHooks hooks;
   if (tear && *tear > 0) {
     const int n = static_cast<int>(*tear);
@@ -81,9 +100,16 @@ int main(int argc, char** argv) {
                          : pdserve::Status::Ok();
     };
   }
-  if (drop_removals && *drop_removals > 0) {
-    std::fprintf(stderr, "pdserve-fault-worker: TEST FAULT: KV events never report a removed block\n");
-    hooks.kv_events = [](pdserve::services::KvEventsMsg* m) { m->removed.clear(); };
+  if (freeze_file) {
+    std::fprintf(stderr, "pdserve-fault-worker: TEST FAULT: KV events are lost while %s exists\n",
+                 freeze_file->c_str());
+    hooks.kv_events = [path = *freeze_file](pdserve::services::KvEventsMsg* m) {
+      std::error_code ec;
+      if (!std::filesystem::exists(path, ec)) return;
+      m->reset = false;  // nothing goes out (an empty message is not sent)
+      m->stored.clear();
+      m->removed.clear();
+    };
   }
   std::vector<char*> rest;
   for (std::string& a : args) rest.push_back(a.data());

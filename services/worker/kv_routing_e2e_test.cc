@@ -1,0 +1,131 @@
+// KV-aware routing end to end (docs/router.md "KV-aware routing"): a real pdserve-router with
+// prefill_policy kv_aware, two real prefill workers (small pools, so they evict) and a decode
+// worker on loopback, the tiny model, and the single-process greedy engine as the reference
+// for every reply.
+//
+//   clean index   requests sharing a long prefix all land on the prefill worker that holds
+//                 it, each maps the prefix (usage cached_tokens), the router's predicted hits
+//                 equal the actual ones, and the replies equal the reference;
+//   stale index   that worker's KV events are then lost (the test-only fault worker's
+//                 --fault-kv-events-freeze-file) while other prompts evict the prefix there:
+//                 the router still predicts the hit and sends the next request to it, which
+//                 recomputes the prompt -- the reply is still exact, only the predicted and
+//                 actual hit counters part, and no KV block leaks on any worker.
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "services/testing/cluster_fixture.h"
+#include "services/testing/worker_test_cluster.h"
+
+namespace pdserve::services::worker {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using router::testing::MetricValue;
+using router::testing::PromtoolProblems;
+using router::testing::TestCluster;
+using testing::HttpGet;
+using testing::HttpPost;
+using testing::WaitFor;
+using namespace e2e;  // NOLINT: the shared e2e helpers
+
+// The router's index: blocks it holds per worker id (GET /v1/workers).
+std::map<std::string, int64_t> IndexBlocks(int http_port) {
+  std::map<std::string, int64_t> out;
+  const json j = json::parse(HttpGet(http_port, "/v1/workers", 5s).body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data")) return out;
+  for (const json& w : j["data"]) out[w["id"].get<std::string>()] = w["prefix_cache"]["blocks"].get<int64_t>();
+  return out;
+}
+
+double RouterMetric(int http_port, const std::string& name, const std::string& label = "") {
+  return MetricValue(HttpGet(http_port, "/metrics", 5s).body, name, label);
+}
+
+TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyARecompute) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-kvroute");
+  ASSERT_OK_W(c.StartRouter({"--prefill-policy", "kv_aware"}), Workers(&c));
+  Workers w(&c);
+  // 0.004 GiB: 57 blocks of 64 tokens on the tiny model, so a few prompts evict.
+  for (const std::string id : {"p0", "p1"})
+    ASSERT_OK_W(w.Start(id, "prefill", {"--kv-gib", "0.004", "--fault-kv-events-freeze-file", c.dir() + "/freeze-" + id}),
+                w);
+  ASSERT_OK_W(w.Start("d0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
+  constexpr int kMax = 5;
+  auto complete = [&](const std::vector<int32_t>& prompt) -> int {
+    auto r = HttpPost(c.http_port(), "/v1/completions", Body(prompt, kMax, false), 120s);
+    EXPECT_EQ(r.status, 200) << r.body;
+    if (r.status != 200) return -1;
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, kMax)));
+    return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+
+  // The shared prefix: 600 tokens, 9 whole blocks of 64 (above the first chunk of 256).
+  const std::vector<int32_t> prefix = LongPrompt(41, 600);
+  EXPECT_EQ(complete(prefix), 0);
+  // The router learns which prefill worker holds its 9 blocks.
+  std::string holder, other;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const auto& [id, blocks] : IndexBlocks(c.http_port()))
+          if ((id == "p0" || id == "p1") && blocks >= 9) holder = id;
+        return !holder.empty();
+      },
+      10s, 50ms))
+      << w.Logs();
+  other = holder == "p0" ? "p1" : "p0";
+  // Clean index: every request sharing the prefix goes to the holder and maps the 9 blocks.
+  constexpr int kTurns = 4;
+  for (int k = 0; k < kTurns; ++k) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> more = LongPrompt(60 + k, 50);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    EXPECT_EQ(complete(prompt), 576) << "request " << k << " went to the worker without the prefix";
+  }
+  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + holder + "\""), 1 + kTurns);
+  EXPECT_LE(RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + other + "\""), 0);  // -1: no series
+  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_prefix_actual_hit_tokens_total"), kTurns * 576);
+  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_prefix_predicted_hit_tokens_total"), kTurns * 576);
+
+  // Stale index: once the router knows the turns' blocks too (9 + one more block each), the
+  // holder's events are lost from here on.
+  ASSERT_TRUE(WaitFor([&] { return IndexBlocks(c.http_port())[holder] == 9 + kTurns; }, 10s, 50ms))
+      << IndexBlocks(c.http_port())[holder];
+  { std::ofstream(c.dir() + "/freeze-" + holder) << "frozen\n"; }
+  // Other prompts until the holder evicted all 13 blocks of that time (the oldest in its LRU
+  // go first). With nothing predicted anywhere they alternate between the prefill workers.
+  const std::string evictions = "pdserve_prefix_cache_evictions_total";
+  for (int k = 0; k < 40 && MetricValue(w.Metrics(holder), evictions) < 9 + kTurns; ++k) {
+    EXPECT_EQ(complete(LongPrompt(100 + k, 700)), 0);
+  }
+  ASSERT_TRUE(WaitFor([&] { return MetricValue(w.Metrics(holder), evictions) >= 9 + kTurns; }, 10s, 100ms))
+      << w.Metrics(holder);
+  // The router still believes the holder has the prefix: the request goes there, finds
+  // nothing and computes the whole prompt. The reply is exact all the same.
+  std::vector<int32_t> prompt = prefix;
+  const std::vector<int32_t> more = LongPrompt(90, 50);
+  prompt.insert(prompt.end(), more.begin(), more.end());
+  const double placed = RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + holder + "\"");
+  EXPECT_EQ(complete(prompt), 0);
+  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + holder + "\""), placed + 1);
+  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_prefix_predicted_hit_tokens_total") -
+                RouterMetric(c.http_port(), "pdserve_router_prefix_actual_hit_tokens_total"),
+            576);
+  // Nothing leaked on any worker; the metrics parse.
+  for (const std::string id : {"p0", "p1", "d0"}) {
+    EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+    EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
+  }
+  EXPECT_EQ(PromtoolProblems(HttpGet(c.http_port(), "/metrics", 5s).body), "");
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+}  // namespace
+}  // namespace pdserve::services::worker
