@@ -433,6 +433,7 @@ std::optional<ApiError> ParseRequestJson(ApiEndpoint endpoint, const nlohmann::o
 
   if (auto e = ParseStop(body, out)) return e;
   if (auto e = GetBool(body, "ignore_eos", &out->ignore_eos)) return e;
+  if (auto e = GetBool(body, "return_token_ids", &out->return_token_ids)) return e;
   if (auto e = GetBool(body, "skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = GetBool(body, "stream", &out->stream)) return e;
   if (const json* so = Field(body, "stream_options")) {
