@@ -112,15 +112,15 @@ for t in turns + ["all"]:
     a = on["by_kind"][t] if t != "all" else on["all"]
     b = off["by_kind"][t] if t != "all" else off["all"]
     pc = a["prefix_cache"]
-    ratio = b["ttft"]["p50"] / a["ttft"]["p50"] if a["ttft"]["p50"] > 0 else float("nan")
+    ratio = b["ttft"]["p50_ms"] / a["ttft"]["p50_ms"] if a["ttft"]["p50_ms"] > 0 else float("nan")
     hit = "%.0f%%" % (100 * pc["hit_rate_of_ideal"]) if pc["hit_rate_of_ideal"] >= 0 else "-"
     share = 100.0 * pc["cached_tokens"] / pc["prompt_tokens"] if pc["prompt_tokens"] else 0
     lines.append("| %s | %.0f | %.0f | %.1fx | %.0f / %.0f | %s | %.0f%% |" % (
-        t, b["ttft"]["p50"], a["ttft"]["p50"], ratio, b["ttft"]["p99"], a["ttft"]["p99"], hit, share))
+        t, b["ttft"]["p50_ms"], a["ttft"]["p50_ms"], ratio, b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit, share))
 later = [t for t in turns if int(t.split("-")[1]) >= 3]
 if later:
     import statistics
-    r = statistics.median(off["by_kind"][t]["ttft"]["p50"] / on["by_kind"][t]["ttft"]["p50"] for t in later)
+    r = statistics.median(off["by_kind"][t]["ttft"]["p50_ms"] / on["by_kind"][t]["ttft"]["p50_ms"] for t in later)
     lines += ["", "TTFT p50 at turns >= 3: %.1fx lower with the cache (median over those turns; goal >= 5x)." % r]
 lines += ["", "Goodput (req/s within the SLO): off %.3f, on %.3f. Load average after the runs: %s." % (
     off["all"]["goodput_rps"], on["all"]["goodput_rps"], load)]

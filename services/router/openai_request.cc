@@ -331,8 +331,11 @@ std::optional<ApiError> ParseTools(const json& body, ParsedRequest* out) {
                                     " cannot be combined with '" + out->constraint_param +
                                     "': both constrain the output",
                                 "tool_choice");
-  if (const json* ptc = Field(body, "parallel_tool_calls"); ptc && !ptc->is_boolean())
-    return ApiError::BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+  if (const json* ptc = Field(body, "parallel_tool_calls")) {
+    if (!ptc->is_boolean())
+      return ApiError::BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    out->chat_options.tool_choice.parallel = ptc->get<bool>();
+  }
   return std::nullopt;
 }
 
