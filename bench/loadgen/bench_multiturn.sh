@@ -7,14 +7,20 @@
 # it by the token ids the router returned. Reports TTFT per turn, the cached / reusable prompt
 # tokens and goodput, cache on vs off, and the TTFT ratio per turn.
 #
-#   bench/loadgen/bench_multiturn.sh [build-dir]
+#   bench/loadgen/bench_multiturn.sh [build-dir] [cache|routing|all]
 #
-# Writes bench/results/multiturn_{cache_on,cache_off}.{json,md} and multiturn.md. Knobs
+# cache (default): writes bench/results/multiturn_{cache_on,cache_off}.{json,md} and
+#   multiturn.md.
+# routing: two prefill workers + one decode worker, the cache on, the router's prefill policy
+#   kv_aware vs least_outstanding_tokens (the default): multiturn_routing_<policy>.{json,md} and
+#   multiturn_routing.md (TTFT p50 / p99 per turn, cached / reusable).
+# Knobs
 # (environment): MODEL_PRESET (small), CONVERSATIONS (4), TURNS (4), SYSTEM_LEN (2048),
 # USER_LEN (64), REPLY_LEN (32), RATE (conversations/s, 0.2), CONCURRENCY (conversations in
 # flight, 2), SLO_TTFT_MS (2000), SLO_TPOT_MS (200). A benchmark: run it on a quiet machine.
 set -uo pipefail
 build_dir=${1:-build}
+what=${2:-cache}
 bin=$build_dir/bin
 results=${PDSERVE_RESULTS_DIR:-bench/results}
 mkdir -p "$results"
@@ -42,9 +48,10 @@ if [ ! -f "$model/config.json" ]; then
     { tail -5 "$run_dir/make-model.log"; exit 1; }
 fi
 
-# start_cluster NAME PREFIX_CACHE: writes the topology and waits for pdserve-launch's ready file.
+# start_cluster NAME PREFIX_CACHE [PREFILL_WORKERS PREFILL_POLICY]: writes the topology and waits
+# for pdserve-launch's ready file.
 start_cluster() {
-  local name=$1 cache=$2 ready=$run_dir/$1.ready
+  local name=$1 cache=$2 prefills=${3:-1} policy=${4:-least_outstanding_tokens} ready=$run_dir/$1.ready
   local args="[\"--threads\", \"1\", \"--kv-gib\", \"2\", \"--prefix-cache\", \"$cache\"]"
   local env='{UCX_TLS: tcp, UCX_NET_DEVICES: lo, PDSERVE_NUM_THREADS: "1"}'
   cat >"$run_dir/$name.yaml" <<YAML
@@ -62,9 +69,9 @@ router:
   model_name: pdserve-bench
   request_timeout_ms: 1800000
   first_token_timeout_ms: 1800000
-  routing: {mode: disaggregated}
+  routing: {mode: disaggregated, prefill_policy: $policy}
 workers:
-  - {name: prefill, role: prefill, type: engine, args: $args, env: $env}
+  - {name: prefill, role: prefill, type: engine, count: $prefills, args: $args, env: $env}
   - {name: decode, role: decode, type: engine, args: $args, env: $env}
 YAML
   rm -f "$ready"
@@ -81,17 +88,60 @@ YAML
 }
 
 status=0
+# run_loadgen CLUSTER NAME LABEL: the multiturn dataset against a started cluster.
+run_loadgen() {
+  "$bin/pdserve-loadgen" --ready-file "$run_dir/$1.ready" --model pdserve-bench --dataset multiturn \
+    --conversations "${CONVERSATIONS:-4}" --turns "${TURNS:-4}" --system-len "${SYSTEM_LEN:-2048}" \
+    --user-len "${USER_LEN:-64}" --output-len "${REPLY_LEN:-32}" --request-rates "${RATE:-0.2}" \
+    --concurrency "${CONCURRENCY:-2}" --slo-ttft-ms "${SLO_TTFT_MS:-2000}" --slo-tpot-ms "${SLO_TPOT_MS:-200}" \
+    --warmup 2 --seed 1 --label "$3, load average before $(cut -d' ' -f1-3 /proc/loadavg)" \
+    --out-dir "$results" --name "$2" >"$run_dir/loadgen-$2.log" 2>&1 || status=1
+  grep '^|' "$results/$2.md" 2>/dev/null || tail -5 "$run_dir/loadgen-$2.log"
+}
+
+if [ "$what" = routing ] || [ "$what" = all ]; then
+  for policy in kv_aware least_outstanding_tokens; do
+    echo "== multiturn, 2 prefill workers, prefill policy $policy (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    start_cluster "routing_$policy" true 2 "$policy" || { status=1; continue; }
+    run_loadgen "routing_$policy" "multiturn_routing_$policy" "P/D 2+1, prefix cache on, prefill policy $policy"
+    stop_cluster
+  done
+  /usr/bin/python3 - "$results" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' || status=1
+import json, os, sys
+results, load = sys.argv[1], sys.argv[2]
+runs = {p: json.load(open(os.path.join(results, "multiturn_routing_%s.json" % p)))
+        for p in ("kv_aware", "least_outstanding_tokens")}
+kv, lot = runs["kv_aware"]["runs"][0], runs["least_outstanding_tokens"]["runs"][0]
+turns = sorted(kv["by_kind"], key=lambda k: int(k.split("-")[1]))
+ds = runs["kv_aware"]["dataset"]
+lines = ["# Multi-turn chat, two prefill workers: kv_aware vs least_outstanding_tokens routing", "",
+         "%d conversations x %d turns, system prompt %d tokens, user messages %d, replies %d; commit %s; %s." % (
+             ds["conversations"], ds["turns"], ds["system_len"], ds["user_len"], ds["output_len"],
+             runs["kv_aware"]["commit"], runs["kv_aware"]["label"]), "",
+         "| turn | TTFT p50 LOT / kv_aware ms | TTFT p99 LOT / kv_aware ms | cached / reusable LOT / kv_aware |",
+         "|---|---|---|---|"]
+def hit(s):
+    h = s["prefix_cache"]["hit_rate_of_ideal"]
+    return "%.0f%%" % (100 * h) if h >= 0 else "-"
+for t in turns + ["all"]:
+    a = kv["by_kind"][t] if t != "all" else kv["all"]
+    b = lot["by_kind"][t] if t != "all" else lot["all"]
+    lines.append("| %s | %.0f / %.0f | %.0f / %.0f | %s / %s |" % (
+        t, b["ttft"]["p50_ms"], a["ttft"]["p50_ms"], b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit(b), hit(a)))
+lines += ["", "TTFT p99 over all requests: least_outstanding_tokens %.0f ms, kv_aware %.0f ms (%.1fx). "
+          "Load average after the runs: %s." % (lot["all"]["ttft"]["p99_ms"], kv["all"]["ttft"]["p99_ms"],
+                                                 lot["all"]["ttft"]["p99_ms"] / kv["all"]["ttft"]["p99_ms"], load)]
+open(os.path.join(results, "multiturn_routing.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+fi
+[ "$what" = routing ] && exit $status
+
 for cache in on off; do
   name=cache_$cache
   echo "== multiturn, prefix cache $cache (load average $(cut -d' ' -f1-3 /proc/loadavg))"
   start_cluster "$name" "$([ $cache = on ] && echo true || echo false)" || { status=1; continue; }
-  "$bin/pdserve-loadgen" --ready-file "$run_dir/$name.ready" --model pdserve-bench --dataset multiturn \
-    --conversations "${CONVERSATIONS:-4}" --turns "${TURNS:-4}" --system-len "${SYSTEM_LEN:-2048}" \
-    --user-len "${USER_LEN:-64}" --output-len "${REPLY_LEN:-32}" --request-rates "${RATE:-0.2}" \
-    --concurrency "${CONCURRENCY:-2}" --slo-ttft-ms "${SLO_TTFT_MS:-2000}" --slo-tpot-ms "${SLO_TPOT_MS:-200}" \
-    --warmup 2 --seed 1 --label "P/D 1+1, prefix cache $cache, load average before $(cut -d' ' -f1-3 /proc/loadavg)" \
-    --out-dir "$results" --name "multiturn_$name" >"$run_dir/loadgen-$name.log" 2>&1 || status=1
-  grep '^|' "$results/multiturn_$name.md" 2>/dev/null || tail -5 "$run_dir/loadgen-$name.log"
+  run_loadgen "$name" "multiturn_$name" "P/D 1+1, prefix cache $cache"
   stop_cluster
 done
 
