@@ -279,6 +279,36 @@ TEST(EnginePrefixTest, SharersOfALiveRequestSurviveItsFinishAndAbort) {
   ExpectNoLeak(e.get());
 }
 
+// Requests that arrive together with one prompt prefix (OpenAI `n` > 1, a burst behind one
+// system prompt): the later ones wait for the first one's prefill and map its blocks instead of
+// computing the same chunks beside it; outputs stay those of a cold engine.
+TEST(EnginePrefixTest, ConcurrentRequestsWithOnePrefixComputeItOnce) {
+  std::mt19937 rng(21);
+  const std::vector<int32_t> shared = Random(&rng, 100);
+  auto e = Make(Options(256));
+  EventCollector ev;
+  std::vector<std::pair<RequestId, std::vector<int32_t>>> reqs;
+  for (int i = 0; i < 4; ++i) {
+    RequestOptions ro;
+    ro.sampling = i % 2 ? Seeded(10, 300 + i) : Greedy(10);
+    ro.on_event = ev.Callback();
+    // Request 0 and 1 have the same prompt (two choices of one request); 2 and 3 add a turn.
+    std::vector<int32_t> prompt = i < 2 ? shared : Concat(shared, Random(&rng, 5 + i));
+    reqs.emplace_back(e->AddRequest(prompt, ro).value(), prompt);
+  }
+  ASSERT_TRUE(RunUntilIdle(e.get()));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Output warm = Collect(ev, reqs[i].first);
+    // The first computes all; the rest map the 6 whole blocks of the shared 100 tokens (for
+    // the copy of the prompt: 6 blocks = 96 tokens, never its last token).
+    EXPECT_EQ(warm.cached, i == 0 ? 0 : 96) << i;
+    const SamplingParams p = i % 2 ? Seeded(10, 300 + static_cast<int>(i)) : Greedy(10);
+    EXPECT_TRUE(warm == Cold(reqs[i].second, p)) << "request " << i;
+  }
+  EXPECT_EQ(e->Stats().prefix_hit_tokens, 3 * 96);
+  ExpectNoLeak(e.get());
+}
+
 TEST(EnginePrefixTest, ResumedRequestHitsAndContinuesExactly) {
   // A migrated request (resumed_output) re-sends prompt + output so far; a cached prefix of
   // the prompt part is used, and its continuation equals the cold engine's.

@@ -181,8 +181,12 @@ SchedulerOutput Scheduler::Schedule() {
   }
   // Memory is short: admit nobody this step. Whole prompts were admitted above.
   if (!out.preempted.empty() || options_.whole_prompts) return out;
-  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
-    Request* r = waiting_.front();
+  for (size_t i = 0; i < waiting_.size() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs;) {
+    Request* r = waiting_[i];
+    if (WaitsForSharedPrefill(r)) {
+      ++i;  // admitted once the running request has cached the first chunk they share
+      continue;
+    }
     const int64_t mapped = MapCachedPrefix(r);
     ScheduledChunk c = NextChunk(r, budget);
     if (c.n == 0 || !r->blocks.EnsureCapacity(pool_, c.start + c.n).ok()) {
@@ -196,13 +200,34 @@ SchedulerOutput Scheduler::Schedule() {
       counters_.hit_tokens += r->cached_prompt_tokens;
       counters_.computed_tokens += r->prompt_len - r->cached_prompt_tokens;
     }
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
     AddRunning(r);
     out.chunks.push_back(c);
     out.n_tokens += c.n;
     budget -= c.n;
   }
   return out;
+}
+
+bool Scheduler::WaitsForSharedPrefill(const Request* r) const {
+  if (!prefix_.enabled || options_.whole_prompts || r->num_computed != 0 || r->blocks.n_blocks() != 0) return false;
+  const int64_t C = prefix_.first_chunk_tokens;
+  const int64_t B = pool_->layout().tokens_per_block;
+  // r could take a hit of at least the first chunk (MapCachedPrefix's rule).
+  if ((r->n_tokens() - 1) / B * B < C) return false;
+  for (const Request* l : running_) {
+    // A request still computing a prompt whose first chunk is r's, and whose blocks will be
+    // cached: by the time it has passed the chunk, r maps it instead of computing it again.
+    if (l->prefill_done() || !l->cache_kv || l->chain_ended || l->prompt_len < C) continue;
+    if (!std::equal(r->tokens.begin(), r->tokens.begin() + C, l->tokens.begin())) continue;
+    // The whole blocks of the prefix they share that r may map; r waits while l has not
+    // computed them all.
+    const int64_t limit = std::min(l->prompt_len, r->n_tokens() - 1);
+    const auto diff = std::mismatch(r->tokens.begin() + C, r->tokens.begin() + limit, l->tokens.begin() + C);
+    const int64_t shared_blocks = (diff.first - r->tokens.begin()) / B;
+    if (l->num_computed < shared_blocks * B) return true;
+  }
+  return false;
 }
 
 }  // namespace pdserve::engine

@@ -11,7 +11,9 @@
 //      latest running request is preempted (possibly the one being scheduled) and we retry;
 //   2. unless something was preempted this step, waiting requests are admitted in FCFS order
 //      while a sequence slot, budget and blocks for their first chunk remain (the head of the
-//      queue blocks the rest: no overtaking).
+//      queue blocks the rest: no overtaking). With the prefix cache on, a waiting request whose
+//      first chunk is the prompt of a running request still in prefill is passed over until
+//      that prompt is cached (WaitsForSharedPrefill): it then maps the shared prefix.
 // With whole_prompts (a CP prefill, engine/rank_group.h, needs the prompt in one model call), a
 // step is either one waiting request's whole prompt alone (admitted first whenever its blocks
 // and a sequence slot are there, whatever its length) or the running requests' output rows.
@@ -108,6 +110,10 @@ class Scheduler {
   // tokens mapped. UnmapCachedPrefix gives them back (r not admitted after all).
   int64_t MapCachedPrefix(Request* r);
   void UnmapCachedPrefix(Request* r);
+  // r (waiting, nothing computed) shares its first chunk with a running request that is still
+  // computing its prompt: r waits for that prompt's blocks to be cached instead of computing
+  // the same chunks beside it (OpenAI `n` > 1, a burst of requests with one system prompt).
+  bool WaitsForSharedPrefill(const Request* r) const;
   // Forgets r's place in the cache's chains (its blocks were released).
   static void ResetChain(Request* r);
 

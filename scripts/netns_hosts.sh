@@ -31,6 +31,13 @@ check() {
   mkdir -p "$STATE" 2>/dev/null || cannot "cannot create $STATE"
   local probe="pdmhprobe$$"
   ip netns add "$probe" 2>/dev/null || cannot "'ip netns add' failed (no CAP_SYS_ADMIN, or /run/netns not writable)"
+  # 'ip netns exec' makes a mount namespace whose / is a slave mount: in a chroot whose / is
+  # not a mount point that fails, and no host of the bed could run anything.
+  local exec_err
+  if ! exec_err=$(ip netns exec "$probe" true 2>&1); then
+    ip netns del "$probe"
+    cannot "'ip netns exec' failed: ${exec_err//$'\n'/ } (a chroot whose / is not a mount point cannot run commands in a namespace)"
+  fi
   ip link add "${probe:0:15}" type bridge 2>/dev/null || { ip netns del "$probe"; cannot "'ip link add type bridge' failed (no CAP_NET_ADMIN)"; }
   ip link del "${probe:0:15}"
   ip netns del "$probe"

@@ -32,7 +32,7 @@ Result<std::string> ToolCallGrammar(const std::vector<ToolFunction>& tools, cons
   }
   if (n == 0) return Status::InvalidArgument("tool_choice names function '" + choice.function + "', which is not in tools");
   std::string out = "root ::= " + Literal(markers::kToolCallsBegin) + " call" +
-                    (choice.mode == ToolChoiceMode::kRequired ? "+" : "") + " " + Literal(markers::kToolCallsEnd) + "\n";
+                    (choice.mode == ToolChoiceMode::kRequired && choice.parallel ? "+" : "") + " " + Literal(markers::kToolCallsEnd) + "\n";
   out += "call ::= " + Literal(markers::kToolCallBegin) + " (" + alternatives + ") " + Literal(markers::kToolCallEnd) + "\n";
   return out + functions;
 }

@@ -1,6 +1,6 @@
 // The grammar that makes a reply a tool call in DeepSeek-V3.1's format, for tool_choice
-// "required" (one or more calls of any offered function) or a named function (exactly one call
-// of it), written in pdserve's EBNF (grammar/ebnf_parser.h) with each function's parameters
+// "required" (one or more calls of any offered function; exactly one with parallel false) or a
+// named function (exactly one call of it), written in pdserve's EBNF (grammar/ebnf_parser.h) with each function's parameters
 // embedded as a JSON Schema (%json), so the arguments always parse and validate:
 //
 //   root ::= "<｜tool▁calls▁begin｜>" call+ "<｜tool▁calls▁end｜>"

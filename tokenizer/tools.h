@@ -51,6 +51,8 @@ enum class ToolChoiceMode : uint8_t {
 struct ToolChoice {
   ToolChoiceMode mode = ToolChoiceMode::kAuto;
   std::string function;  // kFunction
+  // OpenAI's parallel_tool_calls: false makes kRequired exactly one call (ToolCallGrammar).
+  bool parallel = true;
 };
 
 // OpenAI request fields, from an ordered_json parse (a schema's property order is the order

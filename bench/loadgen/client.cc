@@ -27,6 +27,7 @@ std::string RequestBody(const Target& target, const RequestSpec& spec) {
     body["messages"] = {{{"role", "user"}, {"content", spec.prompt_text}}};
   else
     body["prompt"] = spec.prompt_ids;
+  if (spec.return_token_ids) body["return_token_ids"] = true;
   return body.dump();
 }
 
@@ -69,6 +70,8 @@ RequestRecord StreamClient::Run(const RequestSpec& spec, Clock::time_point run_s
       if (c.error && rec.error.empty()) rec.error = "error event: " + *c.error;
       if (c.completion_tokens) usage_out = c.completion_tokens;
       if (c.prompt_tokens) rec.prompt_tokens = *c.prompt_tokens;
+      if (c.cached_tokens) rec.cached_tokens = *c.cached_tokens;
+      rec.output_token_ids.insert(rec.output_token_ids.end(), c.token_ids.begin(), c.token_ids.end());
       if (!c.text.empty()) {
         const double t = Since(t0, now);
         if (rec.ttft_s < 0) rec.ttft_s = t;

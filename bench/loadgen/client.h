@@ -33,7 +33,8 @@ class StreamClient {
   StreamClient(const StreamClient&) = delete;
   StreamClient& operator=(const StreamClient&) = delete;
 
-  // Sends `spec` with stream = true, ignore_eos (fixed output lengths) and usage reporting;
+  // Sends `spec` with stream = true, ignore_eos (fixed output lengths) and usage reporting (and
+  // return_token_ids when the spec asks: the record then holds the reply's ids);
   // returns what it measured (send_s relative to run_start). Never throws: failures (no
   // connection, non-200 status, an error event, a stream without [DONE]) are in the record.
   RequestRecord Run(const RequestSpec& spec, Clock::time_point run_start);

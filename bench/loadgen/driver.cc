@@ -32,6 +32,58 @@ std::vector<RequestRecord> RunLoad(const Target& target, const std::vector<Reque
   return records;
 }
 
+std::vector<RequestRecord> RunConversations(const Target& target, const std::vector<RequestSpec>& specs,
+                                            int max_concurrency) {
+  std::vector<RequestRecord> records(specs.size());
+  std::vector<size_t> starts;  // index of each conversation's turn 0
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (i == 0 || specs[i].conversation != specs[i - 1].conversation) starts.push_back(i);
+  const size_t threads =
+      max_concurrency > 0 ? std::min(starts.size(), static_cast<size_t>(max_concurrency)) : starts.size();
+  std::atomic<size_t> next{0};
+  std::atomic<bool> system_sent{false};
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      StreamClient client(target);
+      for (size_t c; (c = next.fetch_add(1)) < starts.size();) {
+        const size_t first = starts[c], end = c + 1 < starts.size() ? starts[c + 1] : specs.size();
+        std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(specs[first].arrival_s)));
+        std::vector<int32_t> history;  // the conversation so far: prompts and replies
+        bool failed = false;
+        for (size_t i = first; i < end; ++i) {
+          if (failed) {
+            records[i].kind = specs[i].kind;
+            records[i].error = "an earlier turn of the conversation failed";
+            continue;
+          }
+          RequestSpec turn = specs[i];
+          turn.prompt_ids.insert(turn.prompt_ids.begin(), history.begin(), history.end());
+          turn.prompt_len = static_cast<int64_t>(turn.prompt_ids.size());
+          const int64_t reusable =
+              i > first ? static_cast<int64_t>(history.size()) : (system_sent.exchange(true) ? turn.system_len : 0);
+          records[i] = client.Run(turn, start);
+          records[i].reusable_tokens = std::min<int64_t>(reusable, turn.prompt_len - 1);
+          if (!records[i].ok || records[i].output_token_ids.empty()) {
+            if (records[i].ok) {
+              records[i].ok = false;
+              records[i].error = "the reply carried no token_ids (return_token_ids unsupported?)";
+            }
+            failed = true;
+            continue;
+          }
+          history = std::move(turn.prompt_ids);
+          history.insert(history.end(), records[i].output_token_ids.begin(), records[i].output_token_ids.end());
+        }
+      }
+    });
+  for (auto& t : pool) t.join();
+  return records;
+}
+
 int64_t ReadRssKib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;

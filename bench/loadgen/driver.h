@@ -19,6 +19,16 @@ namespace pdserve::loadgen {
 // one (its send_s is then later than arrival_s). Returns one record per spec, in order.
 std::vector<RequestRecord> RunLoad(const Target& target, const std::vector<RequestSpec>& specs, int max_concurrency);
 
+// The multiturn dataset (dataset.h): conversations start at their turn 0's arrival_s, at most
+// max_concurrency in flight (0: all), each sending its turns in order, each as soon as the one
+// before it ended: turn k's prompt is turn k-1's prompt + the ids the server returned for its
+// reply + turn k's own ids. Records in spec order, with reusable_tokens set (the conversation
+// so far; for turn 0 the system prompt, once another conversation has sent it). A turn after a
+// failed one fails with "an earlier turn of the conversation failed". REQUIRES: specs grouped
+// by conversation, turns in order.
+std::vector<RequestRecord> RunConversations(const Target& target, const std::vector<RequestSpec>& specs,
+                                            int max_concurrency);
+
 // Resident set size of a process in KiB from /proc/<pid>/status (VmRSS); -1 if unreadable.
 int64_t ReadRssKib(pid_t pid);
 

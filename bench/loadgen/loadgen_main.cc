@@ -34,7 +34,11 @@ const pdserve::services::CommandSpec kSpec{
      {"ready-file", "F", "pdserve-launch's ready file: the router's port and every pid (soak watches them)"},
      {"endpoint", "E", "completions (default) | chat"},
      {"model", "NAME", "model name sent (default pdserve)"},
-     {"dataset", "D", "random (default) | long | mixed"},
+     {"dataset", "D", "random (default) | long | mixed | multiturn"},
+     {"conversations", "N", "multiturn: conversations (default 8)"},
+     {"turns", "N", "multiturn: turns per conversation (default 4)"},
+     {"system-len", "N", "multiturn: the shared system prompt's tokens (default 2048)"},
+     {"user-len", "N", "multiturn: tokens of each user message (default 64); replies: --output-len"},
      {"num-requests", "N", "requests per sweep point (default 100)"},
      {"input-len", "N", "prompt tokens (default 128)"},
      {"output-len", "N", "output tokens (default 64)"},
@@ -167,6 +171,10 @@ int main(int argc, char** argv) {
   d.long_input_len = static_cast<int64_t>(num("long-input-len", 2048, 1));
   d.long_output_len = static_cast<int64_t>(num("long-output-len", 16, 1));
   d.long_fraction = num("long-fraction", 0.1, 0, 1);
+  d.conversations = static_cast<int64_t>(num("conversations", 8, 1, 1e6));
+  d.turns = static_cast<int64_t>(num("turns", 4, 1, 1e4));
+  d.system_len = static_cast<int64_t>(num("system-len", 2048, 0, 1e7));
+  d.user_len = static_cast<int64_t>(num("user-len", 64, 1, 1e7));
   d.token_lo = static_cast<int32_t>(num("token-lo", 100, 0, INT32_MAX));
   d.token_hi = static_cast<int32_t>(num("token-hi", 1000, 0, INT32_MAX));
   d.chat = target.chat;
@@ -194,7 +202,9 @@ int main(int argc, char** argv) {
               {"dataset",
                {{"name", d.name}, {"num_requests", d.num_requests}, {"input_len", d.input_len},
                 {"output_len", d.output_len}, {"range_ratio", d.range_ratio}, {"long_input_len", d.long_input_len},
-                {"long_output_len", d.long_output_len}, {"long_fraction", d.long_fraction}, {"seed", d.seed}}},
+                {"long_output_len", d.long_output_len}, {"long_fraction", d.long_fraction}, {"seed", d.seed},
+                {"conversations", d.conversations}, {"turns", d.turns}, {"system_len", d.system_len},
+                {"user_len", d.user_len}}},
               {"slo", {{"ttft_ms", slo.ttft_s * 1e3}, {"tpot_ms", slo.tpot_s * 1e3}}}};
   char head[1024];
   std::snprintf(head, sizeof(head),
@@ -208,6 +218,17 @@ int main(int argc, char** argv) {
                 static_cast<long long>(d.output_len), d.range_ratio * 100, static_cast<long long>(d.long_input_len),
                 static_cast<long long>(d.long_output_len), d.long_fraction * 100, slo.ttft_s * 1e3, slo.tpot_s * 1e3);
   std::string md = head;
+  const bool multiturn = d.name == "multiturn";
+  if (multiturn) {
+    std::snprintf(head, sizeof(head),
+                  "Multi-turn: %lld conversations x %lld turns, a shared system prompt of %lld tokens, user "
+                  "messages of %lld tokens, replies of %lld tokens (each turn's prompt: the conversation so far + "
+                  "the new message)\n\n",
+                  static_cast<long long>(d.conversations), static_cast<long long>(d.turns),
+                  static_cast<long long>(d.system_len), static_cast<long long>(d.user_len),
+                  static_cast<long long>(d.output_len));
+    md += head;
+  }
 
   if (mode == "soak") {
     SoakOptions so;
@@ -247,10 +268,20 @@ int main(int argc, char** argv) {
     return pass ? 0 : 1;
   }
 
-  // Warm-up (not measured): a few requests of the same shapes.
+  // Warm-up (not measured): a few requests of the same shapes (multiturn: short random prompts,
+  // which leave nothing in a prefix cache the conversations could hit).
   if (warmup > 0) {
-    std::vector<RequestSpec> w(specs.value().begin(),
-                               specs.value().begin() + std::min<int64_t>(warmup, d.num_requests));
+    std::vector<RequestSpec> w;
+    if (multiturn) {
+      DatasetOptions wd = d;
+      wd.name = "random";
+      wd.num_requests = warmup;
+      wd.input_len = std::max<int64_t>(8, d.user_len);
+      wd.seed = d.seed + 1000003;
+      w = MakeDataset(wd).value();
+    } else {
+      w.assign(specs.value().begin(), specs.value().begin() + std::min<int64_t>(warmup, d.num_requests));
+    }
     for (auto& s : w) s.arrival_s = 0;
     RunLoad(target, w, 2);
   }
@@ -261,13 +292,25 @@ int main(int argc, char** argv) {
       p.request_rate = rate;
       p.max_concurrency = conc;
       std::vector<RequestSpec> run = specs.value();
+      if (multiturn && !points.empty()) {
+        // Fresh conversations per point: a point must not hit what an earlier one left cached.
+        DatasetOptions dp = d;
+        dp.seed = d.seed + points.size();
+        run = MakeDataset(dp).value();
+      }
       AssignPoissonArrivals(&run, p.request_rate, d.seed);
       std::fprintf(stderr, "pdserve-loadgen: rate %g, concurrency %d, %zu requests...\n", rate, p.max_concurrency,
                    run.size());
-      const auto records = RunLoad(target, run, p.max_concurrency);
+      const auto records =
+          multiturn ? RunConversations(target, run, p.max_concurrency) : RunLoad(target, run, p.max_concurrency);
       p.all = Summarize(records, slo);
       if (d.name == "mixed")
         for (const char* kind : {"short", "long"}) p.by_kind.emplace_back(kind, Summarize(records, slo, kind));
+      if (multiturn)
+        for (int64_t t = 1; t <= d.turns; ++t) {
+          const std::string kind = "turn-" + std::to_string(t);
+          p.by_kind.emplace_back(kind, Summarize(records, slo, kind));
+        }
       points.push_back(std::move(p));
       out["runs"].push_back(SweepPointJson(points.back()));
     }

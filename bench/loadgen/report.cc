@@ -41,6 +41,28 @@ std::string SweepMarkdown(const std::vector<SweepPoint>& points) {
     md += Row(p, "all", p.all);
     for (const auto& [kind, s] : p.by_kind) md += Row(p, kind, s);
   }
+  bool cache_reported = false;
+  for (const auto& p : points) cache_reported = cache_reported || p.all.prompt_tokens > 0;
+  if (!cache_reported) return md;
+  md += "\nPrefix cache (usage.prompt_tokens_details.cached_tokens; reusable: tokens of each prompt an earlier "
+        "request of the run computed or generated, what a cluster-wide cache could supply):\n\n| rate req/s | "
+        "concurrency | requests | prompt tokens | cached | cached share | reusable | cached / reusable |\n"
+        "|---|---|---|---|---|---|---|---|\n";
+  auto cache_row = [&](const SweepPoint& p, const std::string& kind, const RunSummary& s) {
+    char b[512];
+    std::snprintf(b, sizeof(b), "| %s | %s | %s | %lld | %lld | %.1f%% | %lld | %s |\n", RateText(p.request_rate).c_str(),
+                  p.max_concurrency ? std::to_string(p.max_concurrency).c_str() : "-", kind.c_str(),
+                  static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.cached_tokens),
+                  s.prompt_tokens ? 100.0 * static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens) : 0.0,
+                  static_cast<long long>(s.reusable_tokens),
+                  s.hit_rate_of_ideal >= 0 ? (std::to_string(static_cast<int>(std::lround(s.hit_rate_of_ideal * 100))) + "%").c_str()
+                                           : "-");
+    md += b;
+  };
+  for (const auto& p : points) {
+    cache_row(p, "all", p.all);
+    for (const auto& [kind, s] : p.by_kind) cache_row(p, kind, s);
+  }
   return md;
 }
 

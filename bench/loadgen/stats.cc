@@ -74,6 +74,11 @@ RunSummary Summarize(const std::vector<RequestRecord>& records, const Slo& slo, 
     ++s.completed;
     out_tokens += r.output_tokens;
     in_tokens += r.prompt_tokens;
+    if (r.cached_tokens >= 0) {
+      s.prompt_tokens += r.prompt_tokens;
+      s.cached_tokens += r.cached_tokens;
+      s.reusable_tokens += std::max<int64_t>(r.reusable_tokens, 0);
+    }
     if (r.ttft_s >= 0) ttft.push_back(r.ttft_s);
     e2e.push_back(r.e2e_s);
     if (auto t = Tpot(r)) tpot.push_back(*t);
@@ -88,6 +93,8 @@ RunSummary Summarize(const std::vector<RequestRecord>& records, const Slo& slo, 
     s.goodput = static_cast<double>(good) / s.duration_s;
   }
   s.slo_attainment = s.requests ? static_cast<double>(good) / static_cast<double>(s.requests) : 0;
+  if (s.reusable_tokens > 0)
+    s.hit_rate_of_ideal = static_cast<double>(s.cached_tokens) / static_cast<double>(s.reusable_tokens);
   s.ttft = Summarize(std::move(ttft));
   s.tpot = Summarize(std::move(tpot));
   s.itl = Summarize(std::move(itl));
@@ -109,6 +116,11 @@ nlohmann::json ToJson(const RunSummary& s) {
           {"tpot", ToJson(s.tpot)},
           {"itl", ToJson(s.itl)},
           {"e2e", ToJson(s.e2e)},
+          {"prefix_cache",
+           {{"prompt_tokens", s.prompt_tokens},
+            {"cached_tokens", s.cached_tokens},
+            {"reusable_tokens", s.reusable_tokens},
+            {"hit_rate_of_ideal", s.hit_rate_of_ideal}}},
           {"errors", s.first_errors}};
 }
 

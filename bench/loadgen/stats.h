@@ -31,6 +31,12 @@ struct RequestRecord {
   std::vector<double> chunk_s; // arrival of every text chunk, seconds since send
   int64_t prompt_tokens = 0;   // from usage (else the dataset's count)
   int64_t output_tokens = 0;   // from usage (else the number of text chunks)
+  // Prefix cache: the prompt tokens the server found cached (usage.prompt_tokens_details;
+  // -1: not reported), and the ones an ideal cluster-wide cache could have supplied: tokens
+  // of this prompt that an earlier request of the run computed or generated (-1: unknown).
+  int64_t cached_tokens = -1;
+  int64_t reusable_tokens = -1;
+  std::vector<int32_t> output_token_ids;  // when the request asked for them (return_token_ids)
 };
 
 // Time per output token of one request; nullopt when it has < 2 output tokens or failed.
@@ -65,6 +71,10 @@ struct RunSummary {
   double goodput = 0;            // SLO-meeting completed requests per second
   double slo_attainment = 0;     // SLO-meeting / requests
   LatencyStats ttft, tpot, itl, e2e;
+  // Prefix cache over the completed requests that reported it: prompt tokens, the cached
+  // ones, the reusable ones (RequestRecord), and cached / reusable (-1 when nothing was).
+  int64_t prompt_tokens = 0, cached_tokens = 0, reusable_tokens = 0;
+  double hit_rate_of_ideal = -1;
   std::vector<std::string> first_errors;  // up to 5 distinct error messages
 };
 // `kind` non-empty: only the records of that kind (the duration stays the whole run's).

@@ -256,5 +256,66 @@ TEST(ResponseBuilderTest, ChoicesUsageAndRoleChunks) {
   EXPECT_EQ(chat.UsageChunk({5, 9, 4})["usage"]["completion_tokens_details"]["reasoning_tokens"], 4);
 }
 
+// return_token_ids: streamed token by token (text held back at markers, a hidden EOS), the
+// chunks' token_ids joined are every generated id, the EOS too, and so is the whole reply's.
+TEST(ResponseBuilderTest, TokenIdsCoverEveryGeneratedIdInStreamsAndWholeReplies) {
+  RouterMetrics metrics(std::make_shared<prometheus::Registry>());
+  auto core = RouterCore::CreateDetached({}, &metrics, [](const std::string&, const services::ControlMessage&) {});
+  const std::vector<int32_t> tokens = Encode(kReply);
+  const std::vector<int32_t> prompt = {11, 22, 33};
+  for (const ApiEndpoint endpoint : {ApiEndpoint::kChat, ApiEndpoint::kCompletions}) {
+    const bool chat = endpoint == ApiEndpoint::kChat;
+    auto req = std::make_shared<ActiveRequest>(1, "req", 3, 1000, std::chrono::steady_clock::now());
+    GenerationSession::Options o;
+    o.stop_token_ids = {*Tok().eos_id()};
+    if (chat) o.chat = tokenizer::ChatOutputParserOptions{true, true};
+    GenerationSession session(core.get(), req, Tok(), o, &metrics);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      RequestEvent ev;
+      ev.tokens = {tokens[i]};
+      if (i + 1 == tokens.size()) {
+        ev.finish = FinishReason::kStop;
+        ev.tokens.push_back(*Tok().eos_id());
+      }
+      req->Push(std::move(ev));
+    }
+    ResponseBuilder b(endpoint, "x-1", "m", false, false, Tok());
+    b.ReturnTokenIds(prompt);
+    std::vector<json> chunks;
+    if (chat) chunks.push_back(b.RoleChunk(0));
+    SessionStep all;
+    while (!session.finished()) {
+      auto step = session.Next(std::chrono::steady_clock::now());
+      if (!step) continue;
+      if (b.HasOutput(*step)) chunks.push_back(b.Chunk(0, *step, session.tool_call_ids(), std::nullopt));
+      if (step->finished) chunks.push_back(b.Chunk(0, SessionStep{}, {}, step->finish_reason));
+      AppendStep(&all, std::move(*step));
+    }
+    std::vector<int32_t> expected = tokens;
+    expected.push_back(*Tok().eos_id());
+    std::vector<int32_t> streamed;
+    int prompt_ids_seen = 0;
+    for (const json& c : chunks) {
+      ASSERT_TRUE(c["choices"][0].contains("token_ids")) << c.dump();
+      for (const json& t : c["choices"][0]["token_ids"]) streamed.push_back(t.get<int32_t>());
+      const json& holder = chat ? c : c["choices"][0];
+      if (holder.contains("prompt_token_ids")) {
+        ++prompt_ids_seen;
+        EXPECT_EQ(holder["prompt_token_ids"].get<std::vector<int32_t>>(), prompt);
+      }
+    }
+    EXPECT_EQ(streamed, expected) << (chat ? "chat" : "completions");
+    EXPECT_EQ(prompt_ids_seen, 1);
+    ChoiceOutput out;
+    out.text = all.text;
+    out.finish_reason = all.finish_reason;
+    out.message = session.message();
+    out.token_ids = all.token_ids;
+    const json full = b.Full({out}, {3, session.completion_tokens(), std::nullopt});
+    EXPECT_EQ(full["choices"][0]["token_ids"].get<std::vector<int32_t>>(), expected);
+    EXPECT_EQ((chat ? full : full["choices"][0])["prompt_token_ids"].get<std::vector<int32_t>>(), prompt);
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::router

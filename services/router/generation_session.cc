@@ -25,6 +25,7 @@ void AppendChatDelta(tokenizer::ChatDelta* into, tokenizer::ChatDelta&& from) {
 void AppendStep(SessionStep* into, SessionStep&& step) {
   into->text += step.text;
   for (auto& t : step.tokens) into->tokens.push_back(std::move(t));
+  into->token_ids.insert(into->token_ids.end(), step.token_ids.begin(), step.token_ids.end());
   AppendChatDelta(&into->chat, std::move(step.chat));
   if (step.finished) {
     into->finished = true;
@@ -97,6 +98,7 @@ void GenerationSession::Consume(RequestEvent& ev, SessionStep* step) {
   for (size_t i = 0; i < n && !finished_; ++i) {
     const int32_t token = ev.tokens[i];
     ++completion_tokens_;
+    step->token_ids.push_back(token);
     metrics_->generation_tokens.Increment();
     if (!first_token_seen_) {
       first_token_seen_ = true;

@@ -47,6 +47,9 @@ struct OutputToken {
 struct SessionStep {
   std::string text;                 // final text produced by this step (may be empty)
   std::vector<OutputToken> tokens;  // tokens rendered in this step (for logprobs)
+  // Every token id this step consumed, a hidden stop token too (return_token_ids: the ids a
+  // client appends to continue the conversation).
+  std::vector<int32_t> token_ids;
   tokenizer::ChatDelta chat;        // Options::chat: `text` split into the message's fields
   bool finished = false;
   std::string finish_reason;        // "stop" | "length" | "tool_calls" when finished without error

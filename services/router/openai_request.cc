@@ -331,8 +331,11 @@ std::optional<ApiError> ParseTools(const json& body, ParsedRequest* out) {
                                     " cannot be combined with '" + out->constraint_param +
                                     "': both constrain the output",
                                 "tool_choice");
-  if (const json* ptc = Field(body, "parallel_tool_calls"); ptc && !ptc->is_boolean())
-    return ApiError::BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+  if (const json* ptc = Field(body, "parallel_tool_calls")) {
+    if (!ptc->is_boolean())
+      return ApiError::BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    out->chat_options.tool_choice.parallel = ptc->get<bool>();
+  }
   return std::nullopt;
 }
 
@@ -433,6 +436,7 @@ std::optional<ApiError> ParseRequestJson(ApiEndpoint endpoint, const nlohmann::o
 
   if (auto e = ParseStop(body, out)) return e;
   if (auto e = GetBool(body, "ignore_eos", &out->ignore_eos)) return e;
+  if (auto e = GetBool(body, "return_token_ids", &out->return_token_ids)) return e;
   if (auto e = GetBool(body, "skip_special_tokens", &out->skip_special_tokens)) return e;
   if (auto e = GetBool(body, "stream", &out->stream)) return e;
   if (const json* so = Field(body, "stream_options")) {

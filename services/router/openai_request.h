@@ -11,6 +11,7 @@
 // presence_penalty / frequency_penalty [-2, 2], repetition_penalty (0, 10], seed, stop (string
 // or list of up to 16), stop_token_ids, ignore_eos, skip_special_tokens, n [1, kMaxChoices],
 // logit_bias ({"token id": bias in [-100, 100]}), stream, stream_options.include_usage, user,
+// return_token_ids (vLLM's extension),
 // logprobs (completions: 0..20; chat: bool with top_logprobs 0..20), prompt (completions:
 // string, [string], [ids], [[ids]]), messages (chat), thinking / chat_template_kwargs.thinking /
 // chat_template_kwargs.enable_thinking (chat; the thinking switch), tools and tool_choice
@@ -64,6 +65,9 @@ struct ParsedRequest {
   bool include_usage = false;
   bool logprobs = false;
   uint32_t top_logprobs = 0;
+  // vLLM's return_token_ids: the reply carries the prompt's token ids and each choice's
+  // generated ids (openai_response.h), so a client can continue the conversation by ids.
+  bool return_token_ids = false;
   std::string user;
   // Choices to generate (n); each is its own job (request_prep.h).
   uint32_t n = 1;

@@ -28,7 +28,13 @@ ResponseBuilder::ResponseBuilder(ApiEndpoint endpoint, std::string id, std::stri
       include_usage_(include_usage),
       logprobs_(logprobs),
       tokenizer_(tokenizer),
-      text_offset_(n, 0) {}
+      text_offset_(n, 0),
+      sent_prompt_ids_(n, false) {}
+
+void ResponseBuilder::ReturnTokenIds(std::vector<int32_t> prompt_token_ids) {
+  return_token_ids_ = true;
+  prompt_token_ids_ = std::move(prompt_token_ids);
+}
 
 json UsageJson(const UsageCounts& u) {
   json j = {{"prompt_tokens", u.prompt_tokens},
@@ -118,8 +124,11 @@ json ResponseBuilder::Full(const std::vector<ChoiceOutput>& choices, const Usage
     } else {
       list.push_back(
           {{"index", i}, {"text", c.text}, {"logprobs", Logprobs(i, c.tokens)}, {"finish_reason", c.finish_reason}});
+      if (return_token_ids_) list.back()["prompt_token_ids"] = prompt_token_ids_;
     }
+    if (return_token_ids_) list.back()["token_ids"] = c.token_ids;
   }
+  if (return_token_ids_ && endpoint_ == ApiEndpoint::kChat) r["prompt_token_ids"] = prompt_token_ids_;
   r["choices"] = std::move(list);
   r["usage"] = UsageJson(usage);
   return r;
@@ -131,12 +140,17 @@ json ResponseBuilder::RoleChunk(uint32_t index) const {
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
+  if (return_token_ids_) {
+    c["choices"][0]["token_ids"] = json::array();
+    if (index == 0) c["prompt_token_ids"] = prompt_token_ids_;
+  }
   if (include_usage_) c["usage"] = nullptr;
   return c;
 }
 
 bool ResponseBuilder::HasOutput(const SessionStep& step) const {
   if (logprobs_ && !step.tokens.empty()) return true;
+  if (return_token_ids_ && !step.token_ids.empty()) return true;
   if (endpoint_ == ApiEndpoint::kChat && !step.text.empty() && step.chat.empty()) {
     // Text the parser holds back (a possible marker) shows up in a later step.
     return false;
@@ -177,7 +191,10 @@ json ResponseBuilder::Chunk(uint32_t index, const SessionStep& step, const std::
   } else {
     c = Base("text_completion");
     c["choices"] = json::array({{{"index", index}, {"text", step.text}, {"logprobs", lp}, {"finish_reason", fr}}});
+    if (return_token_ids_ && !sent_prompt_ids_[index]) c["choices"][0]["prompt_token_ids"] = prompt_token_ids_;
+    sent_prompt_ids_[index] = true;
   }
+  if (return_token_ids_) c["choices"][0]["token_ids"] = step.token_ids;
   if (include_usage_) c["usage"] = nullptr;
   return c;
 }

@@ -17,6 +17,12 @@
 // "choices": [] and the usage of all choices; the stream ends with "data: [DONE]". An error
 // after the stream started is sent as `data: {"error": {...}}` followed by [DONE].
 //
+// Token ids (return_token_ids, vLLM's extension; ReturnTokenIds): completions choices carry
+// "prompt_token_ids" and "token_ids" (every generated id, a stop token too); chat replies carry
+// "prompt_token_ids" at the top and "token_ids" in each choice. Streaming: a completions choice's
+// first chunk and the first chat role chunk carry "prompt_token_ids"; every choice chunk carries
+// the "token_ids" that arrived with it (a chunk is sent for ids whose text is still held back).
+//
 // Thread-safety: a ResponseBuilder belongs to one request (it tracks each choice's completions
 // text offset for logprobs).
 #pragma once
@@ -43,6 +49,7 @@ struct ChoiceOutput {
   std::string finish_reason;
   const tokenizer::ParsedMessage* message = nullptr;  // chat: the parsed message
   std::vector<std::string> tool_call_ids;           // ids of message->tool_calls
+  std::vector<int32_t> token_ids;                   // every generated id (return_token_ids)
 };
 
 struct UsageCounts {
@@ -69,6 +76,8 @@ class ResponseBuilder {
   // Whether `step` has anything a chunk would show (text, a delta, or logprobs asked for).
   bool HasOutput(const SessionStep& step) const;
   nlohmann::json UsageChunk(const UsageCounts& usage) const;
+  // Turns on the token ids in every body and chunk built from now on.
+  void ReturnTokenIds(std::vector<int32_t> prompt_token_ids);
 
   const std::string& id() const { return id_; }
 
@@ -85,6 +94,9 @@ class ResponseBuilder {
   const bool logprobs_;
   const tokenizer::Tokenizer& tokenizer_;
   std::vector<size_t> text_offset_;  // per choice, completions logprobs: offset of the next token's text
+  bool return_token_ids_ = false;
+  std::vector<int32_t> prompt_token_ids_;
+  std::vector<bool> sent_prompt_ids_;  // per choice (completions streams): its first chunk went out
 };
 
 nlohmann::json UsageJson(const UsageCounts& usage);

@@ -405,12 +405,16 @@ void RouterCore::CountPrefixHitLocked(Route& r, const std::string& peer, const s
 void RouterCore::OnTokenEventLocked(const std::string& peer, services::TokenEventMsg ev) {
   auto it = routes_.find(ev.request_id);
   if (it == routes_.end()) {
+    metrics_->stale_token_events.Increment();
     if (!ev.finishing()) SendLocked(peer, services::AbortMsg{ev.request_id, "unknown request"});
     return;
   }
   Route& r = it->second;
   const std::optional<AttemptSide> side = r.attempt.SideOf(peer);
-  if (!side) return;  // not a worker holding a job of this attempt (a stale peer)
+  if (!side) {  // not a worker holding a job of this attempt (a stale peer)
+    metrics_->stale_token_events.Increment();
+    return;
+  }
   // The worker that computed the prompt says how much of it its prefix cache supplied.
   if (ev.cached_prompt_tokens > 0) r.request->SetCachedPromptTokens(ev.cached_prompt_tokens);
 

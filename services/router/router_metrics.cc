@@ -58,6 +58,12 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
                          .Help("Control-plane messages dropped as malformed")
                          .Register(*registry)
                          .Add({})),
+      stale_token_events(prometheus::BuildCounter()
+                             .Name("pdserve_router_stale_token_events_total")
+                             .Help("Token events dropped: their worker holds no job of the request (it moved "
+                                   "elsewhere or ended)")
+                             .Register(*registry)
+                             .Add({})),
       request_api_malformed(prometheus::BuildCounter()
                                 .Name("pdserve_router_request_api_malformed_total")
                                 .Help("ZeroMQ request API messages refused as malformed or of a wrong kind")

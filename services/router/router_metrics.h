@@ -18,6 +18,10 @@
 //   pdserve_router_worker_removals_total{role,reason}  timeout | deregister | replaced
 //   pdserve_router_worker_kv_blocks{role,worker,state}  last heartbeat's free/used blocks
 //   pdserve_router_control_errors_total           control messages dropped as malformed
+//   pdserve_router_stale_token_events_total       token events dropped because their worker
+//                                                 holds no job of the request (late output of a
+//                                                 worker the request moved away from, or of an
+//                                                 ended request): never reach a client
 //   pdserve_router_placements_total{role,worker,dp_rank}  jobs the router placed on each worker
 //                                                 (every DP rank of an instance is a worker;
 //                                                 dp_rank 0 for one-process workers)
@@ -84,6 +88,7 @@ class RouterMetrics {
   prometheus::Counter& prompt_tokens;
   prometheus::Counter& generation_tokens;
   prometheus::Counter& control_errors;
+  prometheus::Counter& stale_token_events;
   prometheus::Counter& request_api_malformed;
   prometheus::Counter& prefix_predicted_hit_tokens;
   prometheus::Counter& prefix_actual_hit_tokens;

@@ -503,6 +503,7 @@ struct RouterServer::GenerateCall {
   const services::RequestLog log;
   ParsedRequest request;
   std::shared_ptr<ChoiceSet> choices;  // set by Admit
+  std::vector<int32_t> prompt_token_ids;  // set by Admit when the request asks for token ids
   ConnectionWatch watch;
   Clock::time_point deadline{};  // of the whole request
 };
@@ -517,6 +518,7 @@ void RouterServer::HandleGenerate(ApiEndpoint endpoint, const httplib::Request& 
   auto builder = std::make_unique<ResponseBuilder>(call.endpoint, call.tag, config_.model_name,
                                                    call.request.include_usage, call.request.logprobs, *tokenizer_,
                                                    static_cast<uint32_t>(call.choices->size()));
+  if (call.request.return_token_ids) builder->ReturnTokenIds(std::move(call.prompt_token_ids));
   if (call.request.stream) {
     ReplyStream(call, std::move(first), std::move(builder), res);
   } else {
@@ -536,6 +538,7 @@ bool RouterServer::Admit(GenerateCall& call, const httplib::Request& req, httpli
     ReplyError(res, *err);
     return false;
   }
+  if (call.request.return_token_ids) call.prompt_token_ids = prepared.spec.prompt;
   auto submitted = SubmitChoices(*core_, prepared);
   if (!submitted.ok()) {
     call.log.Debug("not dispatched: {}", submitted.status().ToString());
@@ -613,6 +616,7 @@ void RouterServer::ReplyWhole(GenerateCall& call, std::vector<SessionStep> first
   for (size_t i = 0; i < all.size(); ++i) {
     outputs[i].text = std::move(all[i].text);
     outputs[i].tokens = std::move(all[i].tokens);
+    outputs[i].token_ids = std::move(all[i].token_ids);
     outputs[i].finish_reason = all[i].finish_reason;
     outputs[i].message = choices.choice(i).message();
     outputs[i].tool_call_ids = choices.choice(i).tool_call_ids();

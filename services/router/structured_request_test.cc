@@ -80,6 +80,9 @@ TEST(StructuredRequestTest, ToolsChoiceThinkingBiasAndN) {
   // Parameters keep the request's order: "unit" before "city".
   EXPECT_LT(r.chat_options.tools[0].parameters.find("unit"), r.chat_options.tools[0].parameters.find("city"));
   EXPECT_EQ(r.chat_options.tool_choice.mode, tokenizer::ToolChoiceMode::kRequired);
+  EXPECT_TRUE(r.chat_options.tool_choice.parallel);
+  EXPECT_FALSE(Chat(std::string(R"("tools":[)") + kWeatherTool + R"(],"tool_choice":"required","parallel_tool_calls":false)")
+                   .chat_options.tool_choice.parallel);
   EXPECT_EQ(r.chat_options.thinking, true);
   ASSERT_EQ(r.sampling.logit_bias.size(), 2u);
   EXPECT_EQ(r.sampling.logit_bias[0], (LogitBias{5, -100.0f}));

@@ -70,11 +70,22 @@ Result<StreamChunk> ParseStreamChunk(std::string_view data) {
         c.text = ch["delta"]["content"].get<std::string>();
       if (ch.contains("finish_reason") && ch["finish_reason"].is_string())
         c.finish_reason = ch["finish_reason"].get<std::string>();
+      if (ch.contains("token_ids")) {
+        const auto& ids = ch["token_ids"];
+        if (!ids.is_array()) return Status::InvalidArgument("stream event: choices[0].token_ids is not an array");
+        for (const auto& id : ids) {
+          if (!id.is_number_integer())
+            return Status::InvalidArgument("stream event: choices[0].token_ids holds a non-integer");
+          c.token_ids.push_back(id.get<int32_t>());
+        }
+      }
     }
   }
   if (j.contains("usage") && j["usage"].is_object()) {
     c.prompt_tokens = OptionalInt(j["usage"], "prompt_tokens");
     c.completion_tokens = OptionalInt(j["usage"], "completion_tokens");
+    if (j["usage"].contains("prompt_tokens_details") && j["usage"]["prompt_tokens_details"].is_object())
+      c.cached_tokens = OptionalInt(j["usage"]["prompt_tokens_details"], "cached_tokens");
   }
   return c;
 }

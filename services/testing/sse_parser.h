@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -40,6 +41,8 @@ struct StreamChunk {
   std::string text;               // choices[0].text or choices[0].delta.content ("" if none)
   std::optional<std::string> finish_reason;
   std::optional<int64_t> prompt_tokens, completion_tokens;  // from a usage object
+  std::optional<int64_t> cached_tokens;  // usage.prompt_tokens_details.cached_tokens
+  std::vector<int32_t> token_ids;        // choices[0].token_ids (return_token_ids)
   std::optional<std::string> error;                         // an {"error": {...}} event's message
 };
 

@@ -416,5 +416,50 @@ TEST(WorkerE2eTest, PrefixCacheHitsKeepRepliesExact) {
   }
 }
 
+// n > 1: the choices go to the same workers, and the engine lets the later ones wait for the
+// first one's prefill, then map its blocks: the prompt's KV is computed once.
+TEST(WorkerE2eTest, ChoicesOfOneRequestComputeThePromptOnce) {
+  for (const bool pd : {false, true}) {
+    SCOPED_TRACE(pd ? "P/D" : "colocated");
+    if (pd && !UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+    TestCluster c(pd ? "worker-n-pd" : "worker-n");
+    ASSERT_OK_W(c.StartRouter(), Workers(&c));
+    Workers w(&c);
+    if (pd) {
+      ASSERT_OK_W(w.Start("p0", "prefill"), w);
+      ASSERT_OK_W(w.Start("d0", "decode"), w);
+    } else {
+      ASSERT_OK_W(w.Start("c0", "colocated"), w);
+    }
+    ASSERT_TRUE(c.WaitForWorkers(pd ? 2 : 1, 30s)) << w.Logs();
+    const std::vector<int32_t> prompt = LongPrompt(11, 600);
+    constexpr int kMax = 5, kN = 3;
+    json body = json::parse(Body(prompt, kMax, false));
+    body["n"] = kN;
+    auto r = HttpPost(c.http_port(), "/v1/completions", body.dump(), 120s);
+    ASSERT_EQ(r.status, 200) << r.body << w.Logs();
+    const json j = json::parse(r.body);
+    ASSERT_EQ(j["choices"].size(), static_cast<size_t>(kN));
+    for (int i = 0; i < kN; ++i)  // greedy: every choice is the reference
+      EXPECT_EQ(j["choices"][i]["text"].get<std::string>(), Text(Reference(prompt, kMax))) << i;
+    // The usage reports the most any choice found cached: the prompt's 9 full blocks of 64.
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 576) << r.body;
+    const std::string computing = pd ? "p0" : "c0";
+    // Of the three lookups of the prompt, two hit its 9 blocks: computed once + 2 tails.
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          return MetricValue(w.Metrics(computing), "pdserve_prefix_cache_lookup_tokens_total") ==
+                 static_cast<double>(kN * prompt.size());
+        },
+        10s, 100ms))
+        << w.Metrics(computing);
+    EXPECT_EQ(MetricValue(w.Metrics(computing), "pdserve_prefix_cache_hit_tokens_total"), (kN - 1) * 576.0)
+        << w.Metrics(computing);
+    for (const std::string& id : pd ? std::vector<std::string>{"p0", "d0"} : std::vector<std::string>{"c0"})
+      EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+    if (HasFailure()) ADD_FAILURE() << w.Logs();
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::services::worker

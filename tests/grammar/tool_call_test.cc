@@ -78,7 +78,7 @@ std::string Sample(const std::shared_ptr<const CompiledGrammar>& g, uint64_t see
 
 void CheckCalls(const tokenizer::ParsedMessage& msg, const ToolChoice& choice, const std::string& text) {
   ASSERT_FALSE(msg.tool_calls.empty()) << text;
-  if (choice.mode == ToolChoiceMode::kFunction) {
+  if (choice.mode == ToolChoiceMode::kFunction || !choice.parallel) {
     ASSERT_EQ(msg.tool_calls.size(), 1u) << text;
   }
   EXPECT_TRUE(msg.content.empty()) << text;
@@ -101,6 +101,7 @@ TEST(ToolCallGrammar, RequiredAndNamedRepliesAreValidCalls) {
   ASSERT_NE(vocab, nullptr);
   GrammarCache cache(vocab);
   const std::vector<ToolChoice> choices = {{ToolChoiceMode::kRequired, ""},
+                                           {ToolChoiceMode::kRequired, "", /*parallel=*/false},
                                            {ToolChoiceMode::kFunction, "search"},
                                            {ToolChoiceMode::kFunction, "ping"}};
   for (const ToolChoice& choice : choices) {

@@ -12,6 +12,8 @@
 //   * a decode host's link cut mid-stream (ip link set down): its streams migrate exactly, no
 //     KV block stays used anywhere, the host rejoins after the heal and serves exactly, and no
 //     stale token of the cut worker reaches a client;
+//   * the router unreachable from a decode host past the heartbeat timeout, healed while the
+//     moved streams still run: the cut worker's late output is dropped, no duplicate tokens;
 //   * the same link cut while long prompts' KV is streaming to it: the transfers fail, the
 //     requests are placed again and complete exactly, the reservations come back;
 //   * a CP=2 prefill instance over hosts B+C and a DP=2 (EP=2) decode instance over D+E, each
@@ -569,6 +571,47 @@ TEST(MultiHostTest, DecodeHostCutOffMidStreamMigratesAndRejoins) {
       << "the healed host took no request";
   EXPECT_TRUE(c.RouterIdle());
   for (const char* id : {"decode-0", "decode-1", "prefill-0"}) EXPECT_TRUE(c.NoBlocksUsed(id, 10s)) << id;
+  if (HasFailure()) ADD_FAILURE() << c.Log();
+}
+
+// The router's host unreachable from a decode host for longer than the heartbeat timeout, healed
+// while the streams it carried still run elsewhere: the router has moved them (it heard no
+// heartbeat), the cut worker's output queued during the cut arrives after the heal and is
+// dropped (counted as stale), and no client sees a token twice or out of order.
+TEST(MultiHostTest, RouterUnreachablePastTheHeartbeatTimeoutNoDuplicateTokensAfterTheHeal) {
+  HostCluster c;
+  MAKE_HOSTS_OR_SKIP(c, 4);
+  NetnsHosts& h = c.hosts();
+  const std::string workers = std::string("  - {name: prefill, role: prefill, host: b, args: ") + kWorkerArgs +
+                              "}\n  - {name: decode, role: decode, count: 2, hosts: [c, d], args: " + kWorkerArgs +
+                              "}\n";
+  ASSERT_TRUE(c.Launch(c.Topology(workers)).ok()) << c.Log();
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << c.Log();
+  constexpr int kN = 6, kMax = 400;
+  for (int k = 0; k < kN; ++k) Reference(Prompt(1000 + k), kMax);
+  const double stale_before = c.RouterMetric("pdserve_router_stale_token_events_total");
+  bool moved = false;
+  const StreamRun run = StreamWithFault(c, 1000, kN, kMax, 6, [&] {
+    ASSERT_TRUE(h.SetLinkUp(3, false).ok());
+    // Past the heartbeat timeout (1.5 s): the router removes decode-1 and moves its streams.
+    moved = WaitFor(
+        [&] {
+          return c.RouterMetric("pdserve_router_migrations_total", "outcome=\"migrated\",role=\"decode\"") >= 1;
+        },
+        20s, 20ms);
+    ASSERT_TRUE(h.SetLinkUp(3, true).ok());  // healed while the moved streams still run
+  });
+  ASSERT_TRUE(moved) << "the router never moved a stream off the cut host\n" << c.Log();
+  EXPECT_GE(c.RouterMetric("pdserve_router_worker_removals_total", "reason=\"timeout\",role=\"decode\""), 1);
+  ExpectExact(run, 1000, kMax);  // no duplicate, missing or reordered token in any stream
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << c.Log();
+  const double stale = c.RouterMetric("pdserve_router_stale_token_events_total") - stale_before;
+  std::printf("[multihost] after the heal the router dropped %.0f stale token events of the cut worker\n", stale);
+  EXPECT_GE(stale, 1) << "no late output of the cut worker reached the router: the heal proved nothing";
+  EXPECT_TRUE(c.RouterIdle());
+  for (const char* id : {"decode-0", "decode-1", "prefill-0"}) EXPECT_TRUE(c.NoBlocksUsed(id, 15s)) << id;
+  const StreamRun after = StreamWithFault(c, 1050, 6, 6, 0, nullptr);
+  ExpectExact(after, 1050, 6);
   if (HasFailure()) ADD_FAILURE() << c.Log();
 }
 

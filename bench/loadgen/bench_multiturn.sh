@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Multi-turn chat serving with and without the prefix cache (docs/prefix-cache.md "Benchmark"),
+# in one run, on the P/D topology: router + 1 prefill + 1 decode engine worker, one compute
+# thread each. pdserve-loadgen's multiturn dataset: CONVERSATIONS conversations x TURNS turns, a
+# shared system prompt of SYSTEM_LEN tokens, user messages of USER_LEN tokens, replies of
+# REPLY_LEN tokens; each turn is sent when the conversation's previous one ended and continues
+# it by the token ids the router returned. Reports TTFT per turn, the cached / reusable prompt
+# tokens and goodput, cache on vs off, and the TTFT ratio per turn.
+#
+#   bench/loadgen/bench_multiturn.sh [build-dir] [cache|routing|all]
+#
+# cache (default): writes bench/results/multiturn_{cache_on,cache_off}.{json,md} and
+#   multiturn.md.
+# routing: two prefill workers + one decode worker, the cache on, the router's prefill policy
+#   kv_aware vs least_outstanding_tokens (the default): multiturn_routing_<policy>.{json,md} and
+#   multiturn_routing.md (TTFT p50 / p99 per turn, cached / reusable).
+# Knobs
+# (environment): MODEL_PRESET (small), CONVERSATIONS (4), TURNS (4), SYSTEM_LEN (2048),
+# USER_LEN (64), REPLY_LEN (32), RATE (conversations/s, 0.2), CONCURRENCY (conversations in
+# flight, 2), SLO_TTFT_MS (2000), SLO_TPOT_MS (200). A benchmark: run it on a quiet machine.
+set -uo pipefail
+build_dir=${1:-build}
+what=${2:-cache}
+bin=$build_dir/bin
+results=${PDSERVE_RESULTS_DIR:-bench/results}
+mkdir -p "$results"
+run_dir=$(mktemp -d /tmp/pdserve-bench-multiturn.XXXXXX)
+launch_pid=""
+preset=${MODEL_PRESET:-small}
+model=models/bench-$preset-v128815
+
+for b in pdserve-launch pdserve-loadgen pdserve-router pdserve-prefill pdserve-decode pdserve; do
+  [ -x "$bin/$b" ] || { echo "bench_multiturn: $bin/$b is missing (build it first)"; exit 2; }
+done
+
+stop_cluster() {
+  if [ -n "$launch_pid" ]; then
+    kill -TERM "$launch_pid" 2>/dev/null
+    wait "$launch_pid" 2>/dev/null
+    launch_pid=""
+  fi
+}
+trap 'stop_cluster; rm -rf "$run_dir"' EXIT
+
+if [ ! -f "$model/config.json" ]; then
+  echo "== making the $preset model (vocabulary 128815) in $model"
+  "$bin/pdserve" make-model --preset "$preset" --vocab 128815 --seed 1 --out "$model" >"$run_dir/make-model.log" 2>&1 ||
+    { tail -5 "$run_dir/make-model.log"; exit 1; }
+fi
+
+# start_cluster NAME PREFIX_CACHE [PREFILL_WORKERS PREFILL_POLICY]: writes the topology and waits
+# for pdserve-launch's ready file.
+start_cluster() {
+  local name=$1 cache=$2 prefills=${3:-1} policy=${4:-least_outstanding_tokens} ready=$run_dir/$1.ready
+  local args="[\"--threads\", \"1\", \"--kv-gib\", \"2\", \"--prefix-cache\", \"$cache\"]"
+  local env='{UCX_TLS: tcp, UCX_NET_DEVICES: lo, PDSERVE_NUM_THREADS: "1"}'
+  cat >"$run_dir/$name.yaml" <<YAML
+cluster:
+  name: bench-multiturn-$name
+  bin_dir: $(cd "$bin" && pwd)
+  model_dir: $(cd "$model" && pwd)
+  generate_model: {enabled: false}
+  stop_grace_ms: 5000
+  ready_timeout_ms: 180000
+router:
+  host: 127.0.0.1
+  port: 8320
+  control_endpoint: tcp://127.0.0.1:7320
+  model_name: pdserve-bench
+  request_timeout_ms: 1800000
+  first_token_timeout_ms: 1800000
+  routing: {mode: disaggregated, prefill_policy: $policy}
+workers:
+  - {name: prefill, role: prefill, type: engine, count: $prefills, args: $args, env: $env}
+  - {name: decode, role: decode, type: engine, args: $args, env: $env}
+YAML
+  rm -f "$ready"
+  "$bin/pdserve-launch" "$run_dir/$name.yaml" --ready-file "$ready" >"$run_dir/$name.log" 2>&1 &
+  launch_pid=$!
+  for _ in $(seq 1 720); do
+    [ -s "$ready" ] && return 0
+    kill -0 "$launch_pid" 2>/dev/null || break
+    sleep 0.25
+  done
+  echo "bench_multiturn: cluster $name did not become ready:"
+  tail -20 "$run_dir/$name.log"
+  return 1
+}
+
+status=0
+# run_loadgen CLUSTER NAME LABEL: the multiturn dataset against a started cluster.
+run_loadgen() {
+  "$bin/pdserve-loadgen" --ready-file "$run_dir/$1.ready" --model pdserve-bench --dataset multiturn \
+    --conversations "${CONVERSATIONS:-4}" --turns "${TURNS:-4}" --system-len "${SYSTEM_LEN:-2048}" \
+    --user-len "${USER_LEN:-64}" --output-len "${REPLY_LEN:-32}" --request-rates "${RATE:-0.2}" \
+    --concurrency "${CONCURRENCY:-2}" --slo-ttft-ms "${SLO_TTFT_MS:-2000}" --slo-tpot-ms "${SLO_TPOT_MS:-200}" \
+    --warmup 2 --seed 1 --label "$3, load average before $(cut -d' ' -f1-3 /proc/loadavg)" \
+    --out-dir "$results" --name "$2" >"$run_dir/loadgen-$2.log" 2>&1 || status=1
+  grep '^|' "$results/$2.md" 2>/dev/null || tail -5 "$run_dir/loadgen-$2.log"
+}
+
+if [ "$what" = routing ] || [ "$what" = all ]; then
+  for policy in kv_aware least_outstanding_tokens; do
+    echo "== multiturn, 2 prefill workers, prefill policy $policy (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    start_cluster "routing_$policy" true 2 "$policy" || { status=1; continue; }
+    run_loadgen "routing_$policy" "multiturn_routing_$policy" "P/D 2+1, prefix cache on, prefill policy $policy"
+    stop_cluster
+  done
+  /usr/bin/python3 - "$results" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' || status=1
+import json, os, sys
+results, load = sys.argv[1], sys.argv[2]
+runs = {p: json.load(open(os.path.join(results, "multiturn_routing_%s.json" % p)))
+        for p in ("kv_aware", "least_outstanding_tokens")}
+kv, lot = runs["kv_aware"]["runs"][0], runs["least_outstanding_tokens"]["runs"][0]
+turns = sorted(kv["by_kind"], key=lambda k: int(k.split("-")[1]))
+ds = runs["kv_aware"]["dataset"]
+lines = ["# Multi-turn chat, two prefill workers: kv_aware vs least_outstanding_tokens routing", "",
+         "%d conversations x %d turns, system prompt %d tokens, user messages %d, replies %d; commit %s; %s." % (
+             ds["conversations"], ds["turns"], ds["system_len"], ds["user_len"], ds["output_len"],
+             runs["kv_aware"]["commit"], runs["kv_aware"]["label"]), "",
+         "| turn | TTFT p50 LOT / kv_aware ms | TTFT p99 LOT / kv_aware ms | cached / reusable LOT / kv_aware |",
+         "|---|---|---|---|"]
+def hit(s):
+    h = s["prefix_cache"]["hit_rate_of_ideal"]
+    return "%.0f%%" % (100 * h) if h >= 0 else "-"
+for t in turns + ["all"]:
+    a = kv["by_kind"][t] if t != "all" else kv["all"]
+    b = lot["by_kind"][t] if t != "all" else lot["all"]
+    lines.append("| %s | %.0f / %.0f | %.0f / %.0f | %s / %s |" % (
+        t, b["ttft"]["p50_ms"], a["ttft"]["p50_ms"], b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit(b), hit(a)))
+lines += ["", "TTFT p99 over all requests: least_outstanding_tokens %.0f ms, kv_aware %.0f ms (%.1fx). "
+          "Load average after the runs: %s." % (lot["all"]["ttft"]["p99_ms"], kv["all"]["ttft"]["p99_ms"],
+                                                 lot["all"]["ttft"]["p99_ms"] / kv["all"]["ttft"]["p99_ms"], load)]
+open(os.path.join(results, "multiturn_routing.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+fi
+[ "$what" = routing ] && exit $status
+
+for cache in on off; do
+  name=cache_$cache
+  echo "== multiturn, prefix cache $cache (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  start_cluster "$name" "$([ $cache = on ] && echo true || echo false)" || { status=1; continue; }
+  run_loadgen "$name" "multiturn_$name" "P/D 1+1, prefix cache $cache"
+  stop_cluster
+done
+
+/usr/bin/python3 - "$results" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' || status=1
+import json, os, sys
+results, load = sys.argv[1], sys.argv[2]
+runs = {c: json.load(open(os.path.join(results, "multiturn_cache_%s.json" % c))) for c in ("on", "off")}
+on, off = runs["on"]["runs"][0], runs["off"]["runs"][0]
+turns = sorted(on["by_kind"], key=lambda k: int(k.split("-")[1]))
+ds = runs["on"]["dataset"]
+lines = ["# Multi-turn chat, prefix cache on vs off (P/D 1+1)", "",
+         "%d conversations x %d turns, system prompt %d tokens, user messages %d, replies %d; commit %s; %s." % (
+             ds["conversations"], ds["turns"], ds["system_len"], ds["user_len"], ds["output_len"],
+             runs["on"]["commit"], runs["on"]["label"]), "",
+         "| turn | TTFT p50 off ms | TTFT p50 on ms | off / on | TTFT p99 off / on ms | cached / reusable (on) | cached share of prompt (on) |",
+         "|---|---|---|---|---|---|---|"]
+for t in turns + ["all"]:
+    a = on["by_kind"][t] if t != "all" else on["all"]
+    b = off["by_kind"][t] if t != "all" else off["all"]
+    pc = a["prefix_cache"]
+    ratio = b["ttft"]["p50_ms"] / a["ttft"]["p50_ms"] if a["ttft"]["p50_ms"] > 0 else float("nan")
+    hit = "%.0f%%" % (100 * pc["hit_rate_of_ideal"]) if pc["hit_rate_of_ideal"] >= 0 else "-"
+    share = 100.0 * pc["cached_tokens"] / pc["prompt_tokens"] if pc["prompt_tokens"] else 0
+    lines.append("| %s | %.0f | %.0f | %.1fx | %.0f / %.0f | %s | %.0f%% |" % (
+        t, b["ttft"]["p50_ms"], a["ttft"]["p50_ms"], ratio, b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit, share))
+later = [t for t in turns if int(t.split("-")[1]) >= 3]
+if later:
+    import statistics
+    r = statistics.median(off["by_kind"][t]["ttft"]["p50_ms"] / on["by_kind"][t]["ttft"]["p50_ms"] for t in later)
+    lines += ["", "TTFT p50 at turns >= 3: %.1fx lower with the cache (median over those turns; goal >= 5x)." % r]
+lines += ["", "Goodput (req/s within the SLO): off %.3f, on %.3f. Load average after the runs: %s." % (
+    off["all"]["goodput_rps"], on["all"]["goodput_rps"], load)]
+open(os.path.join(results, "multiturn.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+exit $status
