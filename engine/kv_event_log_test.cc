@@ -69,14 +69,12 @@ TEST(KvEventLogTest, KeepsTheNetChangePerHashAndOverflowsIntoAResync) {
   EXPECT_TRUE(after.empty());
 }
 
-KvLayout TestLayout(int64_t block_tokens) {
-  KvLayout l;
-  l.num_layers = 2;
-  l.kv_lora_rank = 128;
-  l.qk_rope_head_dim = 64;
-  l.index_head_dim = 128;
-  l.tokens_per_block = static_cast<uint32_t>(block_tokens);
-  return l;
+// A pool of `n_blocks` blocks of `block_tokens` in the tiny model's layout.
+std::unique_ptr<BlockPool> TinyPool(int64_t block_tokens, int64_t n_blocks) {
+  const KvLayout l = model::KvLayoutFor(TinyModel().config(), block_tokens);
+  auto created = BlockPool::Create(l, n_blocks * static_cast<int64_t>(l.BlockBytes()));
+  PDSERVE_CHECK(created.ok(), created.status().ToString());
+  return std::move(created).value();
 }
 
 // A sequence as the scheduler holds one: its blocks (mapped hits, then allocated) registered
@@ -88,10 +86,8 @@ struct Seq {
 
 TEST(BlockPoolEventsTest, AMirrorOfTheEventsFollowsTheCacheUnderChurn) {
   constexpr int64_t B = 4;
-  const KvLayout l = TestLayout(B);
-  auto created = BlockPool::Create(l, 12 * static_cast<int64_t>(l.BlockBytes()));
-  ASSERT_TRUE(created.ok());
-  BlockPool& pool = **created;
+  auto owned = TinyPool(B, 12);
+  BlockPool& pool = *owned;
   constexpr uint64_t kNs = 9;
   std::mt19937 rng(3);
   // Few prefix families over a small alphabet: duplicates, shared prefixes, re-registrations.
@@ -163,11 +159,8 @@ TEST(BlockPoolEventsTest, AMirrorOfTheEventsFollowsTheCacheUnderChurn) {
 
 TEST(BlockPoolEventsTest, ABacklogLargerThanThePoolBecomesOneSnapshot) {
   constexpr int64_t B = 4;
-  const KvLayout l = TestLayout(B);
-  // 16 blocks: the log holds at most 16 distinct hashes.
-  auto created = BlockPool::Create(l, 16 * static_cast<int64_t>(l.BlockBytes()));
-  ASSERT_TRUE(created.ok());
-  BlockPool& pool = **created;
+  auto owned = TinyPool(B, 16);  // the log holds at most 16 distinct hashes
+  BlockPool& pool = *owned;
   // 40 distinct one-block prompts registered and evicted one after another, nobody reading.
   for (int32_t k = 0; k < 40; ++k) {
     const std::vector<int32_t> t = {k, k, k, k};
