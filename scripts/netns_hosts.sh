@@ -29,11 +29,14 @@ check() {
   command -v ip >/dev/null 2>&1 || cannot "iproute2's 'ip' is not installed"
   [ "$(id -u)" = 0 ] || cannot "not root (needs CAP_NET_ADMIN and CAP_SYS_ADMIN)"
   mkdir -p "$STATE" 2>/dev/null || cannot "cannot create $STATE"
-  local probe="pdmhprobe$$"
-  ip netns add "$probe" 2>/dev/null || cannot "'ip netns add' failed (no CAP_SYS_ADMIN, or /run/netns not writable)"
+  local probe="pdmhprobe$$" exec_err
   # 'ip netns exec' makes a mount namespace whose / is a slave mount: in a chroot whose / is
-  # not a mount point that fails, and no host of the bed could run anything.
-  local exec_err
+  # not a mount point that fails, and no host of the bed could run anything. Probe it before
+  # 'ip netns add', which would leave /run/netns bind-mounted in such a chroot.
+  if command -v unshare >/dev/null 2>&1 && ! exec_err=$(unshare --mount sh -c 'mount --make-rslave /' 2>&1); then
+    cannot "a new mount namespace cannot make / a slave mount: ${exec_err//$'\n'/ } (a chroot whose / is not a mount point cannot run commands in a network namespace)"
+  fi
+  ip netns add "$probe" 2>/dev/null || cannot "'ip netns add' failed (no CAP_SYS_ADMIN, or /run/netns not writable)"
   if ! exec_err=$(ip netns exec "$probe" true 2>&1); then
     ip netns del "$probe"
     cannot "'ip netns exec' failed: ${exec_err//$'\n'/ } (a chroot whose / is not a mount point cannot run commands in a namespace)"
