@@ -352,6 +352,17 @@ TEST(WorkerE2eTest, QueueTimeAndQueuedTokensAreReported) {
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
+// The prefix-cache tests' workers: p0 + d0 (P/D) or c0 (colocated), registered.
+void StartCacheWorkers(TestCluster& c, Workers& w, bool pd) {
+  if (pd) {
+    ASSERT_OK_W(w.Start("p0", "prefill"), w);
+    ASSERT_OK_W(w.Start("d0", "decode"), w);
+  } else {
+    ASSERT_OK_W(w.Start("c0", "colocated"), w);
+  }
+  ASSERT_TRUE(c.WaitForWorkers(pd ? 2 : 1, 30s)) << w.Logs();
+}
+
 // The prefix cache in the cluster: a second turn (the first prompt + more) maps the first
 // turn's cached blocks and its reply still equals the cold single-process engine's, colocated
 // and disaggregated. In P/D the prefill worker hits, and the decode worker (same namespace,
@@ -363,13 +374,7 @@ TEST(WorkerE2eTest, PrefixCacheHitsKeepRepliesExact) {
     TestCluster c(pd ? "worker-prefix-pd" : "worker-prefix");
     ASSERT_OK_W(c.StartRouter(), Workers(&c));
     Workers w(&c);
-    if (pd) {
-      ASSERT_OK_W(w.Start("p0", "prefill"), w);
-      ASSERT_OK_W(w.Start("d0", "decode"), w);
-    } else {
-      ASSERT_OK_W(w.Start("c0", "colocated"), w);
-    }
-    ASSERT_TRUE(c.WaitForWorkers(pd ? 2 : 1, 30s)) << w.Logs();
+    ASSERT_NO_FATAL_FAILURE(StartCacheWorkers(c, w, pd));
     const std::string computing = pd ? "p0" : "c0";
     // Longer than the engine's first prefill chunk (256), the least a hit maps.
     std::vector<int32_t> turn1 = LongPrompt(7, 600);
@@ -425,13 +430,7 @@ TEST(WorkerE2eTest, ChoicesOfOneRequestComputeThePromptOnce) {
     TestCluster c(pd ? "worker-n-pd" : "worker-n");
     ASSERT_OK_W(c.StartRouter(), Workers(&c));
     Workers w(&c);
-    if (pd) {
-      ASSERT_OK_W(w.Start("p0", "prefill"), w);
-      ASSERT_OK_W(w.Start("d0", "decode"), w);
-    } else {
-      ASSERT_OK_W(w.Start("c0", "colocated"), w);
-    }
-    ASSERT_TRUE(c.WaitForWorkers(pd ? 2 : 1, 30s)) << w.Logs();
+    ASSERT_NO_FATAL_FAILURE(StartCacheWorkers(c, w, pd));
     const std::vector<int32_t> prompt = LongPrompt(11, 600);
     constexpr int kMax = 5, kN = 3;
     json body = json::parse(Body(prompt, kMax, false));
