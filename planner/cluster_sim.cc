@@ -83,16 +83,13 @@ class Sim {
   SimResult Run() {
     std::mt19937_64 rng(w_.seed);
     reqs_.resize(static_cast<size_t>(w_.num_requests));
-    std::exponential_distribution<double> gap(w_.rate_rps > 0 && std::isfinite(w_.rate_rps) ? w_.rate_rps : 1.0);
-    const bool burst = !(w_.rate_rps > 0) || std::isinf(w_.rate_rps);
-    double t = 0;
     for (auto& r : reqs_) {
       r.prompt = UniformLen(rng, w_.input_len, w_.range_ratio);
       r.output = UniformLen(rng, w_.output_len, w_.range_ratio);
     }
+    const std::vector<double> arrivals = PoissonArrivals(w_.num_requests, w_.rate_rps, w_.seed);
     for (size_t i = 0; i < reqs_.size(); ++i) {
-      reqs_[i].arrival = burst ? 0 : t;
-      if (!burst) t += gap(rng);
+      reqs_[i].arrival = arrivals[i];
       Push(reqs_[i].arrival, 0, static_cast<int>(i), 0);
     }
     while (!events_.empty()) {
@@ -394,6 +391,19 @@ class Sim {
 };
 
 }  // namespace
+
+std::vector<double> PoissonArrivals(int64_t n, double rate_rps, uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  const bool burst = !(rate_rps > 0) || std::isinf(rate_rps);
+  std::exponential_distribution<double> gap(burst ? 1.0 : rate_rps);
+  std::vector<double> out(static_cast<size_t>(std::max<int64_t>(0, n)));
+  double t = 0;
+  for (double& a : out) {
+    a = burst ? 0 : t;
+    if (!burst) t += gap(rng);
+  }
+  return out;
+}
 
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;

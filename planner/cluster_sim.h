@@ -34,7 +34,7 @@ struct Workload {
   double rate_rps = 1;        // Poisson arrivals; <= 0 or inf: all at once
   int64_t num_requests = 400;
   int64_t warmup = 0;         // first requests not counted in the percentiles
-  uint64_t seed = 1;
+  uint64_t seed = 1;          // arrivals as pdserve-loadgen --seed draws them (cluster_sim.cc)
 };
 
 struct SchedulerLimits {  // engine/scheduler.h defaults
@@ -78,6 +78,11 @@ struct SimResult {
 SimResult SimulateCluster(const ClusterSpec& spec, const Workload& w, const StepCostModel* prefill,
                           const StepCostModel* decode, const StepCostModel* colocated, const HardwareProfile& hw,
                           const ModelShape& shape);
+
+// The send times of n requests at `rate_rps` (Poisson; <= 0 or inf: all at 0), drawn exactly as
+// pdserve-loadgen draws them for `--seed seed` (loadgen::AssignPoissonArrivals; the two are
+// compared by loadgen_stats_test), so a simulation can replay the schedule of a measured run.
+std::vector<double> PoissonArrivals(int64_t n, double rate_rps, uint64_t seed);
 
 // Linear interpolation between closest ranks (numpy's default), as pdserve-loadgen.
 double Percentile(std::vector<double> v, double q);

@@ -10,6 +10,7 @@
 #include "bench/loadgen/dataset.h"
 #include "bench/loadgen/driver.h"
 #include "bench/loadgen/stats.h"
+#include "planner/cluster_sim.h"
 #include "services/testing/sse_parser.h"
 
 namespace pdserve::loadgen {
@@ -198,6 +199,20 @@ TEST(Dataset, PoissonArrivalsHaveTheRequestedRate) {
   EXPECT_NEAR(rate, 20.0, 1.5);  // 4000 exponential gaps: the mean is within ~1.6% (1 sigma)
   AssignPoissonArrivals(&specs, INFINITY, 3);
   EXPECT_EQ(specs.back().arrival_s, 0);
+}
+
+// The planner replays a measured run's schedule (planner_validate_local): its arrivals for a
+// seed must be the load generator's, to the bit.
+TEST(Dataset, PlannerDrawsTheSameArrivals) {
+  for (const double rate : {1.25, 2.5, 40.0}) {
+    std::vector<RequestSpec> specs(64);
+    AssignPoissonArrivals(&specs, rate, 1);
+    const std::vector<double> planned = planner::PoissonArrivals(64, rate, 1);
+    ASSERT_EQ(planned.size(), specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(planned[i], specs[i].arrival_s) << "rate " << rate << ", request " << i;
+    EXPECT_GT(planned.back(), 0);
+  }
+  EXPECT_NE(planner::PoissonArrivals(8, 2.5, 2), planner::PoissonArrivals(8, 2.5, 1));
 }
 
 TEST(RequestBody, CompletionAndChat) {
