@@ -155,7 +155,7 @@ PDSERVE_REGISTER_COMMAND(
       {"rate", "RPS", "Poisson arrival rate, requests/s (default 1)"},
       {"num-requests", "N", "simulated requests (default 400)"},
       {"warmup", "N", "first simulated requests left out of the percentiles (default 0)"},
-      {"seed", "N", "simulation seed (default 1)"},
+      {"seed", "N", "simulation seed; arrivals are drawn as pdserve-loadgen --seed N draws them (default 1)"},
       {"slo-ttft-ms", "MS", "TTFT SLO (default 2000)"},
       {"slo-tpot-ms", "MS", "TPOT SLO (default 50)"},
       {"slo-attainment", "F", "share of requests that must meet both (default 0.9)"},

@@ -20,15 +20,20 @@ Status KvIndex::Apply(uint64_t worker, uint64_t ns, int64_t max_blocks, const se
     return Status::InvalidArgument("KV events from a worker that registered without a prefix cache (kv_namespace 0)");
   }
   Worker& w = by_worker_[worker];
+  if (w.ns != ns || w.block_tokens != events.block_tokens) w.pending.clear();  // other names now
   if (events.reset || w.ns != ns || w.block_tokens != events.block_tokens) w.hashes.clear();
   w.ns = ns;
   w.block_tokens = events.block_tokens;
   w.first_chunk_tokens = events.first_chunk_tokens;
   for (uint64_t h : events.removed) w.hashes.erase(h);
-  for (uint64_t h : events.stored) w.hashes.insert(h);
+  for (uint64_t h : events.stored) {
+    w.hashes.insert(h);
+    w.pending.erase(h);  // reported: no longer a guess
+  }
   if (max_blocks > 0 && static_cast<int64_t>(w.hashes.size()) > max_blocks) {
     const size_t claimed = w.hashes.size();
     w.hashes = {};
+    w.pending = {};
     return Status::InvalidArgument(
         fmt::format("KV events claim {} cached blocks in a pool of {}; the worker's index is dropped", claimed,
                     max_blocks));
@@ -43,20 +48,53 @@ int64_t KvIndex::Blocks(uint64_t worker) const {
   return it == by_worker_.end() ? 0 : static_cast<int64_t>(it->second.hashes.size());
 }
 
-int64_t KvIndex::PredictHitTokens(uint64_t worker, PromptChains* chains) const {
+void KvIndex::DropExpired(Worker* w, Clock::time_point now) {
+  std::erase_if(w->pending, [now](const auto& entry) { return entry.second <= now; });
+}
+
+int64_t KvIndex::PendingBlocks(uint64_t worker, Clock::time_point now) const {
+  auto it = by_worker_.find(worker);
+  if (it == by_worker_.end()) return 0;
+  return std::count_if(it->second.pending.begin(), it->second.pending.end(),
+                       [now](const auto& entry) { return entry.second > now; });
+}
+
+void KvIndex::NoteDispatched(uint64_t worker, PromptChains* chains, Clock::time_point now) {
+  auto it = by_worker_.find(worker);
+  if (it == by_worker_.end()) return;
+  Worker& w = it->second;
+  DropExpired(&w, now);
+  const auto n = static_cast<int64_t>(chains->prompt().size());
+  const int64_t B = w.block_tokens;
+  // The engine registers the blocks of prompts that fill the first chunk (docs/prefix-cache.md
+  // rule 2): every full block of the prompt.
+  if (B <= 0 || n < std::max<int64_t>(w.first_chunk_tokens, 1)) return;
+  const Clock::time_point expires = now + pending_ttl_;
+  for (int64_t j = 0; j < n / B; ++j) {
+    const uint64_t h = chains->BlockHash(w.ns, B, j);
+    if (!w.hashes.count(h)) w.pending[h] = expires;
+  }
+}
+
+int64_t KvIndex::PredictHitTokens(uint64_t worker, PromptChains* chains, Clock::time_point now) const {
   auto it = by_worker_.find(worker);
   if (it == by_worker_.end()) return 0;
   const Worker& w = it->second;
   const auto n = static_cast<int64_t>(chains->prompt().size());
   const int64_t B = w.block_tokens;
-  if (B <= 0 || n < 1 || w.hashes.empty()) return 0;
+  if (B <= 0 || n < 1 || (w.hashes.empty() && w.pending.empty())) return 0;
+  auto holds = [&](uint64_t h) {
+    if (w.hashes.count(h)) return true;
+    auto p = w.pending.find(h);
+    return p != w.pending.end() && p->second > now;
+  };
   // The engine's rule (engine/scheduler.cc MapCachedPrefix): whole blocks, never the last
   // token (its row gives the logits to sample from), the first chunk whole or nothing.
   const int64_t max_blocks = (n - 1) / B;
   const int64_t first_chunk = std::max<int64_t>(w.first_chunk_tokens, 1);
   if (max_blocks * B < first_chunk) return 0;
   int64_t m = 0;
-  while (m < max_blocks && w.hashes.count(chains->BlockHash(w.ns, B, m))) ++m;
+  while (m < max_blocks && holds(chains->BlockHash(w.ns, B, m))) ++m;
   return m * B >= first_chunk ? m * B : 0;
 }
 

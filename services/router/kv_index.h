@@ -15,11 +15,20 @@
 // sends a request to a worker that then computes more than expected, never a wrong token: the
 // worker looks up its own cache, which checks tokens and parents.
 //
+// Dispatched, not yet reported: when the router sends a prompt to a worker that will compute
+// it (NoteDispatched), the prompt's full blocks are the blocks that worker's cache is about to
+// hold. They count as held ("pending") until the worker's events report them stored or
+// `pending_ttl` passes, so that the next prompt with the same prefix, sent before the events
+// arrive (a burst behind one system prompt, the next turn of a fast conversation), sees them.
+// A pending name that never comes (the request was cancelled, its blocks were evicted at once)
+// misleads routing for at most the TTL, with the cost of any stale entry.
+//
 // Memory: per worker at most the blocks of its pool (capacity.kv_blocks_total): a worker that
 // claims more is refused and its set dropped (a bug or a hostile peer; its next reset restores).
 // Thread-safety: none; RouterCore owns it under its mutex.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -50,6 +59,9 @@ class PromptChains {
 
 class KvIndex {
  public:
+  using Clock = std::chrono::steady_clock;
+  explicit KvIndex(Clock::duration pending_ttl = std::chrono::seconds(30)) : pending_ttl_(pending_ttl) {}
+
   // Applies a worker's events. `worker`: its registration (WorkerEntry::registration); `ns`:
   // its kv_namespace; `max_blocks`: its pool's block count (0: unknown, no cap).
   // Errors: InvalidArgument when the worker announced no cache (ns 0; nothing is kept) or
@@ -61,8 +73,17 @@ class KvIndex {
   int64_t Blocks(uint64_t worker) const;
   size_t workers() const { return by_worker_.size(); }
 
-  // The prompt tokens `worker` would find in its prefix cache (0 when it publishes nothing).
-  int64_t PredictHitTokens(uint64_t worker, PromptChains* chains) const;
+  // Pending blocks of `worker` (dispatched, not reported, not expired at `now`).
+  int64_t PendingBlocks(uint64_t worker, Clock::time_point now) const;
+
+  // The prompt tokens `worker` would find in its prefix cache (0 when it publishes nothing),
+  // counting its pending blocks that have not expired at `now`.
+  int64_t PredictHitTokens(uint64_t worker, PromptChains* chains, Clock::time_point now = Clock::now()) const;
+
+  // `worker` was sent `chains`' prompt to compute: the prompt's full blocks become pending for
+  // it until reported or `now + pending_ttl`. Nothing for a worker that published no events yet
+  // or a prompt shorter than its first chunk (the engine registers no block of such a prompt).
+  void NoteDispatched(uint64_t worker, PromptChains* chains, Clock::time_point now = Clock::now());
 
  private:
   struct Worker {
@@ -70,7 +91,11 @@ class KvIndex {
     int64_t block_tokens = 0;
     int64_t first_chunk_tokens = 0;
     std::unordered_set<uint64_t> hashes;
+    std::unordered_map<uint64_t, Clock::time_point> pending;  // name -> expiry
   };
+  static void DropExpired(Worker* w, Clock::time_point now);
+
+  Clock::duration pending_ttl_;
   std::unordered_map<uint64_t, Worker> by_worker_;
 };
 

@@ -119,5 +119,42 @@ TEST(KvIndexTest, RefusesEventsItCannotUse) {
   EXPECT_EQ(index.Blocks(1), 0);
 }
 
+// NoteDispatched: a prompt sent to a worker makes its full blocks pending there; they count
+// for predictions until the worker reports them (then they are plain entries) or the TTL ends.
+TEST(KvIndexTest, DispatchedPromptsArePendingUntilReportedOrExpired) {
+  const std::vector<int32_t> p = Prompt(100, 4), q = Prompt(100, 5);
+  KvIndex index(std::chrono::seconds(10));
+  const auto t0 = KvIndex::Clock::time_point{} + std::chrono::hours(1);
+  PromptChains chains(p);
+  index.NoteDispatched(1, &chains, t0);  // a worker that published nothing: nothing to go on
+  EXPECT_EQ(index.PendingBlocks(1, t0), 0);
+  ASSERT_TRUE(index.Apply(1, kNs, 100, KvEventsMsg{true, kB, kC, Names(p, 0, 2), {}}).ok());
+  index.NoteDispatched(1, &chains, t0);
+  EXPECT_EQ(index.PendingBlocks(1, t0), 4);  // blocks 2..5 (6 full blocks of 100 tokens)
+  EXPECT_EQ(index.PredictHitTokens(1, &chains, t0), 96);  // (100 - 1) / 16 = 6 blocks
+  // Reported stored: no longer pending, and they outlive the TTL.
+  ASSERT_TRUE(index.Apply(1, kNs, 100, KvEventsMsg{false, kB, kC, Names(p, 2, 4), {}}).ok());
+  EXPECT_EQ(index.PendingBlocks(1, t0), 2);
+  EXPECT_EQ(index.Blocks(1), 4);
+  const auto later = t0 + std::chrono::seconds(11);
+  EXPECT_EQ(index.PendingBlocks(1, later), 0);
+  EXPECT_EQ(index.PredictHitTokens(1, &chains, later), 64);
+  // A prompt shorter than the first chunk registers nothing in the engine: nothing pending.
+  const std::vector<int32_t> short_prompt(q.begin(), q.begin() + kC - 1);
+  PromptChains short_chains(short_prompt);
+  index.NoteDispatched(1, &short_chains, later);
+  EXPECT_EQ(index.PendingBlocks(1, later), 0);
+  // A reset keeps pending names (the reported set was replaced, the dispatch still happened);
+  // forgetting the worker drops them.
+  PromptChains q_chains(q);
+  index.NoteDispatched(1, &q_chains, later);
+  EXPECT_EQ(index.PendingBlocks(1, later), 6);
+  ASSERT_TRUE(index.Apply(1, kNs, 100, KvEventsMsg{true, kB, kC, {}, {}}).ok());
+  EXPECT_EQ(index.PredictHitTokens(1, &q_chains, later), 96);
+  index.Forget(1);
+  EXPECT_EQ(index.PendingBlocks(1, later), 0);
+  EXPECT_EQ(index.PredictHitTokens(1, &q_chains, later), 0);
+}
+
 }  // namespace
 }  // namespace pdserve::router

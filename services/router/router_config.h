@@ -20,9 +20,9 @@ struct RoutingConfig {
   std::string mode = "auto";  // auto | disaggregated | colocated
   // kv_aware (prefill, colocated): the fewest prompt tokens left to compute after the worker's
   // predicted prefix-cache hit plus its outstanding tokens (docs/router.md "KV-aware routing").
-  std::string prefill_policy = "least_outstanding_tokens";    // round_robin | least_outstanding_tokens | kv_aware
+  std::string prefill_policy = "kv_aware";                    // round_robin | least_outstanding_tokens | kv_aware
   std::string decode_policy = "kv_capacity_aware";            // round_robin | least_outstanding_tokens | kv_capacity_aware
-  std::string colocated_policy = "least_outstanding_tokens";  // any of the above
+  std::string colocated_policy = "kv_aware";                  // any of the above
 };
 
 struct RouterConfig {

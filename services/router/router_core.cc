@@ -191,6 +191,11 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
                                                    &cursor_colocated_, prefer_output, predict));
   }
   route.predicted_hit_tokens = disaggregated ? prefill.predicted_hit_tokens : out.predicted_hit_tokens;
+  // The worker computing the prompt is about to cache its blocks: the next prompt with this
+  // prefix sees them before the worker's events report them (kv_index.h "pending").
+  kv_index_.NoteDispatched(disaggregated ? prefill.worker->registration : out.worker->registration, &chains);
+  // The prompt tokens the worker will compute: its predicted hit is not work it owes.
+  const int64_t uncached_tokens = std::max<int64_t>(0, int64_t{prompt_tokens} - *route.predicted_hit_tokens);
 
   services::JobMsg job;
   job.request_id = job_id;
@@ -211,7 +216,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   if (disaggregated) {
     route.attempt = Attempt::Disaggregated(job_id, out.worker->peer, prefill.worker->peer);
     ledger_.Charge(job_id, AttemptSide::kOutput, *out.worker, out.max_tokens, out.blocks);
-    ledger_.Charge(job_id, AttemptSide::kPrefill, *prefill.worker, prompt_tokens, 0);
+    ledger_.Charge(job_id, AttemptSide::kPrefill, *prefill.worker, uncached_tokens, 0);
     route.prefill_job = job;
     route.prefill_job.phase = services::JobPhase::kPrefill;
     route.prefill_job.decode_worker_id = out.worker->id;
@@ -220,7 +225,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
     job.prefill_kv_namespace = prefill.worker->kv_namespace;
   } else {
     route.attempt = Attempt::Colocated(job_id, out.worker->peer);
-    ledger_.Charge(job_id, AttemptSide::kOutput, *out.worker, prompt_tokens + static_cast<int64_t>(out.max_tokens),
+    ledger_.Charge(job_id, AttemptSide::kOutput, *out.worker, uncached_tokens + static_cast<int64_t>(out.max_tokens),
                    out.blocks);
     route.prefill_job = {};
     job.phase = services::JobPhase::kColocated;

@@ -67,9 +67,9 @@ struct RouterCoreOptions {
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds heartbeat_timeout{2500};
   ServingMode mode = ServingMode::kAuto;
-  RoutingPolicy prefill_policy = RoutingPolicy::kLeastOutstandingTokens;
+  RoutingPolicy prefill_policy = RoutingPolicy::kKvAware;
   RoutingPolicy decode_policy = RoutingPolicy::kKvCapacityAware;
-  RoutingPolicy colocated_policy = RoutingPolicy::kLeastOutstandingTokens;
+  RoutingPolicy colocated_policy = RoutingPolicy::kKvAware;
   uint32_t default_max_tokens = 0;
   uint32_t max_outstanding_requests = 1024;
   // Re-dispatches of one request after worker failures; 0 fails requests at once.

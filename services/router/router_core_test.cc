@@ -841,7 +841,10 @@ TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHit
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : nullptr;
   };
-  // Every time, whatever the round-robin cursor says: p1 computes 40 tokens, p0 100.
+  // Every time, whatever the round-robin cursor says: p1 computes 40 tokens, p0 100. After the
+  // first dispatch the rest of the prompt's blocks are pending on p1 (kv_index.h): its next
+  // predictions are 90 tokens (all 9 blocks before the last token) until its events say what
+  // it stored; the fake p1 here reports 60 found every time.
   for (int i = 0; i < 3; ++i) {
     auto req = submit(prompt);
     const uint64_t job = ToPrefilling("d", "p1");
@@ -852,8 +855,11 @@ TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHit
     From("d", Tokens(job, {43}, FinishReason::kStop));
     EXPECT_TRUE(req->ended());
   }
-  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 180);
+  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 60 + 90 + 90);
   EXPECT_EQ(metrics_.prefix_actual_hit_tokens.Value(), 180);
+  // p1 reports the blocks stored: they stop being pending and stay held.
+  From("p1", services::KvEventsMsg{false, kB, kC, {names.begin() + 6, names.begin() + 9}, {}});
+  EXPECT_EQ(Worker("p1").kv_index_blocks, 9);
   // A stale entry: p1 says it found less than predicted; both sides are counted as reported.
   {
     auto req = submit(prompt);
@@ -863,10 +869,10 @@ TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHit
     From("d", Tokens(job, {43}, FinishReason::kStop));
     EXPECT_TRUE(req->ended());
   }
-  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 240);
+  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 330);
   EXPECT_EQ(metrics_.prefix_actual_hit_tokens.Value(), 180);
   // Removals move the choice: p1 keeps 1 block (below the first chunk), p0 now has 3.
-  From("p1", services::KvEventsMsg{false, kB, kC, {}, {names.begin() + 1, names.begin() + 6}});
+  From("p1", services::KvEventsMsg{false, kB, kC, {}, {names.begin() + 1, names.begin() + 9}});
   From("p0", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 3}, {}});
   {
     auto req = submit(prompt);
@@ -889,6 +895,67 @@ TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHit
   From("p1", services::DeregisterMsg{"bye"});
   Register("p1", WorkerRole::kPrefill, 3, kNs);
   EXPECT_EQ(Worker("p1").kv_index_blocks, 0);
+  ExpectIdle();
+}
+
+// A burst behind one long prefix: the second prompt is routed before the first's blocks are
+// reported, and still goes where they are being computed (pending entries), while an idle
+// worker keeps the work that would wait there longer. Every worker is charged only the tokens it
+// will compute.
+TEST_F(RouterCoreTest, KvAwareSeesDispatchedPrefixesAndChargesOnlyUncachedTokens) {
+  RouterCoreOptions o = TestOptions();
+  o.prefill_policy = RoutingPolicy::kKvAware;
+  Make(o);
+  constexpr uint64_t kNs = 56;
+  constexpr uint32_t kB = 10, kC = 20;
+  Register("p0", WorkerRole::kPrefill, 1, kNs);
+  Register("p1", WorkerRole::kPrefill, 1, kNs);
+  Register("d", WorkerRole::kDecode);
+  // Both prefill workers publish (nothing cached yet): the index knows their block size.
+  From("p0", services::KvEventsMsg{true, kB, kC, {}, {}});
+  From("p1", services::KvEventsMsg{true, kB, kC, {}, {}});
+  std::vector<int32_t> system(80), a(system), b(system);
+  for (size_t i = 0; i < system.size(); ++i) system[i] = static_cast<int32_t>(i * 13 % 991);
+  a = system;
+  b = system;
+  a.insert(a.end(), {1, 2, 3, 4, 5});
+  b.insert(b.end(), {6, 7, 8, 9, 10});
+  auto submit = [&](const std::vector<int32_t>& p) {
+    SubmitSpec spec;
+    spec.tag = "burst";
+    spec.prompt = p;
+    spec.max_tokens = 4;
+    auto r = core_->Submit(std::move(spec));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : nullptr;
+  };
+  auto ra = submit(a);
+  const JobMsg decode_a = TakeJob("d");
+  From("d", KvReservedMsg{decode_a.request_id, "descriptor", "transfer", 3});
+  const std::string pa = !Take<JobMsg>("p0").empty() ? "p0" : "p1";
+  const std::string other = pa == "p0" ? "p1" : "p0";
+  EXPECT_TRUE(Take<JobMsg>(other).empty());
+  EXPECT_EQ(Worker(pa).outstanding_tokens, 85);  // nothing cached: the whole prompt
+  // b: 80 of its 85 tokens are pending on pa (8 blocks): 5 to compute + 85 owed = 90 there,
+  // against 85 on the idle worker, which wins.
+  auto rb = submit(b);
+  ToPrefilling("d", other);
+  EXPECT_EQ(Worker(other).outstanding_tokens, 85);
+  // c, the same prefix again: 5 + 85 on pa, 5 + 85 on `other` (pending there too now): a tie,
+  // and each charge is the 5 uncached tokens.
+  std::vector<int32_t> c = system;
+  c.insert(c.end(), {11, 12, 13, 14, 15});
+  auto rc = submit(c);
+  const JobMsg decode_c = TakeJob("d");
+  From("d", KvReservedMsg{decode_c.request_id, "descriptor", "transfer", 3});
+  const bool on_pa = !Take<JobMsg>(pa).empty();
+  EXPECT_EQ(on_pa, Take<JobMsg>(other).empty());
+  EXPECT_EQ(Worker(on_pa ? pa : other).outstanding_tokens, 85 + 5);
+  EXPECT_EQ(metrics_.prefix_predicted_hit_tokens.Value(), 0);  // counted when the workers report
+  for (auto* r : {&ra, &rb, &rc}) core_->Cancel((*r)->id(), "done");
+  for (const char* peer : {"d", "p0", "p1"}) Aborts(peer);
+  EXPECT_EQ(Worker("p0").outstanding_tokens, 0);
+  EXPECT_EQ(Worker("p1").outstanding_tokens, 0);
   ExpectIdle();
 }
 
