@@ -50,6 +50,8 @@ const pdserve::services::CommandSpec kSpec{
      {"prefill-policy", "P", "kv_aware (default) | round_robin | least_outstanding_tokens"},
      {"decode-policy", "P", "round_robin | least_outstanding_tokens | kv_capacity_aware"},
      {"colocated-policy", "P", "kv_aware (default) | round_robin | least_outstanding_tokens | kv_capacity_aware"},
+     {"decode-local-prefill-tokens", "N",
+      "a decode worker holding all but <= N prompt tokens computes them itself (default 256; 0: never)"},
      {"heartbeat-interval-ms", "N", "heartbeat period told to workers"},
      {"heartbeat-timeout-ms", "N", "silence after which a worker is removed"},
      {"request-timeout-ms", "N", "whole-request deadline"},
@@ -87,6 +89,8 @@ Result<RouterConfig> BuildConfig(const pdserve::services::CommandLine& cl) {
   c.routing.prefill_policy = cl.GetOr("prefill-policy", c.routing.prefill_policy);
   c.routing.decode_policy = cl.GetOr("decode-policy", c.routing.decode_policy);
   c.routing.colocated_policy = cl.GetOr("colocated-policy", c.routing.colocated_policy);
+  PDSERVE_ASSIGN_OR_RETURN(c.routing.decode_local_prefill_tokens,
+                           cl.GetInt("decode-local-prefill-tokens", c.routing.decode_local_prefill_tokens, 0, 1 << 24));
   auto ms = [&](const char* key, std::chrono::milliseconds* out) -> Status {
     PDSERVE_ASSIGN_OR_RETURN(int64_t v, cl.GetInt(key, out->count()));
     *out = std::chrono::milliseconds(v);

@@ -23,6 +23,9 @@ struct RoutingConfig {
   std::string prefill_policy = "kv_aware";                    // round_robin | least_outstanding_tokens | kv_aware
   std::string decode_policy = "kv_capacity_aware";            // round_robin | least_outstanding_tokens | kv_capacity_aware
   std::string colocated_policy = "kv_aware";                  // any of the above
+  // Decode-side hits: at most this many uncached prompt tokens are computed on a decode worker
+  // that holds the rest (0: never; docs/router.md "Decode-side hits").
+  int64_t decode_local_prefill_tokens = 256;
 };
 
 struct RouterConfig {

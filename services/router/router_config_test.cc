@@ -99,6 +99,17 @@ TEST(RouterConfigTest, KvAwareForTheRolesThatComputePrompts) {
   const Status s = cli.Validate();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("decode_policy cannot be kv_aware"), std::string::npos) << s.ToString();
+  // kv_aware and decode-side hits are the defaults; the bound is read and range-checked.
+  EXPECT_EQ(RouterConfig{}.routing.prefill_policy, "kv_aware");
+  EXPECT_EQ(RouterConfig{}.routing.colocated_policy, "kv_aware");
+  EXPECT_EQ(RouterConfig{}.routing.decode_local_prefill_tokens, 256);
+  auto local = parse("{decode_local_prefill_tokens: 0}");
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  EXPECT_EQ(local->routing.decode_local_prefill_tokens, 0);
+  auto negative = parse("{decode_local_prefill_tokens: -1}");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("decode_local_prefill_tokens"), std::string::npos)
+      << negative.status().ToString();
 }
 
 TEST(RouterConfigTest, Errors) {

@@ -178,7 +178,22 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   const PredictHitFn predict = [&](const WorkerEntry& w) {
     return kv_index_.PredictHitTokens(w.registration, &chains);
   };
-  if (disaggregated) {
+  // Decode-side hits: the decode worker that would compute the fewest tokens of this prompt,
+  // if its cache holds all but a few of them, runs the whole request itself.
+  bool decode_local = false;
+  if (disaggregated && options_.decode_local_prefill_tokens > 0) {
+    auto local = registry_.Choose(WorkerRole::kDecode, RoutingPolicy::kKvAware, prompt_tokens, max_tokens,
+                                  options_.default_max_tokens, true, &cursor_decode_, prefer_output, predict);
+    if (local.ok() && local->predicted_hit_tokens > 0 &&
+        int64_t{prompt_tokens} - local->predicted_hit_tokens <= int64_t{options_.decode_local_prefill_tokens} &&
+        local->worker->kv_free_estimate >= local->blocks) {
+      out = *local;
+      decode_local = true;
+    }
+  }
+  if (decode_local) {
+    // The job below is a colocated one, sent to that decode worker.
+  } else if (disaggregated) {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kDecode, options_.decode_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true, &cursor_decode_,
                                                    prefer_output));
@@ -190,10 +205,14 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
                                                    max_tokens, options_.default_max_tokens, true,
                                                    &cursor_colocated_, prefer_output, predict));
   }
-  route.predicted_hit_tokens = disaggregated ? prefill.predicted_hit_tokens : out.predicted_hit_tokens;
+  // Two workers (prefill, then decode) or one that computes the prompt and decodes: a colocated
+  // worker, or a decode worker with a decode-side hit.
+  const bool two_workers = disaggregated && !decode_local;
+  if (decode_local) metrics_->decode_local_prefills.Increment();
+  route.predicted_hit_tokens = two_workers ? prefill.predicted_hit_tokens : out.predicted_hit_tokens;
   // The worker computing the prompt is about to cache its blocks: the next prompt with this
   // prefix sees them before the worker's events report them (kv_index.h "pending").
-  kv_index_.NoteDispatched(disaggregated ? prefill.worker->registration : out.worker->registration, &chains);
+  kv_index_.NoteDispatched(two_workers ? prefill.worker->registration : out.worker->registration, &chains);
   // The prompt tokens the worker will compute: its predicted hit is not work it owes.
   const int64_t uncached_tokens = std::max<int64_t>(0, int64_t{prompt_tokens} - *route.predicted_hit_tokens);
 
@@ -213,7 +232,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   // The charges the routing policies see until the attempt ends (charge_ledger.h): the output
   // worker owes the output (and, colocated, computes the prompt too); the prefill worker owes
   // the prompt until its first token.
-  if (disaggregated) {
+  if (two_workers) {
     route.attempt = Attempt::Disaggregated(job_id, out.worker->peer, prefill.worker->peer);
     ledger_.Charge(job_id, AttemptSide::kOutput, *out.worker, out.max_tokens, out.blocks);
     ledger_.Charge(job_id, AttemptSide::kPrefill, *prefill.worker, uncached_tokens, 0);
@@ -233,9 +252,11 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   services::RequestLog("router", tag)
       .Debug("job {:x}: {} prompt tokens ({} predicted cached), max_tokens {} -> {}{}", job_id, prompt_tokens,
              *route.predicted_hit_tokens, out.max_tokens, out.worker->id,
-             disaggregated ? " (decode), prefill " + prefill.worker->id : std::string());
+             two_workers    ? " (decode), prefill " + prefill.worker->id
+             : decode_local ? std::string(" (decode-side hit: computes the rest itself)")
+                            : std::string());
   metrics_->CountPlacement(out.worker->role, out.worker->id, out.worker->dp_rank);
-  if (disaggregated) metrics_->CountPlacement(prefill.worker->role, prefill.worker->id, prefill.worker->dp_rank);
+  if (two_workers) metrics_->CountPlacement(prefill.worker->role, prefill.worker->id, prefill.worker->dp_rank);
   SendLocked(out.worker->peer, job);
   return out.max_tokens;
 }

@@ -70,6 +70,11 @@ struct RouterCoreOptions {
   RoutingPolicy prefill_policy = RoutingPolicy::kKvAware;
   RoutingPolicy decode_policy = RoutingPolicy::kKvCapacityAware;
   RoutingPolicy colocated_policy = RoutingPolicy::kKvAware;
+  // Decode-side hits (docs/router.md): a disaggregated request whose decode worker's prefix
+  // cache is predicted to hold all of its prompt but at most this many tokens runs on that
+  // worker alone (a colocated job: it maps its cached prefix and computes the rest), instead of
+  // a prefill worker computing the whole prompt again. 0: always through a prefill worker.
+  uint32_t decode_local_prefill_tokens = 256;
   uint32_t default_max_tokens = 0;
   uint32_t max_outstanding_requests = 1024;
   // Re-dispatches of one request after worker failures; 0 fails requests at once.

@@ -959,6 +959,75 @@ TEST_F(RouterCoreTest, KvAwareSeesDispatchedPrefixesAndChargesOnlyUncachedTokens
   ExpectIdle();
 }
 
+// Decode-side hits (docs/router.md): a decode worker whose cache holds all but at most
+// decode_local_prefill_tokens of the prompt gets the request as a colocated job (no prefill
+// worker); a longer rest, or the feature off, keeps the prefill worker.
+TEST_F(RouterCoreTest, DecodeSideHitRunsTheRequestOnTheDecodeWorker) {
+  RouterCoreOptions o = TestOptions();
+  o.decode_local_prefill_tokens = 30;
+  Make(o);
+  constexpr uint64_t kNs = 57;
+  constexpr uint32_t kB = 10, kC = 20;
+  Register("p", WorkerRole::kPrefill, 1, kNs);
+  Register("d", WorkerRole::kDecode, 1, kNs);
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 17 % 883);
+  std::vector<uint64_t> names;
+  ExtendChain(kNs, prompt, kB, 9, &names);
+  // d holds the first 7 blocks (70 tokens): 30 left to compute, within the bound.
+  From("d", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 7}, {}});
+  auto submit = [&]() {
+    SubmitSpec spec;
+    spec.tag = "local";
+    spec.prompt = prompt;
+    spec.max_tokens = 4;
+    auto r = core_->Submit(std::move(spec));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : nullptr;
+  };
+  {
+    auto req = submit();
+    const JobMsg job = TakeJob("d");
+    EXPECT_EQ(job.phase, JobPhase::kColocated);
+    EXPECT_TRUE(Take<JobMsg>("p").empty());
+    EXPECT_EQ(Worker("d").outstanding_tokens, 30 + 4);  // the rest of the prompt + the output
+    EXPECT_EQ(metrics_.decode_local_prefills.Value(), 1);
+    From("d", Tokens(job.request_id, {5}));  // the first token comes from d itself
+    TokenEventMsg last = Tokens(job.request_id, {6}, FinishReason::kStop);
+    last.cached_prompt_tokens = 70;
+    From("d", last);
+    EXPECT_TRUE(req->ended());
+    EXPECT_EQ(Events(*req).size(), 2u);
+    EXPECT_EQ(metrics_.prefix_actual_hit_tokens.Value(), 70);
+  }
+  // d lost two blocks: 50 tokens left, past the bound: prefill worker, then d decodes.
+  From("d", services::KvEventsMsg{false, kB, kC, {}, {names.begin() + 5, names.begin() + 9}});
+  {
+    auto req = submit();
+    ToPrefilling("d", "p");
+    core_->Cancel(req->id(), "enough");
+    Aborts("d");
+    Aborts("p");
+  }
+  EXPECT_EQ(metrics_.decode_local_prefills.Value(), 1);
+  ExpectIdle();
+  // Off: the same hit as the first request goes through the prefill worker.
+  o.decode_local_prefill_tokens = 0;
+  Make(o);
+  Register("p", WorkerRole::kPrefill, 1, kNs);
+  Register("d", WorkerRole::kDecode, 1, kNs);
+  From("d", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 7}, {}});
+  {
+    auto req = submit();
+    ToPrefilling("d", "p");
+    core_->Cancel(req->id(), "enough");
+    Aborts("d");
+    Aborts("p");
+  }
+  EXPECT_EQ(metrics_.decode_local_prefills.Value(), 1);  // (the fixture's metrics: unchanged)
+  ExpectIdle();
+}
+
 TEST_F(RouterCoreTest, KvAwareColocatedCountsTheHitAtTheFinish) {
   RouterCoreOptions o = TestOptions();
   o.colocated_policy = RoutingPolicy::kKvAware;

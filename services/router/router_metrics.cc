@@ -79,6 +79,12 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
                                    .Help("Prompt tokens the computing worker's prefix cache supplied")
                                    .Register(*registry)
                                    .Add({})),
+      decode_local_prefills(prometheus::BuildCounter()
+                                .Name("pdserve_router_decode_local_prefills_total")
+                                .Help("Disaggregated requests whose decode worker held most of the prompt in its "
+                                      "prefix cache and computed the rest itself")
+                                .Register(*registry)
+                                .Add({})),
       registry_(registry),
       requests_(prometheus::BuildCounter()
                     .Name("pdserve_router_requests_total")

@@ -22,6 +22,9 @@
 //                                                 holds no job of the request (late output of a
 //                                                 worker the request moved away from, or of an
 //                                                 ended request): never reach a client
+//   pdserve_router_decode_local_prefills_total    disaggregated requests whose decode worker
+//                                                 held most of the prompt and computed the rest
+//                                                 itself (docs/router.md "Decode-side hits")
 //   pdserve_router_placements_total{role,worker,dp_rank}  jobs the router placed on each worker
 //                                                 (every DP rank of an instance is a worker;
 //                                                 dp_rank 0 for one-process workers)
@@ -92,6 +95,7 @@ class RouterMetrics {
   prometheus::Counter& request_api_malformed;
   prometheus::Counter& prefix_predicted_hit_tokens;
   prometheus::Counter& prefix_actual_hit_tokens;
+  prometheus::Counter& decode_local_prefills;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -55,7 +55,8 @@ void DecodeWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& 
     }
     // The prefill's token (CommitImport re-emits it) is output index 0, or resumed_output for a
     // migrated request; the router has it.
-    const bool skip_token = ev.index == static_cast<int64_t>(job.msg.sampling.resumed_output);
+    // A local job's first token is its own: streamed like every other.
+    const bool skip_token = !job.local && ev.index == static_cast<int64_t>(job.msg.sampling.resumed_output);
     msg = EngineHost::StreamEvent(job.msg, ev, skip_token);
     if (ev.finished) {
       job.ended = true;
@@ -65,8 +66,26 @@ void DecodeWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& 
   if (msg) host_->Send(std::move(*msg));
 }
 
+Status DecodeWorker::StartLocalJob(const JobMsg& job) {
+  const uint64_t rid = job.request_id;
+  engine::RequestOptions ro;
+  ro.sampling = EngineHost::EngineSampling(job.sampling);
+  PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
+  ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
+  std::lock_guard<std::mutex> lock(mu_);  // the first event must find the job
+  PDSERVE_ASSIGN_OR_RETURN(engine::RequestId id, host_->engine().AddRequest(job.prompt, std::move(ro)));
+  Job& j = jobs_[rid];
+  j.msg = job;
+  j.engine_id = id;
+  j.local = true;
+  j.transfer_done = j.committed = true;  // the engine owns everything: an abort goes to it
+  RequestLog("worker", job.request_tag).Debug("job {}: decode-side hit, {} prompt tokens run here", rid, job.prompt.size());
+  return Status::Ok();
+}
+
 Status DecodeWorker::StartJob(const JobMsg& job) {
   PDSERVE_RETURN_IF_ERROR(host_->CheckDpRank(job));
+  if (job.phase == JobPhase::kColocated) return StartLocalJob(job);
   if (job.phase != JobPhase::kDecode)
     return Status::InvalidArgument(std::string("a decode worker does not run ") + JobPhaseName(job.phase) + " jobs");
   const uint64_t rid = job.request_id;

@@ -9,6 +9,11 @@
 //   its blocks go back to the engine only when the receiver's quarantine ends
 //   (ImportAllocator::Free -> Engine::Abort).
 //
+//   A colocated job (the router's decode-side hit, docs/router.md): the prompt is mostly in
+//   this worker's prefix cache already, so the engine runs the whole request as a colocated
+//   worker would (Engine::AddRequest maps the cached prefix and computes the rest); every event
+//   is streamed, the first token too. No transfer is involved.
+//
 // Threading: as EngineWorker, plus one receiver-event thread (a std::jthread member stopped in
 // the destructor). `mu_` guards the job table; it is never held while the receiver might call
 // back (ImportAllocator uses its own lock).
@@ -51,10 +56,12 @@ class DecodeWorker final : public EngineWorker {
     std::string constraint_state;  // the prefill's matcher state after first_token (may be empty)
     bool committed = false;
     std::chrono::steady_clock::time_point reserved_at{};
+    bool local = false;  // a colocated job: computed here, nothing imported
   };
 
   explicit DecodeWorker(std::unique_ptr<EngineHost> host) : EngineWorker(std::move(host)) {}
   void OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev);
+  Status StartLocalJob(const JobMsg& job);
   // Ends a job with an error / abort event (once); mu_ held.
   void EndLocked(Job& job, FinishReason finish, const Status& error);
   // Hands the imported KV to the engine once the transfer is verified and the first token is

@@ -49,7 +49,9 @@ double RouterMetric(int http_port, const std::string& name, const std::string& l
 TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyARecompute) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("worker-kvroute");
-  ASSERT_OK_W(c.StartRouter({"--prefill-policy", "kv_aware"}), Workers(&c));
+  // Decode-side hits off: this test is about the prefill workers (the decode worker holds the
+  // prefix too, and would otherwise compute the turns itself: the next test).
+  ASSERT_OK_W(c.StartRouter({"--prefill-policy", "kv_aware", "--decode-local-prefill-tokens", "0"}), Workers(&c));
   Workers w(&c);
   // 0.004 GiB: 57 blocks of 64 tokens on the tiny model, so a few prompts evict.
   for (const std::string id : {"p0", "p1"})
@@ -120,6 +122,63 @@ TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyAReco
             576);
   // Nothing leaked on any worker; the metrics parse.
   for (const std::string id : {"p0", "p1", "d0"}) {
+    EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+    EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
+  }
+  EXPECT_EQ(PromtoolProblems(HttpGet(c.http_port(), "/metrics", 5s).body), "");
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// Decode-side hits (docs/router.md): in a conversation the decode worker that produced turn 1
+// holds its prompt (imported) in its prefix cache. Turn 2 (turn 1's prompt + reply + a short
+// message) runs there alone: no prefill job, the prefix mapped (cached_tokens), the reply equal
+// to the single-process reference. A turn whose new part is longer than the bound goes through
+// the prefill worker again. No block leaks.
+TEST(KvRoutingE2eTest, DecodeSideHitsRunShortTurnsOnTheDecodeWorker) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-decodehit");
+  ASSERT_OK_W(c.StartRouter({"--decode-local-prefill-tokens", "128"}), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.Start("d0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  constexpr int kMax = 5;
+  auto complete = [&](const std::vector<int32_t>& prompt) -> int {
+    auto r = HttpPost(c.http_port(), "/v1/completions", Body(prompt, kMax, false), 120s);
+    EXPECT_EQ(r.status, 200) << r.body;
+    if (r.status != 200) return -1;
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, kMax)));
+    return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  auto placed = [&](const std::string& id) {
+    return RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + id + "\"");
+  };
+  const std::string local = "pdserve_router_decode_local_prefills_total";
+
+  // Turn 1: 600 tokens, prefill + decode. The decode worker caches the imported 9 blocks.
+  std::vector<int32_t> turn = LongPrompt(43, 600);
+  EXPECT_EQ(complete(turn), 0);
+  EXPECT_EQ(placed("p0"), 1);
+  ASSERT_TRUE(WaitFor([&] { return IndexBlocks(c.http_port())["d0"] >= 9; }, 10s, 50ms))
+      << IndexBlocks(c.http_port())["d0"] << "\n" << w.Logs();
+  // Turn 2: + the reply + 40 new tokens: 69 tokens past the 576 held, within 128.
+  const std::vector<int32_t> reply = Reference(turn, kMax);
+  turn.insert(turn.end(), reply.begin(), reply.end());
+  const std::vector<int32_t> message = LongPrompt(44, 40);
+  turn.insert(turn.end(), message.begin(), message.end());
+  EXPECT_EQ(complete(turn), 576);
+  EXPECT_EQ(RouterMetric(c.http_port(), local), 1);
+  EXPECT_EQ(placed("p0"), 1) << "the prefill worker got the turn";
+  EXPECT_EQ(placed("d0"), 2);
+  // Turn 3: + 300 new tokens, past the bound: through the prefill worker, which holds turn 1's
+  // blocks (576 of them).
+  const std::vector<int32_t> long_message = LongPrompt(45, 300);
+  turn.insert(turn.end(), long_message.begin(), long_message.end());
+  EXPECT_EQ(complete(turn), 576);
+  EXPECT_EQ(RouterMetric(c.http_port(), local), 1);
+  EXPECT_EQ(placed("p0"), 2);
+  for (const std::string id : {"p0", "d0"}) {
     EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
     EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
   }

@@ -372,7 +372,9 @@ TEST(WorkerE2eTest, PrefixCacheHitsKeepRepliesExact) {
     SCOPED_TRACE(pd ? "P/D" : "colocated");
     if (pd && !UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
     TestCluster c(pd ? "worker-prefix-pd" : "worker-prefix");
-    ASSERT_OK_W(c.StartRouter(), Workers(&c));
+    // Decode-side hits off: the turns are the prefill worker's to compute here (with them on, d0
+    // would run turns 2 and 3 itself: KvRoutingE2eTest.DecodeSideHitsRunShortTurnsOnTheDecodeWorker).
+    ASSERT_OK_W(c.StartRouter({"--decode-local-prefill-tokens", "0"}), Workers(&c));
     Workers w(&c);
     ASSERT_NO_FATAL_FAILURE(StartCacheWorkers(c, w, pd));
     const std::string computing = pd ? "p0" : "c0";
