@@ -25,12 +25,14 @@
 // The load average is recorded beside every figure.
 #include <immintrin.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -47,11 +49,25 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-std::vector<int64_t> ParseList(const std::string& s) {
+// A whole number >= min, or nullopt (the caller names the option).
+std::optional<int64_t> ParseCount(const std::string& s, int64_t min) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || v < min) return std::nullopt;
+  return v;
+}
+
+// "1,4,16": whole numbers >= 1, or nullopt.
+std::optional<std::vector<int64_t>> ParseList(const std::string& s) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
   std::string part;
-  while (std::getline(ss, part, ',')) out.push_back(std::stoll(part));
+  while (std::getline(ss, part, ',')) {
+    const auto v = ParseCount(part, 1);
+    if (!v) return std::nullopt;
+    out.push_back(*v);
+  }
+  if (out.empty()) return std::nullopt;
   return out;
 }
 
@@ -130,6 +146,15 @@ int Run(int argc, char** argv) {
   int64_t chunk = 512, copies = 64, copy_tokens = 32;
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::fprintf(stderr,
+                   "bench_engine [--model DIR] [--out DIR] [--batches 1,4,16,64] [--contexts 1024,8192]\n"
+                   "             [--steps N] [--warmup N] [--threads N] [--kv-format fp8|bf16|int8] [--profile]\n"
+                   "             [--prefill 2048,8192,32768|none] [--chunk 512] [--copies 64|0] [--copy-tokens 32]\n"
+                   "Decode tokens/s by batch and context against the read roofline, prefill against the FMA\n"
+                   "peak, and batch-generate copies; writes <out>/engine.{json,md} (bench/engine/bench_engine.cc).\n");
+      return 0;
+    }
     if (k == "--profile") {
       profile_on = true;
       --i;
@@ -140,20 +165,38 @@ int Run(int argc, char** argv) {
       return 2;
     }
     const std::string v = argv[i + 1];
+    bool ok = true;
+    auto list = [&](std::vector<int64_t>* out) {
+      const auto parsed = ParseList(v);
+      if (parsed) *out = *parsed;
+      ok = parsed.has_value();
+    };
+    auto count = [&](int64_t* out, int64_t min) {
+      const auto parsed = ParseCount(v, min);
+      if (parsed) *out = *parsed;
+      ok = parsed.has_value();
+    };
     if (k == "--model") model_dir = v;
     else if (k == "--out") out_dir = v;
-    else if (k == "--batches") batches = ParseList(v);
-    else if (k == "--contexts") contexts = ParseList(v);
-    else if (k == "--steps") steps = std::stoll(v);
-    else if (k == "--warmup") warmup = std::stoll(v);
-    else if (k == "--threads") threads = std::stoll(v);
+    else if (k == "--batches") list(&batches);
+    else if (k == "--contexts") list(&contexts);
+    else if (k == "--steps") count(&steps, 1);
+    else if (k == "--warmup") count(&warmup, 0);
+    else if (k == "--threads") count(&threads, 0);
     else if (k == "--kv-format") kv_format = v;
-    else if (k == "--prefill") prefills = v == "none" ? std::vector<int64_t>{} : ParseList(v);
-    else if (k == "--chunk") chunk = std::stoll(v);
-    else if (k == "--copies") copies = std::stoll(v);
-    else if (k == "--copy-tokens") copy_tokens = std::stoll(v);
+    else if (k == "--prefill") v == "none" ? prefills.clear() : list(&prefills);
+    else if (k == "--chunk") count(&chunk, 1);
+    else if (k == "--copies") count(&copies, 0);
+    else if (k == "--copy-tokens") count(&copy_tokens, 1);
     else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      std::fprintf(stderr, "unknown option %s (--help lists them)\n", k.c_str());
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "%s %s: expected %s\n", k.c_str(), v.c_str(),
+                   k == "--batches" || k == "--contexts" || k == "--prefill"
+                       ? "a comma-separated list of whole numbers >= 1 (--prefill: or none)"
+                       : "a whole number (--steps, --chunk, --copy-tokens >= 1; --warmup, --threads, --copies >= 0)");
       return 2;
     }
   }

@@ -16,6 +16,8 @@
 // decode rows all constrained vs none, the engine's own mask time (EngineStats::
 // constraint_seconds: fill + apply + advance) per step.
 // Writes bench/results/grammar.{json,md}.
+#include <charconv>
+#include <type_traits>
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -305,15 +307,36 @@ int Main(int argc, char** argv) {
   std::string model_dir = "models/small";
   bool skip_decode = false, skip_engine = false;
   int engine_steps = 8;
+  const char* usage =
+      "bench_grammar [--steps N] [--context N] [--decode-steps N] [--model DIR] [--skip-decode]\n"
+      "              [--engine-steps N] [--skip-engine]\n"
+      "Constrained-decoding cost: mask computation per step against a decode step "
+      "(bench/grammar/bench_grammar.cc).\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--skip-decode") skip_decode = true;
+    // A count option's value: a whole number >= 1, or a usage error.
+    auto count = [&](auto* out) {
+      const std::string v = i + 1 < argc ? argv[++i] : "";
+      long long n = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || end != v.data() + v.size() || n < 1) {
+        std::fprintf(stderr, "%s '%s': expected a whole number >= 1\n%s", a.c_str(), v.c_str(), usage);
+        return false;
+      }
+      *out = static_cast<std::remove_reference_t<decltype(*out)>>(n);
+      return true;
+    };
+    bool ok = true;
+    if (a == "--help" || a == "-h") return std::fprintf(stderr, "%s", usage), 0;
+    else if (a == "--skip-decode") skip_decode = true;
     else if (a == "--skip-engine") skip_engine = true;
-    else if (i + 1 < argc && a == "--engine-steps") engine_steps = std::atoi(argv[++i]);
-    else if (i + 1 < argc && a == "--steps") steps = std::atoi(argv[++i]);
-    else if (i + 1 < argc && a == "--decode-steps") decode_steps = std::atoi(argv[++i]);
-    else if (i + 1 < argc && a == "--context") context = std::atoll(argv[++i]);
-    else if (i + 1 < argc && a == "--model") model_dir = argv[++i];
+    else if (a == "--engine-steps") ok = count(&engine_steps);
+    else if (a == "--steps") ok = count(&steps);
+    else if (a == "--decode-steps") ok = count(&decode_steps);
+    else if (a == "--context") ok = count(&context);
+    else if (a == "--model" && i + 1 < argc) model_dir = argv[++i];
+    else return std::fprintf(stderr, "unknown option '%s'\n%s", a.c_str(), usage), 2;
+    if (!ok) return 2;
   }
   const std::string load_before = CommandOutput("uptime");
   auto tok = tokenizer::Tokenizer::Load(tokenizer::DefaultTokenizerDir());
