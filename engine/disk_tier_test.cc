@@ -7,38 +7,19 @@
 #include "engine/disk_tier.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
 
+#include "model/test_util.h"
+
 namespace pdserve::engine {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under $TMPDIR, removed with its contents at the end.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ = (fs::temp_directory_path() / ("pdserve-disk-tier-" + std::to_string(::getpid()) + "-" +
-                                          std::to_string(n++)))
-                .string();
-    fs::remove_all(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using model::testing::TempDir;
 
 KvLayout Layout() { return KvLayout::DeepSeekV32(/*num_layers=*/3, /*tokens_per_block=*/16); }
 
@@ -78,7 +59,7 @@ void FlipByte(const std::string& path, int64_t offset) {
 }
 
 TEST(DiskTierTest, StoredBlocksReadBackBitwiseAfterTheirParent) {
-  TempDir dir;
+  TempDir dir("disk_tier");
   auto tier = MakeTier(dir.path(), 8);
   ASSERT_TRUE(tier);
   const Block a = MakeBlock(0x1111, 1), b = MakeBlock(0x2222, 2);
@@ -129,7 +110,7 @@ TEST(DiskTierTest, StoredBlocksReadBackBitwiseAfterTheirParent) {
 }
 
 TEST(DiskTierTest, DamagedFilesAreDetectedCountedAndDeleted) {
-  TempDir dir;
+  TempDir dir("disk_tier");
   auto tier = MakeTier(dir.path(), 8);
   ASSERT_TRUE(tier);
   std::vector<uint8_t> kv(Layout().BlockBytes());
@@ -169,7 +150,7 @@ TEST(DiskTierTest, DamagedFilesAreDetectedCountedAndDeleted) {
 TEST(DiskTierTest, AFileOfAnotherNamespaceIsRejected) {
   // Two tiers (two engines) whose first blocks have the same name and uid: a file copied from
   // one directory to the other is another namespace's block, and is dropped.
-  TempDir d1, d2;
+  TempDir d1("disk_tier"), d2("disk_tier");
   auto t1 = MakeTier(d1.path(), 4, /*ns=*/1);
   auto t2 = MakeTier(d2.path(), 4, /*ns=*/2);
   ASSERT_TRUE(t1 && t2);
@@ -190,7 +171,7 @@ TEST(DiskTierTest, AFileOfAnotherNamespaceIsRejected) {
 }
 
 TEST(DiskTierTest, TheSizeBoundDropsTheLeastRecentlyUsedFiles) {
-  TempDir dir;
+  TempDir dir("disk_tier");
   auto tier = MakeTier(dir.path(), 3);
   ASSERT_TRUE(tier);
   std::vector<Block> blocks;
@@ -227,7 +208,7 @@ TEST(DiskTierTest, TheSizeBoundDropsTheLeastRecentlyUsedFiles) {
 }
 
 TEST(DiskTierTest, OneTierPerDirectoryAndStaleFilesAreDeleted) {
-  TempDir dir;
+  TempDir dir("disk_tier");
   fs::create_directories(dir.path());
   std::ofstream(dir.path() + "/00000000000000aa.kvblock") << "left by an earlier run";
   std::ofstream(dir.path() + "/notes.txt") << "not the tier's";

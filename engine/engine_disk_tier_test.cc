@@ -6,9 +6,7 @@
 // and never a wrong token or a leaked block, and the tier stays within its bound.
 // To add a case: Spill() a donor, change the tier's files, run a query and compare with Cold().
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,11 +15,13 @@
 #include "engine/block_hash.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "model/test_util.h"
 
 namespace pdserve::engine {
 namespace {
 
 namespace fs = std::filesystem;
+using model::testing::TempDir;
 using testing::EventCollector;
 using testing::ReferenceGreedy;
 using testing::RunUntilIdle;
@@ -30,25 +30,6 @@ using testing::TinyModel;
 constexpr int64_t kBlock = 16;
 constexpr int64_t kChunk = 32;
 constexpr int64_t kPoolBlocks = 24;
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ = (fs::temp_directory_path() / ("pdserve-engine-tier-" + std::to_string(::getpid()) + "-" +
-                                          std::to_string(n++)))
-                .string();
-    fs::remove_all(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 KvLayout Layout() { return model::KvLayoutFor(TinyModel().config(), kBlock, KvLatentFormat::kFp8Blockwise); }
 
@@ -188,7 +169,7 @@ std::vector<uint64_t> DonorHashes(const Engine& e, const Workload& w) {
 TEST(EngineDiskTierTest, PrefixesRestoredFromDiskAreBitwiseCold) {
   const Workload w(21);
   for (const SamplingParams& p : {Greedy(12), Seeded(12, 99)}) {
-    TempDir dir;
+    TempDir dir("engine_tier");
     auto e = Make(Options(kPoolBlocks, dir.path()));
     ASSERT_TRUE(e->prefix_cache_disk_tier());
     Spill(e.get(), w, p);
@@ -243,7 +224,7 @@ TEST(EngineDiskTierTest, DamagedTierFilesCostARecomputeNeverAWrongToken) {
       {"a bad header (the layout)", 0, 0, false, 52},
   };
   for (const Case& c : cases) {
-    TempDir dir;
+    TempDir dir("engine_tier");
     auto e = Make(Options(kPoolBlocks, dir.path()));
     Spill(e.get(), w, p);
     const std::string path = dir.path() + "/" + DiskTier::FileName(DonorHashes(*e, w)[static_cast<size_t>(c.block)]);
@@ -275,7 +256,7 @@ TEST(EngineDiskTierTest, DamagedTierFilesCostARecomputeNeverAWrongToken) {
 
 TEST(EngineDiskTierTest, TheTierStaysWithinItsBound) {
   const Workload w(23);
-  TempDir dir;
+  TempDir dir("engine_tier");
   constexpr int64_t kFiles = 10;
   auto e = Make(Options(kPoolBlocks, dir.path(), kFiles));
   Spill(e.get(), w, Greedy(4));
@@ -297,14 +278,16 @@ TEST(EngineDiskTierTest, TheTierStaysWithinItsBound) {
 }
 
 TEST(EngineDiskTierTest, OffWithoutTheCacheOrADirectory) {
-  TempDir dir;
+  TempDir dir("engine_tier");
+  const std::string tier = dir / "tier";
   EXPECT_FALSE(Make(Options(kPoolBlocks, ""))->prefix_cache_disk_tier());
-  auto off = Make(Options(kPoolBlocks, dir.path(), 16, /*cache=*/false));
+  auto off = Make(Options(kPoolBlocks, tier, 16, /*cache=*/false));
   EXPECT_FALSE(off->prefix_cache_disk_tier());
-  EXPECT_FALSE(fs::exists(dir.path()));
+  EXPECT_FALSE(fs::exists(tier));
   // Two engines cannot share one directory.
-  auto a = Make(Options(kPoolBlocks, dir.path()));
-  EXPECT_EQ(Engine::Create(Options(kPoolBlocks, dir.path()), &TinyModel()).status().code(),
+  auto a = Make(Options(kPoolBlocks, tier));
+  EXPECT_TRUE(a->prefix_cache_disk_tier());
+  EXPECT_EQ(Engine::Create(Options(kPoolBlocks, tier), &TinyModel()).status().code(),
             StatusCode::kFailedPrecondition);
 }
 
