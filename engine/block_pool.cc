@@ -103,6 +103,7 @@ void BlockPool::SpillLocked(int32_t block) {
   // either (its parent's tier uid is unknown).
   if (cache_.stale(block)) return;
   const CachedBlockId parent = cache_.parent(block);
+  if (parent.block < 0 && parent.generation != tier_->ns()) return;  // the tier holds one namespace
   const uint64_t parent_uid = parent.block < 0 ? DiskTier::kRootUid : TierUidLocked(parent.block);
   const TierBlockId id{cache_.hash(block), TierUidLocked(block), parent_uid, cache_.tokens(block)};
   // A failed store is logged and counted by the tier; the block is then simply evicted.
@@ -110,19 +111,27 @@ void BlockPool::SpillLocked(int32_t block) {
 }
 
 int64_t BlockPool::RestoreLocked(CachedBlockId parent, std::span<const uint64_t> hashes,
-                                 std::span<const int32_t> tokens, int64_t n, int64_t max_blocks,
+                                 std::span<const int32_t> tokens, int64_t n, int64_t max_blocks, int64_t min_blocks,
                                  std::vector<CachedBlockId>* out) {
   const auto B = static_cast<size_t>(layout_.tokens_per_block);
-  int64_t restored = 0;
-  for (; n < max_blocks; ++n) {
-    // A parent with no tier uid was never stored and never had a child stored: nothing on disk
-    // continues it.
-    const uint64_t parent_uid = parent.block < 0 ? DiskTier::kRootUid : cache_.tier_uid(parent.block);
-    if (parent.block >= 0 && parent_uid == 0) break;
-    const uint64_t hash = hashes[static_cast<size_t>(n)];
-    const std::span<const int32_t> block_tokens = tokens.subspan(static_cast<size_t>(n) * B, B);
-    const std::optional<uint64_t> uid = tier_->Find(hash, parent_uid, block_tokens);
+  auto block_tokens = [&](int64_t k) { return tokens.subspan(static_cast<size_t>(k) * B, B); };
+  // The chain the tier holds after `parent`, from its index alone. A parent with no tier uid
+  // was never stored and never had a child stored: nothing on disk continues it.
+  if (parent.block < 0 && parent.generation != tier_->ns()) return 0;  // the tier holds one namespace
+  uint64_t parent_uid = parent.block < 0 ? DiskTier::kRootUid : cache_.tier_uid(parent.block);
+  if (parent.block >= 0 && parent_uid == 0) return 0;
+  std::vector<uint64_t> uids;
+  for (int64_t k = n; k < max_blocks; ++k) {
+    const std::optional<uint64_t> uid = tier_->Find(hashes[static_cast<size_t>(k)], parent_uid, block_tokens(k));
     if (!uid) break;
+    uids.push_back(*uid);
+    parent_uid = *uid;
+  }
+  if (n + static_cast<int64_t>(uids.size()) < min_blocks) return 0;
+  int64_t restored = 0;
+  for (const uint64_t uid : uids) {
+    const int64_t k = n + restored;
+    const uint64_t hash = hashes[static_cast<size_t>(k)];
     const int32_t block = TakeOneLocked();
     if (block < 0) break;  // every block is in use
     auto give_back = [&] {
@@ -131,12 +140,13 @@ int64_t BlockPool::RestoreLocked(CachedBlockId parent, std::span<const uint64_t>
     };
     // A damaged file is dropped by the tier (DataLoss); the block's bytes are then garbage, but
     // the block goes back to the free list unregistered, and its next holder writes it first.
-    if (!tier_->Load(hash, *uid, base_ + static_cast<int64_t>(block) * block_bytes()).ok()) {
+    // (NotFound: the spill that freed `block` pushed this file out of the tier.)
+    if (!tier_->Load(hash, uid, base_ + static_cast<int64_t>(block) * block_bytes()).ok()) {
       give_back();
       break;
     }
     int32_t dropped = -1;
-    const std::optional<CachedBlockId> id = cache_.Register(block, hash, parent, block_tokens, &dropped, *uid);
+    const std::optional<CachedBlockId> id = cache_.Register(block, hash, parent, block_tokens(k), &dropped, uid);
     if (dropped >= 0 && refs_[static_cast<size_t>(dropped)] == 0) free_.push_back(dropped);
     // The walk in memory missed this name after this parent, so the name is free, stale, or
     // held by other content (a collision: a miss here too).
@@ -163,7 +173,7 @@ void BlockPool::Free(std::span<const int32_t> ids) {
 }
 
 int64_t BlockPool::MatchPrefix(CachedBlockId root, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
-                               int64_t max_blocks, std::vector<CachedBlockId>* out) {
+                               int64_t max_blocks, std::vector<CachedBlockId>* out, int64_t min_blocks) {
   const auto B = static_cast<size_t>(layout_.tokens_per_block);
   PDSERVE_CHECK(static_cast<int64_t>(hashes.size()) >= max_blocks && tokens.size() >= static_cast<size_t>(max_blocks) * B,
                 "prefix match past the chain");
@@ -178,7 +188,7 @@ int64_t BlockPool::MatchPrefix(CachedBlockId root, std::span<const uint64_t> has
     out->push_back(*hit);
     parent = *hit;
   }
-  if (tier_ && n < max_blocks) n += RestoreLocked(parent, hashes, tokens, n, max_blocks, out);
+  if (tier_ && n < max_blocks) n += RestoreLocked(parent, hashes, tokens, n, max_blocks, min_blocks, out);
   return n;
 }
 

@@ -80,9 +80,12 @@ class BlockPool {
   // `root` (PrefixCache::Root of the caller's namespace) for at most max_blocks blocks: each
   // block cached with that hash, the previous block as parent and those tokens gets one more
   // reference and is appended to *out; the walk stops at the first miss. Returns the number
-  // appended. REQUIRES: hashes.size() >= max_blocks, tokens cover max_blocks blocks.
+  // appended. With a disk tier, the walk continues there (see above), unless the blocks found
+  // in memory and on disk together stay below `min_blocks` (a hit the caller would not take:
+  // nothing is read from disk then). REQUIRES: hashes.size() >= max_blocks, tokens cover
+  // max_blocks blocks.
   int64_t MatchPrefix(CachedBlockId root, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
-                      int64_t max_blocks, std::vector<CachedBlockId>* out);
+                      int64_t max_blocks, std::vector<CachedBlockId>* out, int64_t min_blocks = 0);
   // Registers `block` (the caller holds a reference and its KV is final) as the full block
   // `hash` after `parent` with `block_tokens`. Returns the identity that now stands for this
   // content (the block's own, or an equal block's cached earlier), or nullopt when the name is
@@ -117,9 +120,10 @@ class BlockPool {
   // The tier uid of cached `block`, handing it one if it has none. REQUIRES: mu_, a tier.
   uint64_t TierUidLocked(int32_t block);
   // MatchPrefix's walk in the disk tier from hashes[n] on, after `parent`; returns the blocks
-  // restored (appended to *out with one reference each). REQUIRES: mu_, a tier.
+  // restored (appended to *out with one reference each), none when n plus the blocks the tier
+  // holds stay below min_blocks. REQUIRES: mu_, a tier.
   int64_t RestoreLocked(CachedBlockId parent, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
-                        int64_t n, int64_t max_blocks, std::vector<CachedBlockId>* out);
+                        int64_t n, int64_t max_blocks, int64_t min_blocks, std::vector<CachedBlockId>* out);
 
   const KvLayout layout_;
   uint8_t* const base_;

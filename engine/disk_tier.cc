@@ -230,9 +230,11 @@ Status DiskTier::Store(const TierBlockId& id, const uint8_t* kv) {
     ++stats_.evictions;
   }
   if (Status s = WriteFile(id, kv); !s.ok()) {
-    ++stats_.write_errors;
-    // Logged once per failure kind would be nicer; a full disk fails every store, so warn.
-    GetLogger("engine")->warn("disk tier: block {:016x} not stored: {}", id.hash, s.ToString());
+    // A full or broken disk fails every store: warn at the 1st, 2nd, 4th, 8th... failure.
+    const int64_t n = ++stats_.write_errors;
+    if ((n & (n - 1)) == 0)
+      GetLogger("engine")->warn("disk tier: block {:016x} not stored ({} failed stores so far): {}", id.hash, n,
+                                s.ToString());
     return s;
   }
   Entry e;

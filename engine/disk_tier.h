@@ -128,6 +128,7 @@ class DiskTier {
   Status Load(uint64_t hash, uint64_t uid, uint8_t* kv);
 
   DiskTierStats stats() const { return stats_; }
+  uint64_t ns() const { return ns_; }
   const std::string& dir() const { return dir_; }
   int64_t max_bytes() const { return max_bytes_; }
   // The size of one block's file, and its path (for tests and logs).

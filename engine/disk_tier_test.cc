@@ -11,8 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <cstring>
 #include <random>
 
+#include "engine/block_hash.h"
+#include "engine/block_pool.h"
 #include "model/test_util.h"
 
 namespace pdserve::engine {
@@ -222,6 +225,87 @@ TEST(DiskTierTest, OneTierPerDirectoryAndStaleFilesAreDeleted) {
   EXPECT_TRUE(DiskTier::Create({dir.path(), 1 << 30}, Layout(), 7).ok());  // the lock went with it
   EXPECT_EQ(DiskTier::Create({dir.path(), 100}, Layout(), 7).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(DiskTier::Create({"", 1 << 30}, Layout(), 7).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The pool with a tier: the idle cached blocks Allocate evicts are stored (tail first, so each
+// parent's uid is known), a lookup reads them back bitwise after the blocks still in memory, a
+// block stored before is not written again, and a disk chain that would end below min_blocks
+// is not read at all.
+TEST(BlockPoolDiskTierTest, EvictedBlocksComeBackBitwiseAfterTheBlocksInMemory) {
+  TempDir dir("pool_tier");
+  const KvLayout l = Layout();
+  const int64_t bb = static_cast<int64_t>(l.BlockBytes());
+  auto created = BlockPool::Create(l, 4 * bb);
+  ASSERT_TRUE(created.ok());
+  BlockPool& pool = **created;
+  auto tier = MakeTier(dir.path(), 64, /*ns=*/1);
+  ASSERT_TRUE(tier);
+  pool.AttachDiskTier(std::move(tier));
+  ASSERT_TRUE(pool.has_disk_tier());
+
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(48);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 1000);
+  std::vector<uint64_t> hashes;
+  ExtendChain(1, tokens, 16, 3, &hashes);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(pool.Allocate(3, &a).ok());
+  std::vector<std::vector<uint8_t>> bytes(3, std::vector<uint8_t>(static_cast<size_t>(bb)));
+  CachedBlockId parent = PrefixCache::Root(1);
+  for (size_t j = 0; j < 3; ++j) {
+    for (auto& x : bytes[j]) x = static_cast<uint8_t>(rng());
+    std::memcpy(pool.base() + a[j] * bb, bytes[j].data(), static_cast<size_t>(bb));
+    auto id = pool.Register(a[j], hashes[j], parent, std::span<const int32_t>(tokens).subspan(16 * j, 16));
+    ASSERT_TRUE(id);
+    parent = *id;
+  }
+  pool.Free(a);
+  // Four blocks wanted: the free one, then the three idle ones (tail first), each stored.
+  std::vector<int32_t> b;
+  ASSERT_TRUE(pool.Allocate(4, &b).ok());
+  EXPECT_EQ(pool.evictions(), 3);
+  EXPECT_EQ(pool.disk_tier_stats().stored_blocks, 3);
+  for (int32_t id : b) std::memset(pool.base() + id * bb, 0, static_cast<size_t>(bb));
+  pool.Free(b);
+  EXPECT_EQ(pool.n_cached(), 0);
+
+  // The caller would take no fewer than 4 blocks: nothing is read.
+  std::vector<CachedBlockId> hit;
+  EXPECT_EQ(pool.MatchPrefix(PrefixCache::Root(1), hashes, tokens, 3, &hit, /*min_blocks=*/4), 0);
+  EXPECT_EQ(pool.disk_tier_stats().restored_blocks, 0);
+  EXPECT_EQ(pool.n_free(), pool.n_blocks());
+  // Another namespace's root finds nothing on disk either.
+  EXPECT_EQ(pool.MatchPrefix(PrefixCache::Root(2), hashes, tokens, 3, &hit), 0);
+  EXPECT_EQ(pool.MatchPrefix(PrefixCache::Root(1), hashes, tokens, 3, &hit, 3), 3);
+  EXPECT_EQ(pool.disk_tier_stats().restored_blocks, 3);
+  ASSERT_EQ(hit.size(), 3u);
+  for (size_t j = 0; j < 3; ++j)
+    EXPECT_EQ(std::memcmp(pool.base() + hit[j].block * bb, bytes[j].data(), static_cast<size_t>(bb)), 0) << j;
+  EXPECT_EQ(pool.n_cached(), 3);
+
+  // Evict only the last block again (it is on disk already: not written twice), then look up:
+  // two blocks from memory, the third from disk.
+  std::vector<int32_t> held;
+  for (const CachedBlockId& h : hit) held.push_back(h.block);
+  pool.Free(held);
+  std::vector<int32_t> c;
+  ASSERT_TRUE(pool.Allocate(2, &c).ok());
+  EXPECT_EQ(c[1], held[2]);
+  EXPECT_EQ(pool.disk_tier_stats().stored_blocks, 3);
+  std::memset(pool.base() + c[1] * bb, 0, static_cast<size_t>(bb));
+  pool.Free(c);
+  hit.clear();
+  EXPECT_EQ(pool.MatchPrefix(PrefixCache::Root(1), hashes, tokens, 3, &hit), 3);
+  EXPECT_EQ(pool.disk_tier_stats().restored_blocks, 4);
+  EXPECT_EQ(hit[0].block, held[0]);
+  EXPECT_EQ(hit[1].block, held[1]);
+  EXPECT_EQ(std::memcmp(pool.base() + hit[2].block * bb, bytes[2].data(), static_cast<size_t>(bb)), 0);
+  held.clear();
+  for (const CachedBlockId& h : hit) held.push_back(h.block);
+  pool.Free(held);
+  EXPECT_EQ(pool.n_free(), pool.n_blocks());
+  EXPECT_EQ(pool.EvictIdle(), 3);
+  EXPECT_EQ(pool.disk_tier_stats().blocks, 3);  // EvictIdle writes nothing and keeps the files
 }
 
 }  // namespace

@@ -220,6 +220,8 @@ TEST(EngineDiskTierTest, DamagedTierFilesCostARecomputeNeverAWrongToken) {
   };
   const std::vector<Case> cases = {
       {"a flipped KV byte", 3, 48, false, kv_offset + 77},
+      // Block 0 comes back but is less than the first chunk: not taken (it stays cached).
+      {"a flipped token byte", 1, 0, false, DiskTier::kHeaderBytes + 5},
       {"a truncated file", 2, 32, true, 0},
       {"a bad header (the layout)", 0, 0, false, 52},
   };
