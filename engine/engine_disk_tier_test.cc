@@ -7,7 +7,6 @@
 // To add a case: Spill() a donor, change the tier's files, run a query and compare with Cold().
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -22,9 +21,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using model::testing::TempDir;
-using testing::EventCollector;
+using testing::Concat;
+using testing::Generate;
+using testing::Greedy;
+using testing::Output;
+using testing::Random;
 using testing::ReferenceGreedy;
-using testing::RunUntilIdle;
+using testing::Seeded;
 using testing::TinyModel;
 
 constexpr int64_t kBlock = 16;
@@ -53,71 +56,6 @@ std::unique_ptr<Engine> Make(const EngineOptions& o) {
   auto e = Engine::Create(o, &TinyModel());
   PDSERVE_CHECK(e.ok(), e.status().ToString());
   return std::move(e).value();
-}
-
-std::vector<int32_t> Random(std::mt19937* rng, int64_t n) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& t : v) t = static_cast<int32_t>((*rng)() % 1000);
-  return v;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-SamplingParams Greedy(int32_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.logprobs = 2;
-  return p;
-}
-
-SamplingParams Seeded(int32_t max_tokens, uint64_t seed) {
-  SamplingParams p;
-  p.temperature = 0.8f;
-  p.top_k = 50;
-  p.top_p = 0.9f;
-  p.repetition_penalty = 1.1f;
-  p.max_tokens = max_tokens;
-  p.seed = seed;
-  p.logprobs = 1;
-  return p;
-}
-
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  FinishReason reason = FinishReason::kNone;
-  int64_t cached = -1;
-  bool operator==(const Output& o) const {
-    if (tokens != o.tokens || reason != o.reason || logprobs.size() != o.logprobs.size()) return false;
-    return std::memcmp(logprobs.data(), o.logprobs.data(), logprobs.size() * sizeof(float)) == 0;
-  }
-};
-
-Output Generate(Engine* e, const std::vector<int32_t>& prompt, const SamplingParams& p) {
-  EventCollector ev;
-  RequestOptions ro;
-  ro.sampling = p;
-  ro.on_event = ev.Callback();
-  auto id = e->AddRequest(prompt, ro);
-  PDSERVE_CHECK(id.ok(), id.status().ToString());
-  PDSERVE_CHECK(RunUntilIdle(e));
-  Output o;
-  const auto events = ev.events();
-  for (const TokenEvent& x : events.at(*id)) {
-    if (x.token >= 0) {
-      o.tokens.push_back(x.token);
-      o.logprobs.push_back(x.logprob);
-    }
-    if (x.finished) {
-      o.reason = x.reason;
-      o.cached = x.cached_prompt_tokens;
-    }
-  }
-  return o;
 }
 
 Output Cold(const std::vector<int32_t>& prompt, const SamplingParams& p) {
