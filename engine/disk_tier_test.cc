@@ -210,6 +210,21 @@ TEST(DiskTierTest, TheSizeBoundDropsTheLeastRecentlyUsedFiles) {
   EXPECT_EQ(files, 3);
 }
 
+TEST(DiskTierTest, AFailedWriteIsCountedAndKeepsNothing) {
+  TempDir dir("disk_tier");
+  const std::string sub = dir / "tier";
+  auto tier = MakeTier(sub, 4);
+  ASSERT_TRUE(tier);
+  fs::remove_all(sub);  // the directory vanishes under the tier
+  const Block b = MakeBlock(0x77, 7);
+  const Status s = tier->Store({b.hash, tier->NewUid(), DiskTier::kRootUid, b.tokens}, b.kv.data());
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.ToString();
+  EXPECT_EQ(tier->stats().write_errors, 1);
+  EXPECT_EQ(tier->stats().blocks, 0);
+  EXPECT_EQ(tier->stats().stored_blocks, 0);
+  EXPECT_FALSE(tier->Find(b.hash, DiskTier::kRootUid, b.tokens));
+}
+
 TEST(DiskTierTest, OneTierPerDirectoryAndStaleFilesAreDeleted) {
   TempDir dir("disk_tier");
   fs::create_directories(dir.path());

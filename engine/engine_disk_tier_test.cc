@@ -217,6 +217,23 @@ TEST(EngineDiskTierTest, TheTierStaysWithinItsBound) {
   ExpectNoLeak(e.get());
 }
 
+TEST(EngineDiskTierTest, AVanishedDirectoryCostsOnlyTheTier) {
+  const Workload w(24);
+  TempDir dir("engine_tier");
+  const std::string tier = dir / "tier";
+  auto e = Make(Options(kPoolBlocks, tier));
+  fs::remove_all(tier);  // every store fails from now on
+  Spill(e.get(), w, Greedy(6));
+  const EngineStats s = e->Stats();
+  EXPECT_GT(s.prefix_evictions, 0);
+  EXPECT_EQ(s.prefix_tier_write_errors, s.prefix_evictions);
+  EXPECT_EQ(s.prefix_tier_stored_blocks, 0);
+  const Output warm = Generate(e.get(), w.query, Greedy(6));
+  EXPECT_EQ(warm.cached, 0);
+  EXPECT_TRUE(warm == Cold(w.query, Greedy(6)));
+  ExpectNoLeak(e.get());
+}
+
 TEST(EngineDiskTierTest, OffWithoutTheCacheOrADirectory) {
   TempDir dir("engine_tier");
   const std::string tier = dir / "tier";
