@@ -69,18 +69,96 @@ Status BlockPool::Allocate(int64_t count, std::vector<int32_t>* out) {
   if (count < 0 || count > available)
     return Status::ResourceExhausted("KV pool: " + std::to_string(count) + " blocks wanted, " +
                                      std::to_string(available) + " free");
-  for (int64_t i = 0; i < count; ++i) {
-    int32_t id;
-    if (!free_.empty()) {
-      id = free_.back();
-      free_.pop_back();
-    } else {
-      id = cache_.EvictOldest();  // the pool needs room: the least recently used idle block
-    }
-    refs_[static_cast<size_t>(id)] = 1;
-    out->push_back(id);
-  }
+  for (int64_t i = 0; i < count; ++i) out->push_back(TakeOneLocked());
   return Status::Ok();
+}
+
+int32_t BlockPool::TakeOneLocked() {
+  int32_t id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    // The pool needs room: the least recently used idle block, kept on disk if there is a tier.
+    id = cache_.Oldest();
+    if (id < 0) return -1;
+    if (tier_) SpillLocked(id);
+    PDSERVE_CHECK(cache_.EvictOldest() == id, "the LRU changed under the pool's lock");
+  }
+  refs_[static_cast<size_t>(id)] = 1;
+  return id;
+}
+
+uint64_t BlockPool::TierUidLocked(int32_t block) {
+  uint64_t uid = cache_.tier_uid(block);
+  if (uid == 0) {
+    uid = tier_->NewUid();
+    cache_.set_tier_uid(block, uid);
+  }
+  return uid;
+}
+
+void BlockPool::SpillLocked(int32_t block) {
+  // A stale entry's prefix is gone from memory: no walk from the root could reach it, on disk
+  // either (its parent's tier uid is unknown).
+  if (cache_.stale(block)) return;
+  const CachedBlockId parent = cache_.parent(block);
+  if (parent.block < 0 && parent.generation != tier_->ns()) return;  // the tier holds one namespace
+  const uint64_t parent_uid = parent.block < 0 ? DiskTier::kRootUid : TierUidLocked(parent.block);
+  const TierBlockId id{cache_.hash(block), TierUidLocked(block), parent_uid, cache_.tokens(block)};
+  // A failed store is logged and counted by the tier; the block is then simply evicted.
+  (void)tier_->Store(id, base_ + static_cast<int64_t>(block) * block_bytes());
+}
+
+int64_t BlockPool::RestoreLocked(CachedBlockId parent, std::span<const uint64_t> hashes,
+                                 std::span<const int32_t> tokens, int64_t n, int64_t max_blocks, int64_t min_blocks,
+                                 std::vector<CachedBlockId>* out) {
+  const auto B = static_cast<size_t>(layout_.tokens_per_block);
+  auto block_tokens = [&](int64_t k) { return tokens.subspan(static_cast<size_t>(k) * B, B); };
+  // The chain the tier holds after `parent`, from its index alone. A parent with no tier uid
+  // was never stored and never had a child stored: nothing on disk continues it.
+  if (parent.block < 0 && parent.generation != tier_->ns()) return 0;  // the tier holds one namespace
+  uint64_t parent_uid = parent.block < 0 ? DiskTier::kRootUid : cache_.tier_uid(parent.block);
+  if (parent.block >= 0 && parent_uid == 0) return 0;
+  std::vector<uint64_t> uids;
+  for (int64_t k = n; k < max_blocks; ++k) {
+    const std::optional<uint64_t> uid = tier_->Find(hashes[static_cast<size_t>(k)], parent_uid, block_tokens(k));
+    if (!uid) break;
+    uids.push_back(*uid);
+    parent_uid = *uid;
+  }
+  if (n + static_cast<int64_t>(uids.size()) < min_blocks) return 0;
+  int64_t restored = 0;
+  for (const uint64_t uid : uids) {
+    const int64_t k = n + restored;
+    const uint64_t hash = hashes[static_cast<size_t>(k)];
+    const int32_t block = TakeOneLocked();
+    if (block < 0) break;  // every block is in use
+    auto give_back = [&] {
+      refs_[static_cast<size_t>(block)] = 0;
+      free_.push_back(block);
+    };
+    // A damaged file is dropped by the tier (DataLoss); the block's bytes are then garbage, but
+    // the block goes back to the free list unregistered, and its next holder writes it first.
+    // (NotFound: the spill that freed `block` pushed this file out of the tier.)
+    if (!tier_->Load(hash, uid, base_ + static_cast<int64_t>(block) * block_bytes()).ok()) {
+      give_back();
+      break;
+    }
+    int32_t dropped = -1;
+    const std::optional<CachedBlockId> id = cache_.Register(block, hash, parent, block_tokens(k), &dropped, uid);
+    if (dropped >= 0 && refs_[static_cast<size_t>(dropped)] == 0) free_.push_back(dropped);
+    // The walk in memory missed this name after this parent, so the name is free, stale, or
+    // held by other content (a collision: a miss here too).
+    if (!id || id->block != block) {
+      give_back();
+      break;
+    }
+    out->push_back(*id);
+    parent = *id;
+    ++restored;
+  }
+  return restored;
 }
 
 void BlockPool::Free(std::span<const int32_t> ids) {
@@ -95,7 +173,7 @@ void BlockPool::Free(std::span<const int32_t> ids) {
 }
 
 int64_t BlockPool::MatchPrefix(CachedBlockId root, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
-                               int64_t max_blocks, std::vector<CachedBlockId>* out) {
+                               int64_t max_blocks, std::vector<CachedBlockId>* out, int64_t min_blocks) {
   const auto B = static_cast<size_t>(layout_.tokens_per_block);
   PDSERVE_CHECK(static_cast<int64_t>(hashes.size()) >= max_blocks && tokens.size() >= static_cast<size_t>(max_blocks) * B,
                 "prefix match past the chain");
@@ -110,6 +188,7 @@ int64_t BlockPool::MatchPrefix(CachedBlockId root, std::span<const uint64_t> has
     out->push_back(*hit);
     parent = *hit;
   }
+  if (tier_ && n < max_blocks) n += RestoreLocked(parent, hashes, tokens, n, max_blocks, min_blocks, out);
   return n;
 }
 
@@ -132,6 +211,22 @@ int64_t BlockPool::EvictIdle() {
   int64_t n = 0;
   for (int32_t id; (id = cache_.EvictOldest()) >= 0; ++n) free_.push_back(id);
   return n;
+}
+
+void BlockPool::AttachDiskTier(std::unique_ptr<DiskTier> tier) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PDSERVE_CHECK(!tier_, "a disk tier is already attached");
+  tier_ = std::move(tier);
+}
+
+bool BlockPool::has_disk_tier() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tier_ != nullptr;
+}
+
+DiskTierStats BlockPool::disk_tier_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tier_ ? tier_->stats() : DiskTierStats{};
 }
 
 KvEventBatch BlockPool::TakeKvEvents(bool full) {

@@ -14,6 +14,11 @@
 // Allocate evicts the least recently used idle blocks only when the free list runs short. A
 // block with a reference is never evicted. A shared block is read-only by contract: every
 // holder only reads positions it did not compute (its cached prefix).
+// Disk tier (engine/disk_tier.h, optional): an idle cached block that Allocate evicts is first
+// copied to the tier (synchronously, under the pool's lock), and MatchPrefix, when its walk
+// through the blocks in memory ends, continues it in the tier: each next block found there is
+// read into a block taken as Allocate would take it, checked, registered as a cached block and
+// handed out like one found in memory. A block the tier cannot give back intact ends the walk.
 // Thread-safety: every method is safe from any thread (one mutex); the bytes of a block are
 // written only by the holder that allocated it, before it is registered.
 // Errors: Create: InvalidArgument (bad layout, budget below one block, misaligned external
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/disk_tier.h"
 #include "engine/prefix_cache.h"
 #include "model/kv_layout.h"
 
@@ -74,9 +80,12 @@ class BlockPool {
   // `root` (PrefixCache::Root of the caller's namespace) for at most max_blocks blocks: each
   // block cached with that hash, the previous block as parent and those tokens gets one more
   // reference and is appended to *out; the walk stops at the first miss. Returns the number
-  // appended. REQUIRES: hashes.size() >= max_blocks, tokens cover max_blocks blocks.
+  // appended. With a disk tier, the walk continues there (see above), unless the blocks found
+  // in memory and on disk together stay below `min_blocks` (a hit the caller would not take:
+  // nothing is read from disk then). REQUIRES: hashes.size() >= max_blocks, tokens cover
+  // max_blocks blocks.
   int64_t MatchPrefix(CachedBlockId root, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
-                      int64_t max_blocks, std::vector<CachedBlockId>* out);
+                      int64_t max_blocks, std::vector<CachedBlockId>* out, int64_t min_blocks = 0);
   // Registers `block` (the caller holds a reference and its KV is final) as the full block
   // `hash` after `parent` with `block_tokens`. Returns the identity that now stands for this
   // content (the block's own, or an equal block's cached earlier), or nullopt when the name is
@@ -84,8 +93,16 @@ class BlockPool {
   // REQUIRES: block_tokens.size() == B.
   std::optional<CachedBlockId> Register(int32_t block, uint64_t hash, CachedBlockId parent,
                                         std::span<const int32_t> block_tokens);
-  // Evicts every idle cached block (blocks in use stay cached). Returns how many.
+  // Evicts every idle cached block (blocks in use stay cached; nothing is copied to the disk
+  // tier, which keeps what it holds). Returns how many.
   int64_t EvictIdle();
+
+  // From now on, evicted blocks spill to `tier` and lookups continue in it (see above).
+  // REQUIRES: tier built for this pool's layout; no tier attached yet.
+  void AttachDiskTier(std::unique_ptr<DiskTier> tier);
+  bool has_disk_tier() const;
+  // The tier's counters (all 0 without one).
+  DiskTierStats disk_tier_stats() const;
   // The prefix cache's events since the last call (PrefixCache::TakeEvents): the hashes
   // registered and unregistered, or with `full` (or after the bounded backlog overflowed) the
   // whole set with reset.
@@ -95,6 +112,18 @@ class BlockPool {
 
  private:
   BlockPool(const KvLayout& layout, uint8_t* base, int64_t n_blocks, bool owned);
+  // One block for the caller (one reference): a free one, else the least recently used idle
+  // cached block, spilled to the disk tier first. -1 when neither exists. REQUIRES: mu_ held.
+  int32_t TakeOneLocked();
+  // Copies idle cached `block` to the disk tier (unless stale or already there). REQUIRES: mu_.
+  void SpillLocked(int32_t block);
+  // The tier uid of cached `block`, handing it one if it has none. REQUIRES: mu_, a tier.
+  uint64_t TierUidLocked(int32_t block);
+  // MatchPrefix's walk in the disk tier from hashes[n] on, after `parent`; returns the blocks
+  // restored (appended to *out with one reference each), none when n plus the blocks the tier
+  // holds stay below min_blocks. REQUIRES: mu_, a tier.
+  int64_t RestoreLocked(CachedBlockId parent, std::span<const uint64_t> hashes, std::span<const int32_t> tokens,
+                        int64_t n, int64_t max_blocks, int64_t min_blocks, std::vector<CachedBlockId>* out);
 
   const KvLayout layout_;
   uint8_t* const base_;
@@ -105,6 +134,7 @@ class BlockPool {
   std::vector<int32_t> free_;  // stack: back() is handed out next
   std::vector<int32_t> refs_;  // per block id
   PrefixCache cache_;
+  std::unique_ptr<DiskTier> tier_;  // null: no disk tier
 };
 
 // The blocks of one sequence, in logical order: token t lives in block ids()[t / B], slot t % B.

@@ -63,6 +63,26 @@ PrefixCachePolicy PrefixPolicyFor(const EngineOptions& options, const model::Mod
   return policy;
 }
 
+// The disk tier the options ask for, attached to the pool (docs/prefix-cache.md "Disk tier").
+Status AttachDiskTier(const EngineOptions& options, const model::Model& model, BlockPool* pool) {
+  if (options.prefix_cache_disk_dir.empty()) return Status::Ok();
+  const PrefixCachePolicy policy = PrefixPolicyFor(options, model, *pool);
+  if (!policy.enabled || options.group) {
+    // A follower replays the leader's block ids over its own pool, which never read the files.
+    GetLogger("engine")->warn("prefix cache disk tier {} off: {}", options.prefix_cache_disk_dir,
+                              options.group ? "a multi-rank engine" : "the prefix cache is off");
+    return Status::Ok();
+  }
+  DiskTierOptions to;
+  to.dir = options.prefix_cache_disk_dir;
+  to.max_bytes = options.prefix_cache_disk_bytes;
+  PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> tier, DiskTier::Create(to, pool->layout(), policy.ns));
+  GetLogger("engine")->info("prefix cache disk tier: {} (at most {} MiB, {} KiB per block)", to.dir,
+                            to.max_bytes >> 20, tier->file_bytes() >> 10);
+  pool->AttachDiskTier(std::move(tier));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
@@ -76,6 +96,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (o.model_identity == 0) {
     PDSERVE_ASSIGN_OR_RETURN(o.model_identity, model::WeightsFingerprint(o.model_dir));
   }
+  PDSERVE_RETURN_IF_ERROR(AttachDiskTier(o, *raw, bp.get()));
   return std::unique_ptr<Engine>(new Engine(o, raw, std::move(m), std::move(pool), std::move(bp)));
 }
 
@@ -84,6 +105,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, con
   if (options.group && !options.group->leader())
     return Status::InvalidArgument("only a DP unit's leader runs an engine (followers run RankGroup::FollowerLoop)");
   PDSERVE_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> bp, MakePool(options, *model));
+  PDSERVE_RETURN_IF_ERROR(AttachDiskTier(Effective(options), *model, bp.get()));
   return std::unique_ptr<Engine>(new Engine(Effective(options), model, nullptr, nullptr, std::move(bp)));
 }
 
@@ -350,6 +372,15 @@ EngineStats Engine::Stats() const {
   s.prefix_cached_blocks = pool_->n_cached();
   s.prefix_idle_blocks = pool_->n_cached_idle();
   s.prefix_evictions = pool_->evictions();
+  const DiskTierStats tier = pool_->disk_tier_stats();
+  s.prefix_tier_blocks = tier.blocks;
+  s.prefix_tier_bytes = tier.bytes;
+  s.prefix_tier_stored_blocks = tier.stored_blocks;
+  s.prefix_tier_stored_bytes = tier.stored_bytes;
+  s.prefix_tier_restored_tokens = tier.restored_blocks * pool_->layout().tokens_per_block;
+  s.prefix_tier_evictions = tier.evictions;
+  s.prefix_tier_corrupt_files = tier.corrupt;
+  s.prefix_tier_write_errors = tier.write_errors;
   s.blocks_used = s.blocks_total - s.blocks_free;
   s.blocks_held = 0;
   for (const auto& [id, ids] : held_) s.blocks_held += static_cast<int64_t>(ids.size());

@@ -105,6 +105,14 @@ struct EngineOptions {
   // engines with equal namespaces may exchange cached blocks. 0: Create(options) fingerprints
   // model_dir; Create(options, model) then uses the model config alone.
   uint64_t model_identity = 0;
+  // Disk tier of the prefix cache (engine/disk_tier.h, docs/prefix-cache.md "Disk tier"):
+  // evicted cached blocks are written to files in this directory (the engine's own: one tier
+  // per directory) and read back when a later prompt continues their prefix. Empty: off. Off
+  // too (with a warning) when the prefix cache is off and for multi-rank engines (`group`).
+  // The bytes bound the files: more keeps older prefixes at the cost of disk space. Evictions
+  // and restores do synchronous file I/O on the step thread.
+  std::string prefix_cache_disk_dir;
+  int64_t prefix_cache_disk_bytes = int64_t{4} << 30;
 };
 
 // Structured output (docs/structured-output.md): the grammar a request's output follows. Every
@@ -166,6 +174,13 @@ struct EngineStats {
   // the idle ones; cached blocks evicted to make room (or by ClearPrefixCache).
   int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0, prefix_computed_tokens = 0;
   int64_t prefix_cached_blocks = 0, prefix_idle_blocks = 0, prefix_evictions = 0;
+  // Disk tier (all 0 without one): block files held and their bytes; blocks written and their
+  // bytes; tokens of the blocks read back (restored) into the pool; files its LRU deleted;
+  // damaged files found and deleted (their prefix was computed instead); failed writes.
+  int64_t prefix_tier_blocks = 0, prefix_tier_bytes = 0;
+  int64_t prefix_tier_stored_blocks = 0, prefix_tier_stored_bytes = 0;
+  int64_t prefix_tier_restored_tokens = 0, prefix_tier_evictions = 0;
+  int64_t prefix_tier_corrupt_files = 0, prefix_tier_write_errors = 0;
   // Share of step time spent outside the forward pass (scheduling, batch building,
   // sampling, stop checks, event delivery).
   double OverheadShare() const;
@@ -221,8 +236,11 @@ class Engine {
   uint64_t prefix_cache_namespace() const { return scheduler_.prefix_policy().ns; }
   // The hit rule's first-chunk size C: a hit maps at least C tokens or none (docs/prefix-cache.md).
   int64_t prefix_cache_first_chunk_tokens() const { return scheduler_.prefix_policy().first_chunk_tokens; }
-  // Evicts every idle cached block (blocks of live requests stay). Returns how many. Any thread.
+  // Evicts every idle cached block (blocks of live requests stay; the disk tier keeps its
+  // files). Returns how many. Any thread.
   int64_t ClearPrefixCache();
+  // Whether evicted cached blocks spill to a disk tier (EngineOptions::prefix_cache_disk_dir).
+  bool prefix_cache_disk_tier() const { return pool_->has_disk_tier(); }
   // The prefix cache's events for a cluster-wide index (docs/prefix-cache.md, "Events"): the
   // hashes of the blocks cached and no longer cached since the last call, or with `full` (or
   // once the bounded backlog overflowed) every cached hash with `reset`. Nothing is ever cached

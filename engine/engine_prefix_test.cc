@@ -7,7 +7,6 @@
 // compare Generate's results.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <random>
 
 #include "engine/engine.h"
@@ -16,9 +15,16 @@
 namespace pdserve::engine {
 namespace {
 
+using testing::Collect;
+using testing::Concat;
 using testing::EventCollector;
+using testing::Generate;
+using testing::Greedy;
+using testing::Output;
+using testing::Random;
 using testing::ReferenceGreedy;
 using testing::RunUntilIdle;
+using testing::Seeded;
 using testing::TinyModel;
 
 constexpr int64_t kBlock = 16;
@@ -43,77 +49,6 @@ std::unique_ptr<Engine> Make(const EngineOptions& o) {
   auto e = Engine::Create(o, &TinyModel());
   PDSERVE_CHECK(e.ok(), e.status().ToString());
   return std::move(e).value();
-}
-
-std::vector<int32_t> Random(std::mt19937* rng, int64_t n) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& t : v) t = static_cast<int32_t>((*rng)() % 1000);
-  return v;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-SamplingParams Greedy(int32_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.logprobs = 2;
-  return p;
-}
-
-SamplingParams Seeded(int32_t max_tokens, uint64_t seed) {
-  SamplingParams p;
-  p.temperature = 0.8f;
-  p.top_k = 50;
-  p.top_p = 0.9f;
-  p.repetition_penalty = 1.1f;
-  p.max_tokens = max_tokens;
-  p.seed = seed;
-  p.logprobs = 1;
-  return p;
-}
-
-// What a request produced: its tokens, their logprobs (bitwise), how it ended.
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  FinishReason reason = FinishReason::kNone;
-  int64_t cached = -1;  // TokenEvent::cached_prompt_tokens
-  bool operator==(const Output& o) const {
-    if (tokens != o.tokens || reason != o.reason || logprobs.size() != o.logprobs.size()) return false;
-    return std::memcmp(logprobs.data(), o.logprobs.data(), logprobs.size() * sizeof(float)) == 0;
-  }
-};
-
-Output Collect(const EventCollector& ev, RequestId id) {
-  Output o;
-  const auto events = ev.events();  // (a copy: keep it alive over the loop)
-  for (const TokenEvent& e : events.at(id)) {
-    if (e.token >= 0) {
-      o.tokens.push_back(e.token);
-      o.logprobs.push_back(e.logprob);
-    }
-    if (e.finished) {
-      o.reason = e.reason;
-      o.cached = e.cached_prompt_tokens;
-    }
-  }
-  return o;
-}
-
-// Runs one request to its end on `e` (stepped here).
-Output Generate(Engine* e, const std::vector<int32_t>& prompt, const SamplingParams& p) {
-  EventCollector ev;
-  RequestOptions ro;
-  ro.sampling = p;
-  ro.on_event = ev.Callback();
-  auto id = e->AddRequest(prompt, ro);
-  PDSERVE_CHECK(id.ok(), id.status().ToString());
-  PDSERVE_CHECK(RunUntilIdle(e));
-  return Collect(ev, *id);
 }
 
 // The same request on a fresh engine without the cache.

@@ -1,6 +1,7 @@
 #include "engine/engine_test_util.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace pdserve::engine::testing {
 
@@ -88,6 +89,69 @@ bool RunUntilIdle(Engine* engine, int64_t max_steps) {
     engine->Step();
   }
   return engine->Idle();
+}
+
+std::vector<int32_t> Random(std::mt19937* rng, int64_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& t : v) t = static_cast<int32_t>((*rng)() % 1000);
+  return v;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+SamplingParams Greedy(int32_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.logprobs = 2;
+  return p;
+}
+
+SamplingParams Seeded(int32_t max_tokens, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  p.repetition_penalty = 1.1f;
+  p.max_tokens = max_tokens;
+  p.seed = seed;
+  p.logprobs = 1;
+  return p;
+}
+
+bool Output::operator==(const Output& o) const {
+  if (tokens != o.tokens || reason != o.reason || logprobs.size() != o.logprobs.size()) return false;
+  return std::memcmp(logprobs.data(), o.logprobs.data(), logprobs.size() * sizeof(float)) == 0;
+}
+
+Output Collect(const EventCollector& ev, RequestId id) {
+  Output o;
+  const auto events = ev.events();  // (a copy: keep it alive over the loop)
+  for (const TokenEvent& e : events.at(id)) {
+    if (e.token >= 0) {
+      o.tokens.push_back(e.token);
+      o.logprobs.push_back(e.logprob);
+    }
+    if (e.finished) {
+      o.reason = e.reason;
+      o.cached = e.cached_prompt_tokens;
+    }
+  }
+  return o;
+}
+
+Output Generate(Engine* e, const std::vector<int32_t>& prompt, const SamplingParams& p) {
+  EventCollector ev;
+  RequestOptions ro;
+  ro.sampling = p;
+  ro.on_event = ev.Callback();
+  auto id = e->AddRequest(prompt, ro);
+  PDSERVE_CHECK(id.ok(), id.status().ToString());
+  PDSERVE_CHECK(RunUntilIdle(e));
+  return Collect(ev, *id);
 }
 
 }  // namespace pdserve::engine::testing

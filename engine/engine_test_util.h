@@ -1,6 +1,6 @@
 // Helpers shared by the engine tests: a tiny model made once per test binary, the greedy
-// reference (Model::Forward on the same prefill chunk grid, then one token per step), and a
-// thread-safe collector of token events.
+// reference (Model::Forward on the same prefill chunk grid, then one token per step), a
+// thread-safe collector of token events, and the prefix-cache tests' prompts and outputs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <vector>
 
 #include "engine/engine.h"
 #include "model/model.h"
@@ -44,5 +46,27 @@ class EventCollector {
 
 // Steps `engine` on this thread until Idle() (at most max_steps); returns whether it got idle.
 bool RunUntilIdle(Engine* engine, int64_t max_steps = 100000);
+
+// Prefix-cache tests (engine_prefix_test, engine_disk_tier_test): prompts, sampling and one
+// request's whole output, compared bitwise with a cold engine's.
+// `n` random token ids below 1000.
+std::vector<int32_t> Random(std::mt19937* rng, int64_t n);
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b);
+// Greedy with 2 logprobs; seeded top-k / top-p sampling with a repetition penalty and 1 logprob.
+SamplingParams Greedy(int32_t max_tokens);
+SamplingParams Seeded(int32_t max_tokens, uint64_t seed);
+
+// What a request produced: its tokens, their logprobs (compared bitwise), how it ended.
+struct Output {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishReason reason = FinishReason::kNone;
+  int64_t cached = -1;  // TokenEvent::cached_prompt_tokens
+  bool operator==(const Output& o) const;
+};
+// Request `id`'s output among the collected events.
+Output Collect(const EventCollector& ev, RequestId id);
+// Runs one request to its end on `e` (stepped here).
+Output Generate(Engine* e, const std::vector<int32_t>& prompt, const SamplingParams& p);
 
 }  // namespace pdserve::engine::testing

@@ -30,7 +30,8 @@ std::optional<CachedBlockId> PrefixCache::Find(uint64_t hash, CachedBlockId pare
 }
 
 std::optional<CachedBlockId> PrefixCache::Register(int32_t block, uint64_t hash, CachedBlockId parent,
-                                                   std::span<const int32_t> tokens, int32_t* dropped) {
+                                                   std::span<const int32_t> tokens, int32_t* dropped,
+                                                   uint64_t tier_uid) {
   *dropped = -1;
   Entry& e = entries_[static_cast<size_t>(block)];
   PDSERVE_CHECK(!e.registered, "registering a block twice");
@@ -45,6 +46,7 @@ std::optional<CachedBlockId> PrefixCache::Register(int32_t block, uint64_t hash,
   e.registered = true;
   e.hash = hash;
   e.generation = next_generation_++;
+  e.tier_uid = tier_uid;
   e.parent = parent;
   e.tokens.assign(tokens.begin(), tokens.end());
   index_[hash] = block;
@@ -91,6 +93,7 @@ void PrefixCache::Unregister(int32_t block) {
   index_.erase(e.hash);
   events_.Removed(e.hash);
   e.registered = false;
+  e.tier_uid = 0;
   e.tokens.clear();
   e.tokens.shrink_to_fit();
 }

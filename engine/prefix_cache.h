@@ -55,8 +55,10 @@ class PrefixCache {
   //   * a stale entry holds it: that entry is unregistered (its block in *dropped, -1 if none;
   //     the caller frees it if it was parked) and `block` takes the name;
   //   * a live, different entry holds it (a 64-bit collision): nullopt, nothing changes.
+  // `tier_uid`: the block's identity in the disk tier (DiskTier), when it was read back from
+  // there; 0 otherwise.
   std::optional<CachedBlockId> Register(int32_t block, uint64_t hash, CachedBlockId parent,
-                                        std::span<const int32_t> tokens, int32_t* dropped);
+                                        std::span<const int32_t> tokens, int32_t* dropped, uint64_t tier_uid = 0);
 
   bool registered(int32_t block) const { return entries_[static_cast<size_t>(block)].registered; }
   CachedBlockId id(int32_t block) const { return {block, entries_[static_cast<size_t>(block)].generation}; }
@@ -66,10 +68,23 @@ class PrefixCache {
   void Park(int32_t block);
   // REQUIRES: parked.
   void Unpark(int32_t block);
+  // The least recently parked entry's block (-1 when none is parked): EvictOldest's next victim.
+  int32_t Oldest() const { return lru_head_; }
   // Unregisters the least recently parked entry and returns its block (-1 when none is parked).
   int32_t EvictOldest();
   // REQUIRES: registered and not parked. Unregisters it (it stays the caller's block).
   void Unregister(int32_t block);
+
+  // A registered entry's name, parent and tokens, and whether its parent is gone (a stale
+  // entry: nothing can reach it). REQUIRES: registered.
+  uint64_t hash(int32_t block) const { return entries_[static_cast<size_t>(block)].hash; }
+  CachedBlockId parent(int32_t block) const { return entries_[static_cast<size_t>(block)].parent; }
+  std::span<const int32_t> tokens(int32_t block) const { return entries_[static_cast<size_t>(block)].tokens; }
+  bool stale(int32_t block) const { return Stale(entries_[static_cast<size_t>(block)]); }
+  // The entry's uid in the disk tier (DiskTier, "Identity"; 0: none yet). Cleared when the entry
+  // is unregistered. REQUIRES: registered.
+  uint64_t tier_uid(int32_t block) const { return entries_[static_cast<size_t>(block)].tier_uid; }
+  void set_tier_uid(int32_t block, uint64_t uid) { entries_[static_cast<size_t>(block)].tier_uid = uid; }
 
   // The events since the last call: the net changes, or (reset) the hash of every registered
   // entry when `full` or when the log overflowed (kv_event_log.h).
@@ -86,6 +101,7 @@ class PrefixCache {
     bool parked = false;
     uint64_t hash = 0;
     uint64_t generation = 0;
+    uint64_t tier_uid = 0;
     CachedBlockId parent;
     std::vector<int32_t> tokens;
     int32_t prev = -1, next = -1;  // LRU links while parked

@@ -80,7 +80,9 @@ int64_t Scheduler::MapCachedPrefix(Request* r) {
   if (max_blocks * B < prefix_.first_chunk_tokens) return 0;
   ExtendChain(prefix_.ns, r->tokens, B, max_blocks, &r->block_hashes);
   std::vector<CachedBlockId> hit;
-  int64_t m = pool_->MatchPrefix(PrefixCache::Root(prefix_.ns), r->block_hashes, r->tokens, max_blocks, &hit);
+  const int64_t min_blocks = (prefix_.first_chunk_tokens + B - 1) / B;
+  int64_t m =
+      pool_->MatchPrefix(PrefixCache::Root(prefix_.ns), r->block_hashes, r->tokens, max_blocks, &hit, min_blocks);
   if (m * B < prefix_.first_chunk_tokens) m = 0;  // the first chunk whole, or nothing
   std::vector<int32_t> ids;
   ids.reserve(hit.size());

@@ -50,6 +50,11 @@ Status EngineHost::Init(const WorkerHooks& hooks) {
   // config but other weights must not pair (model/fingerprint.h), nor share cached KV.
   PDSERVE_ASSIGN_OR_RETURN(const uint64_t fingerprint, model::WeightsFingerprint(config_.model_dir));
   eo.prefix_cache = config_.prefix_cache;
+  // One tier per engine: workers started with the same flags get their own directories.
+  if (!config_.prefix_cache_disk_dir.empty()) {
+    eo.prefix_cache_disk_dir = config_.prefix_cache_disk_dir + "/" + config_.worker_id;
+    eo.prefix_cache_disk_bytes = static_cast<int64_t>(config_.prefix_cache_disk_gib * (1ull << 30));
+  }
   eo.model_identity = CompatibilityHash(config_json, fingerprint, config_.model_name, KvLayout{});
   eo.layer_fault_hook = hooks.layer_fault;
   if (config_.role != WorkerRole::kColocated) {
@@ -152,7 +157,10 @@ WorkerLoad EngineHost::Load(uint32_t quarantined_blocks) {
   load.kv_blocks_total = static_cast<uint32_t>(s.blocks_total);
   if (metrics_)
     metrics_->Refresh({s.steps, s.preemptions, s.blocks_held, s.awaiting_kv, quarantined_blocks, s.prefix_lookup_tokens,
-                       s.prefix_hit_tokens, s.prefix_computed_tokens, s.prefix_cached_blocks, s.prefix_evictions});
+                       s.prefix_hit_tokens, s.prefix_computed_tokens, s.prefix_cached_blocks, s.prefix_evictions,
+                       s.prefix_tier_blocks, s.prefix_tier_bytes, s.prefix_tier_stored_blocks,
+                       s.prefix_tier_stored_bytes, s.prefix_tier_restored_tokens, s.prefix_tier_evictions,
+                       s.prefix_tier_corrupt_files});
   return load;
 }
 

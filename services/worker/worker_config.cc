@@ -18,7 +18,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
                                        "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
                                        "log_level", "curve_secret_key_file", "router_public_key_file", "plan",
                                        "step_stall_timeout_ms", "tokenizer_dir", "prefix_cache", "network",
-                                       "advertise_host"}));
+                                       "advertise_host", "prefix_cache_disk_dir", "prefix_cache_disk_gib"}));
   int64_t threads = c->threads, port = c->metrics_port;
   std::string plan;
   PDSERVE_RETURN_IF_ERROR(w.Get("plan", &plan));
@@ -49,6 +49,8 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("step_stall_timeout_ms", &c->step_stall_timeout));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_stream_layers", &c->kv_stream_layers));
   PDSERVE_RETURN_IF_ERROR(w.Get("prefix_cache", &c->prefix_cache));
+  PDSERVE_RETURN_IF_ERROR(w.Get("prefix_cache_disk_dir", &c->prefix_cache_disk_dir));
+  PDSERVE_RETURN_IF_ERROR(w.Get("prefix_cache_disk_gib", &c->prefix_cache_disk_gib));
   PDSERVE_RETURN_IF_ERROR(w.Get("log_level", &c->log_level));
   PDSERVE_RETURN_IF_ERROR(w.Get("curve_secret_key_file", &c->curve_secret_key_file));
   PDSERVE_RETURN_IF_ERROR(w.Get("router_public_key_file", &c->router_public_key_file));
@@ -87,6 +89,9 @@ const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role) {
       {"kv-transfer-timeout-ms", "N", "deadline of one KV transfer"},
       {"kv-stream-layers", "BOOL", "prefill: send each layer's KV as soon as it is computed (default true)"},
       {"prefix-cache", "BOOL", "reuse cached KV of earlier prompts with the same prefix (default true)"},
+      {"prefix-cache-disk-dir", "DIR", "spill evicted cached KV blocks to files under DIR/<worker-id> and restore "
+                                       "them on a hit (default: off)"},
+      {"prefix-cache-disk-gib", "X", "bound on the disk tier's files in GiB (default 4)"},
       {"log-level", "L", "trace | debug | info | warn | error | critical | off"},
       {"curve-secret-key-file", "F", "this worker's CURVE secret key (with --router-public-key-file)"},
       {"router-public-key-file", "F", "the router's CURVE public key"},
@@ -151,6 +156,10 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
   c.step_stall_timeout = std::chrono::milliseconds(stall);
   PDSERVE_ASSIGN_OR_RETURN(c.kv_stream_layers, cl.GetBool("kv-stream-layers", c.kv_stream_layers));
   PDSERVE_ASSIGN_OR_RETURN(c.prefix_cache, cl.GetBool("prefix-cache", c.prefix_cache));
+  c.prefix_cache_disk_dir = cl.GetOr("prefix-cache-disk-dir", c.prefix_cache_disk_dir);
+  PDSERVE_ASSIGN_OR_RETURN(c.prefix_cache_disk_gib, cl.GetDouble("prefix-cache-disk-gib", c.prefix_cache_disk_gib));
+  if (!(c.prefix_cache_disk_gib > 0))
+    return Status::InvalidArgument("--prefix-cache-disk-gib (worker.prefix_cache_disk_gib) must be > 0");
   c.threads = static_cast<int>(threads);
   c.metrics_port = static_cast<int>(port);
   c.drain_timeout = std::chrono::milliseconds(drain);

@@ -62,6 +62,11 @@ struct WorkerServiceConfig {
   // Keep finished requests' full KV blocks and reuse them for prompts with the same prefix
   // (docs/prefix-cache.md).
   bool prefix_cache = true;
+  // The prefix cache's disk tier (docs/prefix-cache.md "Disk tier"): evicted cached blocks go to
+  // files under <prefix_cache_disk_dir>/<worker_id> and come back on a hit, up to
+  // prefix_cache_disk_gib of files. Empty: off. Off too for multi-rank instances.
+  std::string prefix_cache_disk_dir;
+  double prefix_cache_disk_gib = 4.0;
   std::string log_level;
   // A multi-rank instance (docs/services.md "Multi-rank workers"): "cp=1,dp=2,ep=2,tp=1" (keys
   // optional, default 1); the process must then run under mpirun with cp * dp * tp ranks.

@@ -462,5 +462,51 @@ TEST(WorkerE2eTest, ChoicesOfOneRequestComputeThePromptOnce) {
   }
 }
 
+// The prefix cache's disk tier in a worker process: with a pool of about 21 blocks of 64,
+// filler prompts push a first turn's cached blocks out of memory into the tier
+// (--prefix-cache-disk-dir); the second turn reads them back, its reply still equals the cold
+// single-process engine's, and the tier's metrics count the blocks stored and restored.
+TEST(WorkerE2eTest, PrefixCacheDiskTierRestoresAnEvictedTurn) {
+  TestCluster c("worker-prefix-disk");
+  ASSERT_OK_W(c.StartRouter(), Workers(&c));
+  Workers w(&c);
+  const std::string tier = c.dir() + "/kv-tier";
+  ASSERT_OK_W(w.Start("c0", "colocated", {"--kv-gib", "0.0015", "--prefix-cache-disk-dir", tier}), w);
+  ASSERT_TRUE(c.WaitForWorkers(1, 30s)) << w.Logs();
+  EXPECT_TRUE(std::filesystem::exists(tier + "/c0/LOCK"));  // the worker's own directory
+  constexpr int kMax = 5;
+  // The reply (checked against the reference) and the prompt tokens the cache supplied.
+  auto run = [&](const std::vector<int32_t>& prompt) {
+    auto r = HttpPost(c.http_port(), "/v1/completions", Body(prompt, kMax, false), 120s);
+    EXPECT_EQ(r.status, 200) << r.body << w.Logs();
+    if (r.status != 200) return -1;
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, kMax)));
+    return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  const std::vector<int32_t> turn1 = LongPrompt(21, 600);
+  std::vector<int32_t> turn2 = turn1;
+  const std::vector<int32_t> more = LongPrompt(22, 90);
+  turn2.insert(turn2.end(), more.begin(), more.end());
+  EXPECT_EQ(run(turn1), 0);
+  // Three fillers of 10 blocks each: turn 1's idle blocks are the oldest, evicted first.
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(run(LongPrompt(30 + k, 600)), 0) << k;
+  EXPECT_TRUE(WaitFor(
+      [&] { return MetricValue(w.Metrics("c0"), "pdserve_prefix_cache_tier_stored_blocks_total") >= 9; }, 10s, 100ms))
+      << w.Metrics("c0");
+  // Turn 1's 9 full blocks come back from disk (nothing of them is left in the pool).
+  EXPECT_EQ(run(turn2), 576);
+  EXPECT_TRUE(WaitFor(
+      [&] { return MetricValue(w.Metrics("c0"), "pdserve_prefix_cache_tier_restored_tokens_total") == 576; }, 10s,
+      100ms))
+      << w.Metrics("c0");
+  const std::string m = w.Metrics("c0");
+  EXPECT_EQ(MetricValue(m, "pdserve_prefix_cache_tier_corrupt_files_total"), 0) << m;
+  EXPECT_GT(MetricValue(m, "pdserve_prefix_cache_tier_blocks"), 0) << m;
+  EXPECT_EQ(PromtoolProblems(m), "");
+  EXPECT_TRUE(w.NoBlocksUsed("c0", 5s));
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
 }  // namespace
 }  // namespace pdserve::services::worker

@@ -1,8 +1,15 @@
 // The engine-backed worker in-process: the identity each DP rank of a multi-rank instance
 // registers with (ForDpRank), jobs placed on another DP rank refused with a clear error, and a
 // job's output constraint compiled over the model's vocabulary (or refused with the reason)
-// (colocated workers over tiny models; no router needed to call the handler).
+// (colocated workers over tiny models; no router needed to call the handler), and the prefix
+// cache's disk tier keys reaching the engine and its metrics.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <prometheus/registry.h>
 
 #include "model/tools/make_model.h"
 #include "model/test_util.h"
@@ -137,6 +144,57 @@ TEST(WorkerServiceTest, ConstrainedJobsAreCompiledOrRefused) {
       EXPECT_NE(s.message().find("model vocabulary 1024 is smaller than the tokenizer's"), std::string::npos)
           << s.ToString();
     }
+  }
+}
+
+// The disk tier's yaml keys and flags reach the engine: a tier in <dir>/<worker id>, its
+// metrics registered; a bound that is not positive is refused.
+TEST(WorkerServiceTest, PrefixCacheDiskTierKeysReachTheEngine) {
+  model::testing::TempDir dir("worker_tier");
+  model::MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = 3;
+  o.out_dir = dir / "model";
+  ASSERT_TRUE(model::MakeModel(o).ok());
+  const std::string yaml = dir / "worker.yaml";
+  std::ofstream(yaml) << "worker:\n  prefix_cache_disk_dir: " << (dir / "from-yaml") << "\n  prefix_cache_disk_gib: 2\n";
+  const CommandSpec& spec = WorkerCommandSpec(WorkerRole::kColocated);
+  auto parse = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--router", "tcp://127.0.0.1:1", "--model", o.out_dir, "--threads", "1",
+                                     "--kv-gib", "0.0625", "--worker-id", "c7"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto cl = CommandLine::Parse(args, spec);
+    EXPECT_TRUE(cl.ok()) << cl.status().ToString();
+    return WorkerConfigFromCommandLine(*cl, WorkerRole::kColocated);
+  };
+  auto from_yaml = parse({"--config", yaml});
+  ASSERT_TRUE(from_yaml.ok()) << from_yaml.status().ToString();
+  EXPECT_EQ(from_yaml->prefix_cache_disk_dir, dir / "from-yaml");
+  EXPECT_EQ(from_yaml->prefix_cache_disk_gib, 2.0);
+  auto c = parse({"--config", yaml, "--prefix-cache-disk-dir", dir / "tiers", "--prefix-cache-disk-gib", "0.5"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->prefix_cache_disk_dir, dir / "tiers");
+  EXPECT_EQ(c->prefix_cache_disk_gib, 0.5);
+  EXPECT_EQ(parse({"--prefix-cache-disk-gib", "0"}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(parse({}).ok());
+  EXPECT_TRUE(parse({}).value().prefix_cache_disk_dir.empty());  // off by default
+
+  int argc = 0;
+  char** argv = nullptr;
+  auto instance = ModelInstance::Load(*c, &argc, &argv);
+  ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto worker = EngineWorker::Create(*c, registry, instance->get());
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+  EXPECT_TRUE(std::filesystem::exists(dir / "tiers/c7/LOCK"));
+  (*worker)->CurrentLoad();  // refreshes the engine metrics
+  std::vector<std::string> names;
+  for (const auto& family : registry->Collect()) names.push_back(family.name);
+  for (const char* name : {"pdserve_prefix_cache_tier_blocks", "pdserve_prefix_cache_tier_bytes",
+                           "pdserve_prefix_cache_tier_stored_blocks_total", "pdserve_prefix_cache_tier_stored_bytes_total",
+                           "pdserve_prefix_cache_tier_restored_tokens_total", "pdserve_prefix_cache_tier_evictions_total",
+                           "pdserve_prefix_cache_tier_corrupt_files_total"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   }
 }
 

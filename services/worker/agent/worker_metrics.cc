@@ -159,7 +159,49 @@ EngineWorkerMetrics::EngineWorkerMetrics(prometheus::Registry& registry, WorkerR
                            .Help("Cached KV blocks evicted to make room")
                            .Labels(Constant(role, worker_id))
                            .Register(registry)
-                           .Add({})) {}
+                           .Add({})),
+      tier_blocks(prometheus::BuildGauge()
+                  .Name("pdserve_prefix_cache_tier_blocks")
+                  .Help("KV block files held by the prefix cache disk tier")
+                  .Labels(Constant(role, worker_id))
+                  .Register(registry)
+                  .Add({})),
+      tier_bytes(prometheus::BuildGauge()
+                  .Name("pdserve_prefix_cache_tier_bytes")
+                  .Help("Bytes of the prefix cache disk tier files")
+                  .Labels(Constant(role, worker_id))
+                  .Register(registry)
+                  .Add({})),
+      tier_stored_blocks(prometheus::BuildCounter()
+                  .Name("pdserve_prefix_cache_tier_stored_blocks_total")
+                  .Help("Evicted cached KV blocks written to the disk tier")
+                  .Labels(Constant(role, worker_id))
+                  .Register(registry)
+                  .Add({})),
+      tier_stored_bytes(prometheus::BuildCounter()
+                  .Name("pdserve_prefix_cache_tier_stored_bytes_total")
+                  .Help("Bytes written to the prefix cache disk tier")
+                  .Labels(Constant(role, worker_id))
+                  .Register(registry)
+                  .Add({})),
+      tier_restored_tokens(prometheus::BuildCounter()
+                  .Name("pdserve_prefix_cache_tier_restored_tokens_total")
+                  .Help("Tokens of cached KV blocks read back from the disk tier")
+                  .Labels(Constant(role, worker_id))
+                  .Register(registry)
+                  .Add({})),
+      tier_evictions(prometheus::BuildCounter()
+                  .Name("pdserve_prefix_cache_tier_evictions_total")
+                  .Help("Disk tier files deleted to stay within its bound")
+                  .Labels(Constant(role, worker_id))
+                  .Register(registry)
+                  .Add({})),
+      tier_corrupt_files(prometheus::BuildCounter()
+                  .Name("pdserve_prefix_cache_tier_corrupt_files_total")
+                  .Help("Damaged disk tier files found and deleted (their KV recomputed)")
+                  .Labels(Constant(role, worker_id))
+                  .Register(registry)
+                  .Add({})) {}
 
 void EngineWorkerMetrics::Refresh(const EngineLoadSnapshot& s) {
   auto advance = [](prometheus::Counter& c, int64_t now, int64_t last) {
@@ -171,8 +213,15 @@ void EngineWorkerMetrics::Refresh(const EngineLoadSnapshot& s) {
   advance(prefix_hit_tokens, s.prefix_hit_tokens, last_.prefix_hit_tokens);
   advance(prefix_computed_tokens, s.prefix_computed_tokens, last_.prefix_computed_tokens);
   advance(prefix_evictions, s.prefix_evictions, last_.prefix_evictions);
+  advance(tier_stored_blocks, s.tier_stored_blocks, last_.tier_stored_blocks);
+  advance(tier_stored_bytes, s.tier_stored_bytes, last_.tier_stored_bytes);
+  advance(tier_restored_tokens, s.tier_restored_tokens, last_.tier_restored_tokens);
+  advance(tier_evictions, s.tier_evictions, last_.tier_evictions);
+  advance(tier_corrupt_files, s.tier_corrupt_files, last_.tier_corrupt_files);
   last_ = s;
   prefix_cached_blocks.Set(static_cast<double>(s.prefix_cached_blocks));
+  tier_blocks.Set(static_cast<double>(s.tier_blocks));
+  tier_bytes.Set(static_cast<double>(s.tier_bytes));
   held_blocks.Set(static_cast<double>(s.blocks_held));
   awaiting_kv.Set(static_cast<double>(s.awaiting_kv));
   quarantined_blocks.Set(s.quarantined_blocks);

@@ -47,6 +47,13 @@
 //   pdserve_prefix_cache_blocks                  KV blocks registered in the cache (in use or idle)
 //   pdserve_prefix_cache_evictions_total         cached blocks evicted to make room
 //                                                (docs/prefix-cache.md)
+//   pdserve_prefix_cache_tier_blocks             disk tier: block files held
+//   pdserve_prefix_cache_tier_bytes              ... and their bytes
+//   pdserve_prefix_cache_tier_stored_blocks_total  ... blocks written (evicted blocks kept)
+//   pdserve_prefix_cache_tier_stored_bytes_total   ... bytes written
+//   pdserve_prefix_cache_tier_restored_tokens_total  ... tokens of blocks read back on a hit
+//   pdserve_prefix_cache_tier_evictions_total    ... files its LRU deleted to stay in bounds
+//   pdserve_prefix_cache_tier_corrupt_files_total  ... damaged files found and deleted
 //
 // Thread-safety: prometheus-cpp metrics are thread-safe; EngineWorkerMetrics::Refresh is
 // called by one thread at a time (the agent's heartbeat).
@@ -112,6 +119,8 @@ struct EngineLoadSnapshot {
   uint32_t quarantined_blocks = 0;
   int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0, prefix_computed_tokens = 0;
   int64_t prefix_cached_blocks = 0, prefix_evictions = 0;
+  int64_t tier_blocks = 0, tier_bytes = 0, tier_stored_blocks = 0, tier_stored_bytes = 0;
+  int64_t tier_restored_tokens = 0, tier_evictions = 0, tier_corrupt_files = 0;
 };
 
 class EngineWorkerMetrics {
@@ -135,6 +144,13 @@ class EngineWorkerMetrics {
   prometheus::Counter& prefix_computed_tokens;
   prometheus::Gauge& prefix_cached_blocks;
   prometheus::Counter& prefix_evictions;
+  prometheus::Gauge& tier_blocks;
+  prometheus::Gauge& tier_bytes;
+  prometheus::Counter& tier_stored_blocks;
+  prometheus::Counter& tier_stored_bytes;
+  prometheus::Counter& tier_restored_tokens;
+  prometheus::Counter& tier_evictions;
+  prometheus::Counter& tier_corrupt_files;
 
   // Counters advance by the growth of the engine's cumulative figures since the last call.
   void Refresh(const EngineLoadSnapshot& snapshot);
