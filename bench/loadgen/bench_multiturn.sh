@@ -7,17 +7,22 @@
 # it by the token ids the router returned. Reports TTFT per turn, the cached / reusable prompt
 # tokens and goodput, cache on vs off, and the TTFT ratio per turn.
 #
-#   bench/loadgen/bench_multiturn.sh [build-dir] [cache|routing|all]
+#   bench/loadgen/bench_multiturn.sh [build-dir] [cache|routing|decode-local|all]
 #
 # cache (default): writes bench/results/multiturn_{cache_on,cache_off}.{json,md} and
 #   multiturn.md.
-# routing: two prefill workers + one decode worker, the cache on, the router's prefill policy
-#   kv_aware vs least_outstanding_tokens (the default): multiturn_routing_<policy>.{json,md} and
-#   multiturn_routing.md (TTFT p50 / p99 per turn, cached / reusable).
+# routing: two prefill workers + one decode worker, the cache on, decode-side hits off, the
+#   router's prefill policy kv_aware (the default) vs least_outstanding_tokens:
+#   multiturn_routing_<policy>.{json,md} and multiturn_routing.md (TTFT p50 / p99 per turn,
+#   cached / reusable).
+# decode-local: P/D 1+1, the cache on, decode-side hits (routing.decode_local_prefill_tokens
+#   256, the default) vs off (0): multiturn_decode_local_{on,off}.{json,md} and
+#   multiturn_decode_local.md.
 # Knobs
 # (environment): MODEL_PRESET (small), CONVERSATIONS (4), TURNS (4), SYSTEM_LEN (2048),
 # USER_LEN (64), REPLY_LEN (32), RATE (conversations/s, 0.2), CONCURRENCY (conversations in
-# flight, 2), SLO_TTFT_MS (2000), SLO_TPOT_MS (200). A benchmark: run it on a quiet machine.
+# flight, 2), SLO_TTFT_MS (2000), SLO_TPOT_MS (200), DECODE_LOCAL (the cache runs' bound, 256).
+# A benchmark: run it on a quiet machine.
 set -uo pipefail
 build_dir=${1:-build}
 what=${2:-cache}
@@ -48,10 +53,11 @@ if [ ! -f "$model/config.json" ]; then
     { tail -5 "$run_dir/make-model.log"; exit 1; }
 fi
 
-# start_cluster NAME PREFIX_CACHE [PREFILL_WORKERS PREFILL_POLICY]: writes the topology and waits
-# for pdserve-launch's ready file.
+# start_cluster NAME PREFIX_CACHE [PREFILL_WORKERS PREFILL_POLICY DECODE_LOCAL]: writes the
+# topology and waits for pdserve-launch's ready file.
 start_cluster() {
-  local name=$1 cache=$2 prefills=${3:-1} policy=${4:-least_outstanding_tokens} ready=$run_dir/$1.ready
+  local name=$1 cache=$2 prefills=${3:-1} policy=${4:-kv_aware} local_tokens=${5:-${DECODE_LOCAL:-256}}
+  local ready=$run_dir/$1.ready
   local args="[\"--threads\", \"1\", \"--kv-gib\", \"2\", \"--prefix-cache\", \"$cache\"]"
   local env='{UCX_TLS: tcp, UCX_NET_DEVICES: lo, PDSERVE_NUM_THREADS: "1"}'
   cat >"$run_dir/$name.yaml" <<YAML
@@ -69,7 +75,7 @@ router:
   model_name: pdserve-bench
   request_timeout_ms: 1800000
   first_token_timeout_ms: 1800000
-  routing: {mode: disaggregated, prefill_policy: $policy}
+  routing: {mode: disaggregated, prefill_policy: $policy, decode_local_prefill_tokens: $local_tokens}
 workers:
   - {name: prefill, role: prefill, type: engine, count: $prefills, args: $args, env: $env}
   - {name: decode, role: decode, type: engine, args: $args, env: $env}
@@ -102,7 +108,7 @@ run_loadgen() {
 if [ "$what" = routing ] || [ "$what" = all ]; then
   for policy in kv_aware least_outstanding_tokens; do
     echo "== multiturn, 2 prefill workers, prefill policy $policy (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-    start_cluster "routing_$policy" true 2 "$policy" || { status=1; continue; }
+    start_cluster "routing_$policy" true 2 "$policy" 0 || { status=1; continue; }
     run_loadgen "routing_$policy" "multiturn_routing_$policy" "P/D 2+1, prefix cache on, prefill policy $policy"
     stop_cluster
   done
@@ -136,6 +142,46 @@ print("\n".join(lines))
 PY
 fi
 [ "$what" = routing ] && exit $status
+
+if [ "$what" = decode-local ] || [ "$what" = all ]; then
+  for mode in on off; do
+    echo "== multiturn, P/D 1+1, cache on, decode-side hits $mode (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    start_cluster "decode_local_$mode" true 1 kv_aware "$([ $mode = on ] && echo 256 || echo 0)" || { status=1; continue; }
+    run_loadgen "decode_local_$mode" "multiturn_decode_local_$mode" "P/D 1+1, prefix cache on, decode-side hits $mode"
+    stop_cluster
+  done
+  /usr/bin/python3 - "$results" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' || status=1
+import json, os, sys
+results, load = sys.argv[1], sys.argv[2]
+runs = {m: json.load(open(os.path.join(results, "multiturn_decode_local_%s.json" % m))) for m in ("on", "off")}
+on, off = runs["on"]["runs"][0], runs["off"]["runs"][0]
+turns = sorted(on["by_kind"], key=lambda k: int(k.split("-")[1]))
+ds = runs["on"]["dataset"]
+lines = ["# Multi-turn chat, P/D 1+1, prefix cache on: decode-side hits on vs off", "",
+         "%d conversations x %d turns, system prompt %d tokens, user messages %d, replies %d; commit %s; %s." % (
+             ds["conversations"], ds["turns"], ds["system_len"], ds["user_len"], ds["output_len"],
+             runs["on"]["commit"], runs["on"]["label"]), "",
+         "| turn | TTFT p50 off / on ms | off / on | TTFT p99 off / on ms | cached / reusable off / on |",
+         "|---|---|---|---|---|"]
+def hit(s):
+    h = s["prefix_cache"]["hit_rate_of_ideal"]
+    return "%.0f%%" % (100 * h) if h >= 0 else "-"
+for t in turns + ["all"]:
+    a = on["by_kind"][t] if t != "all" else on["all"]
+    b = off["by_kind"][t] if t != "all" else off["all"]
+    lines.append("| %s | %.0f / %.0f | %.1fx | %.0f / %.0f | %s / %s |" % (
+        t, b["ttft"]["p50_ms"], a["ttft"]["p50_ms"], b["ttft"]["p50_ms"] / max(a["ttft"]["p50_ms"], 1e-9),
+        b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit(b), hit(a)))
+lines += ["", "Goodput (req/s within the SLO): off %.3f, on %.3f. Load average after the runs: %s." % (
+    off["all"]["goodput_rps"], on["all"]["goodput_rps"], load)]
+open(os.path.join(results, "multiturn_decode_local.md"), "w").write("
+".join(lines) + "
+")
+print("
+".join(lines))
+PY
+fi
+[ "$what" = decode-local ] && exit $status
 
 for cache in on off; do
   name=cache_$cache
