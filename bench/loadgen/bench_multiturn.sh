@@ -174,11 +174,8 @@ for t in turns + ["all"]:
         b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit(b), hit(a)))
 lines += ["", "Goodput (req/s within the SLO): off %.3f, on %.3f. Load average after the runs: %s." % (
     off["all"]["goodput_rps"], on["all"]["goodput_rps"], load)]
-open(os.path.join(results, "multiturn_decode_local.md"), "w").write("
-".join(lines) + "
-")
-print("
-".join(lines))
+open(os.path.join(results, "multiturn_decode_local.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
 PY
 fi
 [ "$what" = decode-local ] && exit $status

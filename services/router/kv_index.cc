@@ -25,7 +25,10 @@ Status KvIndex::Apply(uint64_t worker, uint64_t ns, int64_t max_blocks, const se
   w.ns = ns;
   w.block_tokens = events.block_tokens;
   w.first_chunk_tokens = events.first_chunk_tokens;
-  for (uint64_t h : events.removed) w.hashes.erase(h);
+  for (uint64_t h : events.removed) {
+    w.hashes.erase(h);
+    w.pending.erase(h);  // the worker's word is newer than the dispatch
+  }
   for (uint64_t h : events.stored) {
     w.hashes.insert(h);
     w.pending.erase(h);  // reported: no longer a guess

@@ -144,6 +144,14 @@ TEST(KvIndexTest, DispatchedPromptsArePendingUntilReportedOrExpired) {
   PromptChains short_chains(short_prompt);
   index.NoteDispatched(1, &short_chains, later);
   EXPECT_EQ(index.PendingBlocks(1, later), 0);
+  // A removal reported after the dispatch ends a pending name too.
+  PromptChains p_chains(p);
+  index.NoteDispatched(1, &p_chains, later);
+  EXPECT_EQ(index.PendingBlocks(1, later), 2);  // blocks 4 and 5 (0..3 are held)
+  ASSERT_TRUE(index.Apply(1, kNs, 100, KvEventsMsg{false, kB, kC, {}, Names(p, 5, 6)}).ok());
+  EXPECT_EQ(index.PendingBlocks(1, later), 1);
+  EXPECT_EQ(index.PredictHitTokens(1, &p_chains, later), 80);
+  ASSERT_TRUE(index.Apply(1, kNs, 100, KvEventsMsg{false, kB, kC, {}, Names(p, 4, 5)}).ok());
   // A reset keeps pending names (the reported set was replaced, the dispatch still happened);
   // forgetting the worker drops them.
   PromptChains q_chains(q);

@@ -178,22 +178,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   const PredictHitFn predict = [&](const WorkerEntry& w) {
     return kv_index_.PredictHitTokens(w.registration, &chains);
   };
-  // Decode-side hits: the decode worker that would compute the fewest tokens of this prompt,
-  // if its cache holds all but a few of them, runs the whole request itself.
-  bool decode_local = false;
-  if (disaggregated && options_.decode_local_prefill_tokens > 0) {
-    auto local = registry_.Choose(WorkerRole::kDecode, RoutingPolicy::kKvAware, prompt_tokens, max_tokens,
-                                  options_.default_max_tokens, true, &cursor_decode_, prefer_output, predict);
-    if (local.ok() && local->predicted_hit_tokens > 0 &&
-        int64_t{prompt_tokens} - local->predicted_hit_tokens <= int64_t{options_.decode_local_prefill_tokens} &&
-        local->worker->kv_free_estimate >= local->blocks) {
-      out = *local;
-      decode_local = true;
-    }
-  }
-  if (decode_local) {
-    // The job below is a colocated one, sent to that decode worker.
-  } else if (disaggregated) {
+  if (disaggregated) {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kDecode, options_.decode_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true, &cursor_decode_,
                                                    prefer_output));
@@ -204,6 +189,20 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kColocated, options_.colocated_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true,
                                                    &cursor_colocated_, prefer_output, predict));
+  }
+  // Decode-side hits: a decode worker whose cache holds more of the prompt than the chosen
+  // prefill worker's, and all of it but a few tokens, runs the whole request itself. With equal
+  // hits the prefill worker computes the rest: the same work, without stalling a decode batch.
+  bool decode_local = false;
+  if (disaggregated && options_.decode_local_prefill_tokens > 0) {
+    auto local = registry_.Choose(WorkerRole::kDecode, RoutingPolicy::kKvAware, prompt_tokens, max_tokens,
+                                  options_.default_max_tokens, true, &cursor_decode_, prefer_output, predict);
+    if (local.ok() && local->predicted_hit_tokens > prefill.predicted_hit_tokens &&
+        int64_t{prompt_tokens} - local->predicted_hit_tokens <= int64_t{options_.decode_local_prefill_tokens} &&
+        local->worker->kv_free_estimate >= local->blocks) {
+      out = *local;
+      decode_local = true;
+    }
   }
   // Two workers (prefill, then decode) or one that computes the prompt and decodes: a colocated
   // worker, or a decode worker with a decode-side hit.

@@ -959,9 +959,10 @@ TEST_F(RouterCoreTest, KvAwareSeesDispatchedPrefixesAndChargesOnlyUncachedTokens
   ExpectIdle();
 }
 
-// Decode-side hits (docs/router.md): a decode worker whose cache holds all but at most
-// decode_local_prefill_tokens of the prompt gets the request as a colocated job (no prefill
-// worker); a longer rest, or the feature off, keeps the prefill worker.
+// Decode-side hits (docs/router.md): a decode worker whose cache holds more of the prompt than
+// the prefill worker's, and all but at most decode_local_prefill_tokens of it, gets the request
+// as a colocated job (no prefill worker); a longer rest, an equal hit on the prefill worker, or
+// the feature off, keeps the prefill worker.
 TEST_F(RouterCoreTest, DecodeSideHitRunsTheRequestOnTheDecodeWorker) {
   RouterCoreOptions o = TestOptions();
   o.decode_local_prefill_tokens = 30;
@@ -1000,6 +1001,18 @@ TEST_F(RouterCoreTest, DecodeSideHitRunsTheRequestOnTheDecodeWorker) {
     EXPECT_EQ(Events(*req).size(), 2u);
     EXPECT_EQ(metrics_.prefix_actual_hit_tokens.Value(), 70);
   }
+  // The prefill worker holds as much as d now does (d's hit is 90 tokens: the first request's
+  // blocks are pending there): it computes the rest (no decode batch stalls for it).
+  From("p", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 9}, {}});
+  {
+    auto req = submit();
+    ToPrefilling("d", "p");
+    core_->Cancel(req->id(), "enough");
+    Aborts("d");
+    Aborts("p");
+  }
+  EXPECT_EQ(metrics_.decode_local_prefills.Value(), 1);
+  From("p", services::KvEventsMsg{true, kB, kC, {}, {}});
   // d lost two blocks: 50 tokens left, past the bound: prefill worker, then d decodes.
   From("d", services::KvEventsMsg{false, kB, kC, {}, {names.begin() + 5, names.begin() + 9}});
   {

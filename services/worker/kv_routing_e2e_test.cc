@@ -130,10 +130,11 @@ TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyAReco
 }
 
 // Decode-side hits (docs/router.md): in a conversation the decode worker that produced turn 1
-// holds its prompt (imported) in its prefix cache. Turn 2 (turn 1's prompt + reply + a short
-// message) runs there alone: no prefill job, the prefix mapped (cached_tokens), the reply equal
-// to the single-process reference. A turn whose new part is longer than the bound goes through
-// the prefill worker again. No block leaks.
+// holds its prompt (imported) and the reply it decoded in its prefix cache, a block more than
+// the prefill worker (turn 1 is 636 tokens: the reply fills block 9). Turn 2 (turn 1's prompt +
+// reply + a short message) runs there alone: no prefill job, 640 tokens mapped (cached_tokens),
+// the reply equal to the single-process reference. A turn whose new part is longer than the
+// bound goes through the prefill worker again. No block leaks.
 TEST(KvRoutingE2eTest, DecodeSideHitsRunShortTurnsOnTheDecodeWorker) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("worker-decodehit");
@@ -156,18 +157,21 @@ TEST(KvRoutingE2eTest, DecodeSideHitsRunShortTurnsOnTheDecodeWorker) {
   };
   const std::string local = "pdserve_router_decode_local_prefills_total";
 
-  // Turn 1: 600 tokens, prefill + decode. The decode worker caches the imported 9 blocks.
-  std::vector<int32_t> turn = LongPrompt(43, 600);
+  // Turn 1: 636 tokens, prefill + decode. The prefill worker caches 9 blocks; the decode worker
+  // the 9 imported ones and block 9, which the reply's KV (positions 636-639) completes.
+  std::vector<int32_t> turn = LongPrompt(43, 636);
   EXPECT_EQ(complete(turn), 0);
   EXPECT_EQ(placed("p0"), 1);
-  ASSERT_TRUE(WaitFor([&] { return IndexBlocks(c.http_port())["d0"] >= 9; }, 10s, 50ms))
+  ASSERT_TRUE(WaitFor([&] { return IndexBlocks(c.http_port())["d0"] >= 10 && IndexBlocks(c.http_port())["p0"] >= 9; },
+                      10s, 50ms))
       << IndexBlocks(c.http_port())["d0"] << "\n" << w.Logs();
-  // Turn 2: + the reply + 40 new tokens: 69 tokens past the 576 held, within 128.
+  // Turn 2: + the reply + 40 new tokens: 41 tokens past the 640 held on d0 (within 128), 105
+  // past the 576 on p0.
   const std::vector<int32_t> reply = Reference(turn, kMax);
   turn.insert(turn.end(), reply.begin(), reply.end());
   const std::vector<int32_t> message = LongPrompt(44, 40);
   turn.insert(turn.end(), message.begin(), message.end());
-  EXPECT_EQ(complete(turn), 576);
+  EXPECT_EQ(complete(turn), 640);
   EXPECT_EQ(RouterMetric(c.http_port(), local), 1);
   EXPECT_EQ(placed("p0"), 1) << "the prefill worker got the turn";
   EXPECT_EQ(placed("d0"), 2);
