@@ -197,7 +197,9 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   if (disaggregated && options_.decode_local_prefill_tokens > 0) {
     auto local = registry_.Choose(WorkerRole::kDecode, RoutingPolicy::kKvAware, prompt_tokens, max_tokens,
                                   options_.default_max_tokens, true, &cursor_decode_, prefer_output, predict);
-    if (local.ok() && local->predicted_hit_tokens > prefill.predicted_hit_tokens &&
+    // One-process decode workers only: a DP rank of a multi-rank instance has never been given a
+    // prompt to compute (its EP peers step in lock-step with it), so it is not asked to.
+    if (local.ok() && local->worker->instance_id.empty() && local->predicted_hit_tokens > prefill.predicted_hit_tokens &&
         int64_t{prompt_tokens} - local->predicted_hit_tokens <= int64_t{options_.decode_local_prefill_tokens} &&
         local->worker->kv_free_estimate >= local->blocks) {
       out = *local;

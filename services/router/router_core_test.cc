@@ -1039,6 +1039,29 @@ TEST_F(RouterCoreTest, DecodeSideHitRunsTheRequestOnTheDecodeWorker) {
   }
   EXPECT_EQ(metrics_.decode_local_prefills.Value(), 1);  // (the fixture's metrics: unchanged)
   ExpectIdle();
+  // On, but the holder is a DP rank of a multi-rank decode instance: not asked.
+  o.decode_local_prefill_tokens = 30;
+  Make(o);
+  Register("p", WorkerRole::kPrefill, 1, kNs);
+  RegisterMsg rank;
+  rank.worker_id = "inst-dp0";
+  rank.role = WorkerRole::kDecode;
+  rank.incarnation = 1;
+  rank.model_name = "m";
+  rank.compat_hash = 7;
+  rank.capacity = {16, 100, 100, 10, 1000, 2};
+  rank.instance_id = "inst";
+  rank.kv_namespace = kNs;
+  From("d", rank);
+  ASSERT_EQ(Take<services::RegisterAckMsg>("d").size(), 1u);
+  From("d", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 7}, {}});
+  {
+    auto req = submit();
+    const JobMsg job = TakeJob("d");
+    EXPECT_EQ(job.phase, JobPhase::kDecode);
+    core_->Cancel(req->id(), "enough");
+  }
+  EXPECT_EQ(metrics_.decode_local_prefills.Value(), 1);
 }
 
 TEST_F(RouterCoreTest, KvAwareColocatedCountsTheHitAtTheFinish) {
