@@ -30,33 +30,23 @@ using testing::ReferenceGreedy;
 using testing::Seeded;
 using testing::TinyModel;
 
-constexpr int64_t kBlock = 16;
-constexpr int64_t kChunk = 32;
+constexpr int64_t kBlock = testing::kPrefixTestBlock;
+constexpr int64_t kChunk = testing::kPrefixTestChunk;
 constexpr int64_t kPoolBlocks = 24;
 
 KvLayout Layout() { return model::KvLayoutFor(TinyModel().config(), kBlock, KvLatentFormat::kFp8Blockwise); }
 
 int64_t FileBytes() { return static_cast<int64_t>(DiskTier::kHeaderBytes + 4 * kBlock + Layout().BlockBytes()); }
 
+// The prefix-cache tests' engine with a disk tier in `tier_dir` ("": none) of `tier_files` files.
 EngineOptions Options(int64_t n_blocks, const std::string& tier_dir, int64_t tier_files = 256, bool cache = true) {
-  EngineOptions o;
-  o.block_tokens = kBlock;
-  o.kv_cache_gib = static_cast<double>(n_blocks * Layout().BlockBytes()) / (1ull << 30);
-  o.scheduler.max_num_seqs = 16;
-  o.scheduler.max_step_tokens = 128;
-  o.scheduler.prefill_chunk = kChunk;
-  o.seed = 5;
-  o.prefix_cache = cache;
+  EngineOptions o = testing::PrefixTestOptions(n_blocks, cache);
   o.prefix_cache_disk_dir = tier_dir;
   o.prefix_cache_disk_bytes = tier_files * FileBytes();
   return o;
 }
 
-std::unique_ptr<Engine> Make(const EngineOptions& o) {
-  auto e = Engine::Create(o, &TinyModel());
-  PDSERVE_CHECK(e.ok(), e.status().ToString());
-  return std::move(e).value();
-}
+std::unique_ptr<Engine> Make(const EngineOptions& o) { return testing::MakeEngine(o); }
 
 Output Cold(const std::vector<int32_t>& prompt, const SamplingParams& p) {
   auto e = Make(Options(256, "", 0, false));

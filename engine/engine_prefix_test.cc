@@ -27,29 +27,13 @@ using testing::RunUntilIdle;
 using testing::Seeded;
 using testing::TinyModel;
 
-constexpr int64_t kBlock = 16;
-constexpr int64_t kChunk = 32;
+constexpr int64_t kBlock = testing::kPrefixTestBlock;
+constexpr int64_t kChunk = testing::kPrefixTestChunk;
 
-EngineOptions Options(int64_t n_blocks, bool cache = true,
-                      KvLatentFormat latent = KvLatentFormat::kFp8Blockwise) {
-  EngineOptions o;
-  o.block_tokens = kBlock;
-  o.latent_format = latent;
-  const KvLayout l = model::KvLayoutFor(TinyModel().config(), kBlock, latent);
-  o.kv_cache_gib = static_cast<double>(n_blocks * l.BlockBytes()) / (1ull << 30);
-  o.scheduler.max_num_seqs = 16;
-  o.scheduler.max_step_tokens = 128;
-  o.scheduler.prefill_chunk = kChunk;
-  o.seed = 5;
-  o.prefix_cache = cache;
-  return o;
+EngineOptions Options(int64_t n_blocks, bool cache = true, KvLatentFormat latent = KvLatentFormat::kFp8Blockwise) {
+  return testing::PrefixTestOptions(n_blocks, cache, latent);
 }
-
-std::unique_ptr<Engine> Make(const EngineOptions& o) {
-  auto e = Engine::Create(o, &TinyModel());
-  PDSERVE_CHECK(e.ok(), e.status().ToString());
-  return std::move(e).value();
-}
+std::unique_ptr<Engine> Make(const EngineOptions& o) { return testing::MakeEngine(o); }
 
 // The same request on a fresh engine without the cache.
 Output Cold(const std::vector<int32_t>& prompt, const SamplingParams& p) {

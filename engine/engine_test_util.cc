@@ -143,6 +143,26 @@ Output Collect(const EventCollector& ev, RequestId id) {
   return o;
 }
 
+EngineOptions PrefixTestOptions(int64_t n_blocks, bool cache, KvLatentFormat latent) {
+  EngineOptions o;
+  o.block_tokens = kPrefixTestBlock;
+  o.latent_format = latent;
+  const KvLayout l = model::KvLayoutFor(TinyModel().config(), kPrefixTestBlock, latent);
+  o.kv_cache_gib = static_cast<double>(n_blocks * l.BlockBytes()) / (1ull << 30);
+  o.scheduler.max_num_seqs = 16;
+  o.scheduler.max_step_tokens = 128;
+  o.scheduler.prefill_chunk = kPrefixTestChunk;
+  o.seed = 5;
+  o.prefix_cache = cache;
+  return o;
+}
+
+std::unique_ptr<Engine> MakeEngine(const EngineOptions& o) {
+  auto e = Engine::Create(o, &TinyModel());
+  PDSERVE_CHECK(e.ok(), e.status().ToString());
+  return std::move(e).value();
+}
+
 Output Generate(Engine* e, const std::vector<int32_t>& prompt, const SamplingParams& p) {
   EventCollector ev;
   RequestOptions ro;

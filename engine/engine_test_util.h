@@ -69,4 +69,13 @@ Output Collect(const EventCollector& ev, RequestId id);
 // Runs one request to its end on `e` (stepped here).
 Output Generate(Engine* e, const std::vector<int32_t>& prompt, const SamplingParams& p);
 
+// The prefix-cache tests' engine: blocks of kPrefixTestBlock tokens, first chunk kPrefixTestChunk,
+// a pool of n_blocks blocks in `latent`, up to 16 sequences and 128 tokens a step, seed 5.
+inline constexpr int64_t kPrefixTestBlock = 16;
+inline constexpr int64_t kPrefixTestChunk = 32;
+EngineOptions PrefixTestOptions(int64_t n_blocks, bool cache = true,
+                                KvLatentFormat latent = KvLatentFormat::kFp8Blockwise);
+// Engine::Create on TinyModel(); aborts the test binary when it fails.
+std::unique_ptr<Engine> MakeEngine(const EngineOptions& o);
+
 }  // namespace pdserve::engine::testing

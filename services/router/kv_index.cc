@@ -52,7 +52,11 @@ int64_t KvIndex::Blocks(uint64_t worker) const {
 }
 
 void KvIndex::DropExpired(Worker* w, Clock::time_point now) {
-  std::erase_if(w->pending, [now](const auto& entry) { return entry.second <= now; });
+  while (!w->expiry_order.empty() && w->expiry_order.front().first <= now) {
+    const auto [expires, h] = w->expiry_order.front();
+    w->expiry_order.pop_front();
+    if (auto p = w->pending.find(h); p != w->pending.end() && p->second == expires) w->pending.erase(p);
+  }
 }
 
 int64_t KvIndex::PendingBlocks(uint64_t worker, Clock::time_point now) const {
@@ -75,7 +79,9 @@ void KvIndex::NoteDispatched(uint64_t worker, PromptChains* chains, Clock::time_
   const Clock::time_point expires = now + pending_ttl_;
   for (int64_t j = 0; j < n / B; ++j) {
     const uint64_t h = chains->BlockHash(w.ns, B, j);
-    if (!w.hashes.count(h)) w.pending[h] = expires;
+    if (w.hashes.count(h)) continue;
+    w.pending[h] = expires;
+    w.expiry_order.emplace_back(expires, h);
   }
 }
 

@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <span>
 #include <unordered_map>
@@ -92,7 +93,12 @@ class KvIndex {
     int64_t first_chunk_tokens = 0;
     std::unordered_set<uint64_t> hashes;
     std::unordered_map<uint64_t, Clock::time_point> pending;  // name -> expiry
+    // (expiry, name) in the order they were set: expiries only grow (one TTL, a steady clock),
+    // so the expired ones are at the front. A name reported or set again since leaves a stale
+    // element here, skipped when it comes out.
+    std::deque<std::pair<Clock::time_point, uint64_t>> expiry_order;
   };
+  // Drops the pending names that expired by `now`: amortized O(1) per dispatched block.
   static void DropExpired(Worker* w, Clock::time_point now);
 
   Clock::duration pending_ttl_;

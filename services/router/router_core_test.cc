@@ -80,17 +80,31 @@ class RouterCoreTest : public ::testing::Test {
     ExpectBalanced();
   }
   // A worker with 100 KV blocks of 10 tokens; `kv_namespace`: its prefix cache's (0: none).
-  void Register(const std::string& peer, WorkerRole role, uint32_t incarnation = 1, uint64_t kv_namespace = 0) {
+  // `instance_id`: a DP rank of that multi-rank instance (of 2 ranks); "": a one-process worker.
+  void Register(const std::string& peer, WorkerRole role, uint32_t incarnation = 1, uint64_t kv_namespace = 0,
+                const std::string& instance_id = "") {
     RegisterMsg m;
     m.worker_id = peer + "-id";
     m.role = role;
     m.incarnation = incarnation;
     m.model_name = "m";
     m.compat_hash = 7;
-    m.capacity = {16, 100, 100, 10, 1000, 1};
+    m.capacity = {16, 100, 100, 10, 1000, instance_id.empty() ? 1u : 2u};
+    m.instance_id = instance_id;
     m.kv_namespace = kv_namespace;
     From(peer, m);
     ASSERT_EQ(Take<services::RegisterAckMsg>(peer).size(), 1u) << peer;
+  }
+  // Submits `prompt` for 4 tokens (the prefix-cache tests' requests); null (and a failure) when
+  // refused.
+  std::shared_ptr<ActiveRequest> SubmitPrompt(const std::vector<int32_t>& prompt, const std::string& tag) {
+    SubmitSpec spec;
+    spec.tag = tag;
+    spec.prompt = prompt;
+    spec.max_tokens = 4;
+    auto r = core_->Submit(std::move(spec));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : nullptr;
   }
   // `constraint` and `affinity`: SubmitSpec's (the defaults: none).
   std::shared_ptr<ActiveRequest> Submit(size_t prompt_len = 5, uint32_t max_tokens = 20,
@@ -832,15 +846,7 @@ TEST_F(RouterCoreTest, KvAwareRoutesToTheHolderAndComparesPredictedWithActualHit
   EXPECT_EQ(Worker("p1").kv_index_blocks, 6);
   EXPECT_EQ(Worker("p0").kv_index_blocks, 0);
   EXPECT_TRUE(core_->WorkersJson()[1]["prefix_cache_blocks"].is_number());
-  auto submit = [&](const std::vector<int32_t>& p) {
-    SubmitSpec spec;
-    spec.tag = "kv";
-    spec.prompt = p;
-    spec.max_tokens = 4;
-    auto r = core_->Submit(std::move(spec));
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : nullptr;
-  };
+  auto submit = [&](const std::vector<int32_t>& p) { return SubmitPrompt(p, "kv"); };
   // Every time, whatever the round-robin cursor says: p1 computes 40 tokens, p0 100. After the
   // first dispatch the rest of the prompt's blocks are pending on p1 (kv_index.h): its next
   // predictions are 90 tokens (all 9 blocks before the last token) until its events say what
@@ -914,21 +920,12 @@ TEST_F(RouterCoreTest, KvAwareSeesDispatchedPrefixesAndChargesOnlyUncachedTokens
   // Both prefill workers publish (nothing cached yet): the index knows their block size.
   From("p0", services::KvEventsMsg{true, kB, kC, {}, {}});
   From("p1", services::KvEventsMsg{true, kB, kC, {}, {}});
-  std::vector<int32_t> system(80), a(system), b(system);
+  std::vector<int32_t> system(80);
   for (size_t i = 0; i < system.size(); ++i) system[i] = static_cast<int32_t>(i * 13 % 991);
-  a = system;
-  b = system;
+  std::vector<int32_t> a = system, b = system;
   a.insert(a.end(), {1, 2, 3, 4, 5});
   b.insert(b.end(), {6, 7, 8, 9, 10});
-  auto submit = [&](const std::vector<int32_t>& p) {
-    SubmitSpec spec;
-    spec.tag = "burst";
-    spec.prompt = p;
-    spec.max_tokens = 4;
-    auto r = core_->Submit(std::move(spec));
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : nullptr;
-  };
+  auto submit = [&](const std::vector<int32_t>& p) { return SubmitPrompt(p, "burst"); };
   auto ra = submit(a);
   const JobMsg decode_a = TakeJob("d");
   From("d", KvReservedMsg{decode_a.request_id, "descriptor", "transfer", 3});
@@ -977,15 +974,7 @@ TEST_F(RouterCoreTest, DecodeSideHitRunsTheRequestOnTheDecodeWorker) {
   ExtendChain(kNs, prompt, kB, 9, &names);
   // d holds the first 7 blocks (70 tokens): 30 left to compute, within the bound.
   From("d", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 7}, {}});
-  auto submit = [&]() {
-    SubmitSpec spec;
-    spec.tag = "local";
-    spec.prompt = prompt;
-    spec.max_tokens = 4;
-    auto r = core_->Submit(std::move(spec));
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : nullptr;
-  };
+  auto submit = [&]() { return SubmitPrompt(prompt, "local"); };
   {
     auto req = submit();
     const JobMsg job = TakeJob("d");
@@ -1043,17 +1032,7 @@ TEST_F(RouterCoreTest, DecodeSideHitRunsTheRequestOnTheDecodeWorker) {
   o.decode_local_prefill_tokens = 30;
   Make(o);
   Register("p", WorkerRole::kPrefill, 1, kNs);
-  RegisterMsg rank;
-  rank.worker_id = "inst-dp0";
-  rank.role = WorkerRole::kDecode;
-  rank.incarnation = 1;
-  rank.model_name = "m";
-  rank.compat_hash = 7;
-  rank.capacity = {16, 100, 100, 10, 1000, 2};
-  rank.instance_id = "inst";
-  rank.kv_namespace = kNs;
-  From("d", rank);
-  ASSERT_EQ(Take<services::RegisterAckMsg>("d").size(), 1u);
+  Register("d", WorkerRole::kDecode, 1, kNs, "inst");
   From("d", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 7}, {}});
   {
     auto req = submit();

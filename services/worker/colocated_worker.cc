@@ -11,10 +11,8 @@ Status ColocatedWorker::StartJob(const JobMsg& job) {
   if (job.phase != JobPhase::kColocated)
     return Status::InvalidArgument(std::string("a colocated worker does not run ") + JobPhaseName(job.phase) + " jobs");
   const uint64_t rid = job.request_id;
-  engine::RequestOptions ro;
-  ro.sampling = EngineHost::EngineSampling(job.sampling);
-  PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
-  ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
+  PDSERVE_ASSIGN_OR_RETURN(engine::RequestOptions ro,
+                           host_->JobOptions(job, [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); }));
   std::lock_guard<std::mutex> lock(mu_);  // the first event must find the job
   PDSERVE_ASSIGN_OR_RETURN(engine::RequestId id, host_->engine().AddRequest(job.prompt, std::move(ro)));
   jobs_[rid] = Job{job, id};

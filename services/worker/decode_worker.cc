@@ -68,10 +68,8 @@ void DecodeWorker::OnEngineEvent(uint64_t request_id, const engine::TokenEvent& 
 
 Status DecodeWorker::StartLocalJob(const JobMsg& job) {
   const uint64_t rid = job.request_id;
-  engine::RequestOptions ro;
-  ro.sampling = EngineHost::EngineSampling(job.sampling);
-  PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
-  ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
+  PDSERVE_ASSIGN_OR_RETURN(engine::RequestOptions ro,
+                           host_->JobOptions(job, [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); }));
   std::lock_guard<std::mutex> lock(mu_);  // the first event must find the job
   PDSERVE_ASSIGN_OR_RETURN(engine::RequestId id, host_->engine().AddRequest(job.prompt, std::move(ro)));
   Job& j = jobs_[rid];
@@ -89,11 +87,9 @@ Status DecodeWorker::StartJob(const JobMsg& job) {
   if (job.phase != JobPhase::kDecode)
     return Status::InvalidArgument(std::string("a decode worker does not run ") + JobPhaseName(job.phase) + " jobs");
   const uint64_t rid = job.request_id;
-  engine::RequestOptions ro;
-  ro.sampling = EngineHost::EngineSampling(job.sampling);
-  PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
+  PDSERVE_ASSIGN_OR_RETURN(engine::RequestOptions ro,
+                           host_->JobOptions(job, [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); }));
   ro.imported_kv_namespace = job.prefill_kv_namespace;  // equal to ours: the KV joins our cache
-  ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
   PDSERVE_ASSIGN_OR_RETURN(engine::KvImport import, host_->engine().ReserveImport(job.prompt, std::move(ro)));
   {
     std::lock_guard<std::mutex> lock(mu_);

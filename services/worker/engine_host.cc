@@ -82,6 +82,15 @@ Status EngineHost::Init(const WorkerHooks& hooks) {
   return Status::Ok();
 }
 
+Result<engine::RequestOptions> EngineHost::JobOptions(const JobMsg& job,
+                                                      std::function<void(const engine::TokenEvent&)> on_event) {
+  engine::RequestOptions ro;
+  ro.sampling = EngineSampling(job.sampling);
+  PDSERVE_RETURN_IF_ERROR(ApplyConstraint(job, &ro));
+  ro.on_event = std::move(on_event);
+  return ro;
+}
+
 Status EngineHost::ApplyConstraint(const JobMsg& job, engine::RequestOptions* ro) {
   if (!job.constraint.active()) return Status::Ok();
   PDSERVE_ASSIGN_OR_RETURN(ro->constraint.compiled, grammars_->Compile(job.constraint));

@@ -100,6 +100,9 @@ class EngineHost {
   // Sets `ro->constraint` from the job's constraint (nothing when it has none), compiled over
   // this model's vocabulary. Errors: WorkerGrammars::Compile's (InvalidArgument: the client's).
   Status ApplyConstraint(const JobMsg& job, engine::RequestOptions* ro);
+  // The engine options every role starts a job with: EngineSampling, ApplyConstraint, and
+  // `on_event` for the job's engine events. Errors: ApplyConstraint's.
+  Result<engine::RequestOptions> JobOptions(const JobMsg& job, std::function<void(const engine::TokenEvent&)> on_event);
   // The control event for a streamed engine event of `job` (colocated, decode): the token (unless
   // `skip_token`) and, on the finishing event, reason, error and usage. nullopt when there is
   // nothing to send (no token, not finished).

@@ -46,6 +46,22 @@ double RouterMetric(int http_port, const std::string& name, const std::string& l
   return MetricValue(HttpGet(http_port, "/metrics", 5s).body, name, label);
 }
 
+// Jobs the router placed on worker `id`.
+double Placed(int http_port, const std::string& id) {
+  return RouterMetric(http_port, "pdserve_router_placements_total", "worker=\"" + id + "\"");
+}
+
+// A greedy completion of `prompt` through the router: the reply must equal the single-process
+// reference. Returns the usage's cached_tokens (-1 when the request failed).
+int CompleteExact(int http_port, const std::vector<int32_t>& prompt, int max_tokens) {
+  auto r = HttpPost(http_port, "/v1/completions", Body(prompt, max_tokens, false), 120s);
+  EXPECT_EQ(r.status, 200) << r.body;
+  if (r.status != 200) return -1;
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, max_tokens)));
+  return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+}
+
 TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyARecompute) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("worker-kvroute");
@@ -60,14 +76,7 @@ TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyAReco
   ASSERT_OK_W(w.Start("d0", "decode"), w);
   ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
   constexpr int kMax = 5;
-  auto complete = [&](const std::vector<int32_t>& prompt) -> int {
-    auto r = HttpPost(c.http_port(), "/v1/completions", Body(prompt, kMax, false), 120s);
-    EXPECT_EQ(r.status, 200) << r.body;
-    if (r.status != 200) return -1;
-    const json j = json::parse(r.body);
-    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, kMax)));
-    return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
-  };
+  auto complete = [&](const std::vector<int32_t>& prompt) { return CompleteExact(c.http_port(), prompt, kMax); };
 
   // The shared prefix: 600 tokens, 9 whole blocks of 64 (above the first chunk of 256).
   const std::vector<int32_t> prefix = LongPrompt(41, 600);
@@ -91,8 +100,8 @@ TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyAReco
     prompt.insert(prompt.end(), more.begin(), more.end());
     EXPECT_EQ(complete(prompt), 576) << "request " << k << " went to the worker without the prefix";
   }
-  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + holder + "\""), 1 + kTurns);
-  EXPECT_LE(RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + other + "\""), 0);  // -1: no series
+  EXPECT_EQ(Placed(c.http_port(), holder), 1 + kTurns);
+  EXPECT_LE(Placed(c.http_port(), other), 0);  // -1: no series
   EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_prefix_actual_hit_tokens_total"), kTurns * 576);
   EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_prefix_predicted_hit_tokens_total"), kTurns * 576);
 
@@ -114,9 +123,9 @@ TEST(KvRoutingE2eTest, SharedPrefixesGoToTheirHolderAndAStaleIndexCostsOnlyAReco
   std::vector<int32_t> prompt = prefix;
   const std::vector<int32_t> more = LongPrompt(90, 50);
   prompt.insert(prompt.end(), more.begin(), more.end());
-  const double placed = RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + holder + "\"");
+  const double placed = Placed(c.http_port(), holder);
   EXPECT_EQ(complete(prompt), 0);
-  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + holder + "\""), placed + 1);
+  EXPECT_EQ(Placed(c.http_port(), holder), placed + 1);
   EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_prefix_predicted_hit_tokens_total") -
                 RouterMetric(c.http_port(), "pdserve_router_prefix_actual_hit_tokens_total"),
             576);
@@ -144,17 +153,8 @@ TEST(KvRoutingE2eTest, DecodeSideHitsRunShortTurnsOnTheDecodeWorker) {
   ASSERT_OK_W(w.Start("d0", "decode"), w);
   ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
   constexpr int kMax = 5;
-  auto complete = [&](const std::vector<int32_t>& prompt) -> int {
-    auto r = HttpPost(c.http_port(), "/v1/completions", Body(prompt, kMax, false), 120s);
-    EXPECT_EQ(r.status, 200) << r.body;
-    if (r.status != 200) return -1;
-    const json j = json::parse(r.body);
-    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, kMax)));
-    return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
-  };
-  auto placed = [&](const std::string& id) {
-    return RouterMetric(c.http_port(), "pdserve_router_placements_total", "worker=\"" + id + "\"");
-  };
+  auto complete = [&](const std::vector<int32_t>& prompt) { return CompleteExact(c.http_port(), prompt, kMax); };
+  auto placed = [&](const std::string& id) { return Placed(c.http_port(), id); };
   const std::string local = "pdserve_router_decode_local_prefills_total";
 
   // Turn 1: 636 tokens, prefill + decode. The prefill worker caches 9 blocks; the decode worker
