@@ -84,13 +84,11 @@ Status PrefillWorker::StartJob(const JobMsg& job) {
     return Status::InvalidArgument("the decode worker's KV layout " + d.layout.ToString() +
                                    " differs from this prefill worker's " + host_->kv_layout().ToString());
   const uint64_t rid = job.request_id;
-  engine::RequestOptions ro;
-  ro.sampling = EngineHost::EngineSampling(job.sampling);
+  PDSERVE_ASSIGN_OR_RETURN(engine::RequestOptions ro,
+                           host_->JobOptions(job, [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); }));
   ro.sampling.max_tokens = 1;
   ro.hold_kv = true;
-  PDSERVE_RETURN_IF_ERROR(host_->ApplyConstraint(job, &ro));
   ro.constraint.export_state = ro.constraint.active();  // the decode side resumes from it
-  ro.on_event = [this, rid](const engine::TokenEvent& ev) { OnEngineEvent(rid, ev); };
   if (host_->config().kv_stream_layers) {
     ro.kv_export.begin = [this, rid](const std::vector<int32_t>& blocks) { StreamBegin(rid, blocks); };
     ro.kv_export.layer_done = [this, rid](int64_t layer) { StreamLayer(rid, layer); };
