@@ -364,6 +364,85 @@ bool Engine::Idle() const {
 
 int64_t Engine::ClearPrefixCache() { return pool_->EvictIdle(); }
 
+std::vector<int32_t> Engine::PinCachedPrefix(std::span<const int32_t> tokens, int64_t max_blocks) {
+  const PrefixCachePolicy& policy = scheduler_.prefix_policy();
+  if (!policy.enabled) return {};
+  const int64_t B = pool_->layout().tokens_per_block;
+  max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / B);
+  if (max_blocks <= 0) return {};
+  std::vector<uint64_t> hashes;
+  ExtendChain(policy.ns, tokens, B, max_blocks, &hashes);
+  std::vector<CachedBlockId> hit;
+  pool_->MatchPrefix(PrefixCache::Root(policy.ns), hashes, tokens, max_blocks, &hit);
+  std::vector<int32_t> ids;
+  ids.reserve(hit.size());
+  for (const CachedBlockId& h : hit) ids.push_back(h.block);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.prefix_pushed_tokens += static_cast<int64_t>(ids.size()) * B;
+  return ids;
+}
+
+void Engine::UnpinBlocks(std::span<const int32_t> ids) { pool_->Free(ids); }
+
+int64_t Engine::CachedPrefixBlocks(std::span<const int32_t> tokens, int64_t max_blocks) {
+  const PrefixCachePolicy& policy = scheduler_.prefix_policy();
+  if (!policy.enabled) return 0;
+  const int64_t B = pool_->layout().tokens_per_block;
+  max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / B);
+  if (max_blocks <= 0) return 0;
+  std::vector<uint64_t> hashes;
+  ExtendChain(policy.ns, tokens, B, max_blocks, &hashes);
+  std::vector<CachedBlockId> hit;
+  pool_->MatchPrefix(PrefixCache::Root(policy.ns), hashes, tokens, max_blocks, &hit);
+  std::vector<int32_t> ids;
+  for (const CachedBlockId& h : hit) ids.push_back(h.block);
+  pool_->Free(ids);
+  return static_cast<int64_t>(ids.size());
+}
+
+Result<std::vector<int32_t>> Engine::AllocatePullBlocks(int64_t count) {
+  std::vector<int32_t> ids;
+  PDSERVE_RETURN_IF_ERROR(pool_->Allocate(count, &ids));
+  return ids;
+}
+
+int64_t Engine::AdoptPulledBlocks(std::span<const int32_t> tokens, int64_t first_block,
+                                  std::span<const int32_t> blocks) {
+  const PrefixCachePolicy& policy = scheduler_.prefix_policy();
+  const int64_t B = pool_->layout().tokens_per_block;
+  const int64_t end_block = first_block + static_cast<int64_t>(blocks.size());
+  int64_t adopted = 0;
+  if (policy.enabled && first_block >= 0 && end_block * B <= static_cast<int64_t>(tokens.size())) {
+    std::vector<uint64_t> hashes;
+    ExtendChain(policy.ns, tokens, B, end_block, &hashes);
+    // The parent of the first pulled block is this cache's own block first_block - 1: pin the
+    // local prefix so it stays the same content while the pulled blocks chain onto it.
+    std::vector<CachedBlockId> local;
+    if (first_block > 0)
+      pool_->MatchPrefix(PrefixCache::Root(policy.ns), hashes, tokens, first_block, &local);
+    if (static_cast<int64_t>(local.size()) == first_block) {
+      CachedBlockId parent = first_block == 0 ? PrefixCache::Root(policy.ns) : local.back();
+      for (int64_t j = first_block; j < end_block; ++j) {
+        const std::optional<CachedBlockId> id =
+            pool_->Register(blocks[static_cast<size_t>(j - first_block)], hashes[static_cast<size_t>(j)], parent,
+                            tokens.subspan(static_cast<size_t>(j * B), static_cast<size_t>(B)));
+        if (!id) break;  // the name belongs to other content: nothing after it can chain
+        parent = *id;
+        adopted += B;
+      }
+    }
+    std::vector<int32_t> local_ids;
+    for (const CachedBlockId& h : local) local_ids.push_back(h.block);
+    pool_->Free(local_ids);
+  }
+  // Registered blocks become idle cached blocks; the others (and blocks whose content another
+  // request registered first) go back to the free list.
+  pool_->Free(blocks);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.prefix_pulled_tokens += adopted;
+  return adopted;
+}
+
 EngineStats Engine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineStats s = stats_;

@@ -174,6 +174,9 @@ struct EngineStats {
   // the idle ones; cached blocks evicted to make room (or by ClearPrefixCache).
   int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0, prefix_computed_tokens = 0;
   int64_t prefix_cached_blocks = 0, prefix_idle_blocks = 0, prefix_evictions = 0;
+  // The cluster pool: tokens of blocks adopted from another engine's pull (they count as hits
+  // once a request maps them), and tokens pinned here for another engine to pull.
+  int64_t prefix_pulled_tokens = 0, prefix_pushed_tokens = 0;
   // Disk tier (all 0 without one): block files held and their bytes; blocks written and their
   // bytes; tokens of the blocks read back (restored) into the pool; files its LRU deleted;
   // damaged files found and deleted (their prefix was computed instead); failed writes.
@@ -239,6 +242,28 @@ class Engine {
   // Evicts every idle cached block (blocks of live requests stay; the disk tier keeps its
   // files). Returns how many. Any thread.
   int64_t ClearPrefixCache();
+  // Moving cached blocks between engines (the cluster pool, docs/prefix-cache.md "Pulls"). Any
+  // thread; the pool's lock orders these with the step thread. Equal namespaces on both sides
+  // are the caller's contract (only then are the bytes interchangeable).
+  //
+  // Holder side: pins the longest cached prefix of `tokens` up to `max_blocks` whole blocks (a
+  // disk-tier walk included) and returns its block ids, each with one reference, in order; the
+  // blocks stay resident and unchanged until UnpinBlocks. Fewer than asked (even none) when the
+  // cache holds less. Counts the pinned tokens as pushed. Empty with the cache off.
+  std::vector<int32_t> PinCachedPrefix(std::span<const int32_t> tokens, int64_t max_blocks);
+  void UnpinBlocks(std::span<const int32_t> ids);
+  // How many whole blocks of `tokens` (up to `max_blocks`) this cache holds now in memory or on
+  // disk: PinCachedPrefix and Unpin at once (a pull asks only for what follows them).
+  int64_t CachedPrefixBlocks(std::span<const int32_t> tokens, int64_t max_blocks);
+  // Puller side: `count` blocks for a pull to write into, each with one reference (free blocks
+  // first, then evicting idle cached ones). Errors: ResourceExhausted.
+  Result<std::vector<int32_t>> AllocatePullBlocks(int64_t count);
+  // The pull's blocks now hold the KV of tokens [first_block * B, (first_block + blocks.size())
+  // * B): they join the cache as the continuation of this cache's own first `first_block`
+  // blocks of `tokens` (which must still be cached; else nothing is adopted). Consumes the
+  // blocks' references (adopted blocks become idle cached blocks, the rest go back to the free
+  // list) and returns the tokens adopted, counted as pulled. REQUIRES: tokens cover the blocks.
+  int64_t AdoptPulledBlocks(std::span<const int32_t> tokens, int64_t first_block, std::span<const int32_t> blocks);
   // Whether evicted cached blocks spill to a disk tier (EngineOptions::prefix_cache_disk_dir).
   bool prefix_cache_disk_tier() const { return pool_->has_disk_tier(); }
   // The prefix cache's events for a cluster-wide index (docs/prefix-cache.md, "Events"): the

@@ -7,6 +7,7 @@
 // compare Generate's results.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "engine/engine.h"
@@ -323,6 +324,84 @@ TEST(EnginePrefixTest, DifferentKvFormatsNeverShare) {
     auto cold = Make(Options(128, false, f));
     EXPECT_TRUE(warm == Generate(cold.get(), Concat(prompt, {1, 2, 3}), Greedy(6))) << LatentFormatName(f);
   }
+}
+
+// What a pull does between two engines (services/worker KvPusher and PrefillWorker do it over the
+// transfer layer): pin the holder's prefix, copy the blocks' bytes into blocks the puller
+// allocated, adopt them there, unpin.
+int64_t CopyPrefix(Engine* holder, Engine* puller, const std::vector<int32_t>& tokens, int64_t first_block,
+                   int64_t end_block) {
+  const std::vector<int32_t> pinned = holder->PinCachedPrefix(tokens, end_block);
+  EXPECT_EQ(static_cast<int64_t>(pinned.size()), end_block);
+  if (static_cast<int64_t>(pinned.size()) < end_block) {
+    holder->UnpinBlocks(pinned);
+    return 0;
+  }
+  auto blocks = puller->AllocatePullBlocks(end_block - first_block);
+  EXPECT_TRUE(blocks.ok());
+  const int64_t bytes = holder->pool().block_bytes();
+  for (int64_t j = first_block; j < end_block; ++j)
+    std::memcpy(puller->pool().base() + (*blocks)[static_cast<size_t>(j - first_block)] * bytes,
+                holder->pool().base() + pinned[static_cast<size_t>(j)] * bytes, static_cast<size_t>(bytes));
+  holder->UnpinBlocks(pinned);
+  return puller->AdoptPulledBlocks(tokens, first_block, *blocks);
+}
+
+TEST(EnginePrefixTest, PulledBlocksAreBitwiseHitsOnAnotherEngine) {
+  std::mt19937 rng(19);
+  const std::vector<int32_t> shared = Random(&rng, 100);
+  const std::vector<int32_t> donor = Concat(shared, Random(&rng, 30));
+  const std::vector<int32_t> q = Concat(shared, Random(&rng, 21));
+  for (const SamplingParams& p : {Greedy(12), Seeded(12, 99)}) {
+    auto holder = Make(Options(256));
+    auto puller = Make(Options(256));
+    ASSERT_EQ(holder->prefix_cache_namespace(), puller->prefix_cache_namespace());
+    Generate(holder.get(), donor, p);
+    EXPECT_EQ(holder->CachedPrefixBlocks(q, 100), 6);
+    EXPECT_EQ(puller->CachedPrefixBlocks(q, 100), 0);
+    // The whole prefix: 6 blocks of 16 (96 >= the first chunk).
+    EXPECT_EQ(CopyPrefix(holder.get(), puller.get(), q, 0, 6), 96);
+    EXPECT_EQ(puller->CachedPrefixBlocks(q, 100), 6);
+    const Output pulled = Generate(puller.get(), q, p);
+    EXPECT_EQ(pulled.cached, 96);
+    EXPECT_TRUE(pulled == Cold(q, p)) << "temperature " << p.temperature;
+    EXPECT_EQ(puller->Stats().prefix_pulled_tokens, 96);
+    EXPECT_EQ(holder->Stats().prefix_pushed_tokens, 96);
+    ExpectNoLeak(holder.get());
+    ExpectNoLeak(puller.get());
+  }
+}
+
+TEST(EnginePrefixTest, APullContinuesTheLocalPrefixOrAdoptsNothing) {
+  std::mt19937 rng(20);
+  const std::vector<int32_t> system = Random(&rng, 40);
+  const std::vector<int32_t> turn1 = Concat(system, Random(&rng, 90));
+  const std::vector<int32_t> turn2 = Concat(turn1, Random(&rng, 15));
+  auto holder = Make(Options(256));
+  auto puller = Make(Options(256));
+  Generate(holder.get(), turn1, Greedy(5));
+  // The puller holds only the system prompt's 2 blocks (40 tokens, first chunk 32).
+  Generate(puller.get(), Concat(system, Random(&rng, 8)), Greedy(2));
+  ASSERT_EQ(puller->CachedPrefixBlocks(turn2, 100), 2);
+  // Blocks 2..8 come from the holder and chain onto the puller's own two.
+  EXPECT_EQ(CopyPrefix(holder.get(), puller.get(), turn2, 2, 8), 96);
+  const Output warm = Generate(puller.get(), turn2, Greedy(10));
+  EXPECT_EQ(warm.cached, 128);
+  EXPECT_TRUE(warm == Cold(turn2, Greedy(10)));
+  // The local prefix was evicted before the pull landed: nothing is adopted (the blocks would
+  // chain onto nothing), the blocks go back, and the request computes everything.
+  auto late = Make(Options(256));
+  Generate(late.get(), Concat(system, Random(&rng, 8)), Greedy(2));
+  const std::vector<int32_t> pinned = holder->PinCachedPrefix(turn2, 8);
+  ASSERT_EQ(pinned.size(), 8u);
+  auto blocks = late->AllocatePullBlocks(6);
+  ASSERT_TRUE(blocks.ok());
+  late->ClearPrefixCache();
+  EXPECT_EQ(late->AdoptPulledBlocks(turn2, 2, *blocks), 0);
+  holder->UnpinBlocks(pinned);
+  EXPECT_EQ(Generate(late.get(), turn2, Greedy(3)).cached, 0);
+  EXPECT_EQ(late->Stats().prefix_pulled_tokens, 0);
+  for (Engine* e : {holder.get(), puller.get(), late.get()}) ExpectNoLeak(e);
 }
 
 }  // namespace
