@@ -47,6 +47,12 @@
 #                                       (hash -> workers) to predict each worker's cache hit for
 #                                       routing; a stale entry costs a misprediction, never a
 #                                       wrong token (the worker looks up its own cache).
+#   Pulls          R -> P job(phase prefill, pullTokens, pullWorkerId): another worker H (prefill
+#                  or decode) holds more of the prompt's prefix than P. P reserves blocks for
+#                  the part it lacks and P -> R kvPull (descriptor); R -> H kvPush; H writes the
+#                  blocks over the KV transfer layer. P adopts them into its prefix cache once the
+#                  transfer is verified, then computes the rest. H -> R kvPushFailed (forwarded
+#                  to P), a transfer failure or P's lease ending all cost P a recompute only.
 #
 # Every job ends with exactly one finishing tokenEvent from each worker it was sent to
 # (finishReason != none, or errorCode != 0); a prefill job's single event counts as finishing.
@@ -198,6 +204,41 @@ struct Job {
   # Decode phase: the paired prefill worker's kvNamespace (Register). Equal to the decode
   # worker's own, the imported KV joins its prefix cache; 0: it does not.
   prefillKvNamespace @11 :UInt64;
+  # Prefill phase: a pull (docs/prefix-cache.md "Pulls"). The prompt's first pullTokens
+  # tokens (whole blocks) are cached on worker pullWorkerId, whose kvNamespace equals this
+  # worker's: reserve blocks for the part this worker lacks and answer kvPull; the holder
+  # writes them. 0: no pull.
+  pullTokens @12 :UInt32;
+  pullWorkerId @13 :Text;
+}
+
+# P -> R: blocks are reserved for a pull (answer to a job with pullTokens > 0). R forwards it
+# to the holder as kvPush, or answers kvPushFailed when the holder is gone.
+struct KvPull {
+  requestId @0 :UInt64;         # the job's
+  descriptor @1 :Data;          # opaque: P's blocks for tokens [firstToken, firstToken + numTokens)
+  firstToken @2 :UInt32;        # a block multiple: what P holds already
+  numTokens @3 :UInt32;
+  kvNamespace @4 :UInt64;       # P's: the holder refuses to write KV of another namespace
+}
+
+# R -> H: write the cached KV of tokens[firstToken, firstToken + numTokens) into the blocks the
+# descriptor names (the KV transfer layer, as a prefill worker writes a decode worker's).
+struct KvPush {
+  requestId @0 :UInt64;
+  requestTag @1 :Text;
+  tokenIds @2 :List(Int32);     # the prompt's first firstToken + numTokens tokens
+  firstToken @3 :UInt32;
+  numTokens @4 :UInt32;
+  descriptor @5 :Data;
+  kvNamespace @6 :UInt64;
+}
+
+# H -> R, and R -> P: the holder cannot write the pull (it no longer holds those blocks, another
+# namespace, a transfer failure before it began). P computes the prefix instead.
+struct KvPushFailed {
+  requestId @0 :UInt64;
+  reason @1 :Text;
 }
 
 # D -> R: blocks are reserved for the request (answer to a decode-phase job).
@@ -292,5 +333,8 @@ struct ControlMessage {
     drain @10 :Drain;                   # R -> W
     deregister @11 :Deregister;         # W -> R
     kvEvents @12 :KvEvents;             # W -> R
+    kvPull @13 :KvPull;                 # P -> R
+    kvPush @14 :KvPush;                 # R -> holder (P or D)
+    kvPushFailed @15 :KvPushFailed;     # holder -> R -> P
   }
 }

@@ -235,6 +235,46 @@ struct Encoder {
     b.setDecodeWorkerId(AsText(m.decode_worker_id));
     b.setDecodeTransferAddress(AsData(m.decode_transfer_address));
     b.setDpRank(m.dp_rank);
+    PDSERVE_RETURN_IF_ERROR(CheckText(m.pull_worker_id, "pullWorkerId"));
+    if (m.pull_tokens > m.prompt.size()) return Status::InvalidArgument("pullTokens exceeds the prompt");
+    b.setPullTokens(m.pull_tokens);
+    b.setPullWorkerId(AsText(m.pull_worker_id));
+    return Status::Ok();
+  }
+  Status operator()(const KvPullMsg& m) {
+    if (m.descriptor.size() > ControlLimits::kMaxBlobBytes)
+      return Status::InvalidArgument("kvPull.descriptor larger than the control-plane limit");
+    auto b = root.initKvPull();
+    b.setRequestId(m.request_id);
+    b.setDescriptor(AsData(m.descriptor));
+    b.setFirstToken(m.first_token);
+    b.setNumTokens(m.num_tokens);
+    b.setKvNamespace(m.kv_namespace);
+    return Status::Ok();
+  }
+  Status operator()(const KvPushMsg& m) {
+    if (m.descriptor.size() > ControlLimits::kMaxBlobBytes)
+      return Status::InvalidArgument("kvPush.descriptor larger than the control-plane limit");
+    if (m.tokens.size() > ControlLimits::kMaxPromptTokens) return Status::InvalidArgument("kvPush.tokenIds too long");
+    if (uint64_t{m.first_token} + m.num_tokens != m.tokens.size())
+      return Status::InvalidArgument("kvPush.tokenIds must hold firstToken + numTokens tokens");
+    PDSERVE_RETURN_IF_ERROR(CheckText(m.request_tag, "requestTag"));
+    auto b = root.initKvPush();
+    b.setRequestId(m.request_id);
+    b.setRequestTag(AsText(m.request_tag));
+    auto toks = b.initTokenIds(static_cast<unsigned>(m.tokens.size()));
+    for (size_t i = 0; i < m.tokens.size(); ++i) toks.set(static_cast<unsigned>(i), m.tokens[i]);
+    b.setFirstToken(m.first_token);
+    b.setNumTokens(m.num_tokens);
+    b.setDescriptor(AsData(m.descriptor));
+    b.setKvNamespace(m.kv_namespace);
+    return Status::Ok();
+  }
+  Status operator()(const KvPushFailedMsg& m) {
+    auto b = root.initKvPushFailed();
+    b.setRequestId(m.request_id);
+    // A diagnostic: cut rather than refuse to report a failure.
+    b.setReason(AsText(m.reason.substr(0, ControlLimits::kMaxTextBytes)));
     return Status::Ok();
   }
   Status operator()(const KvReservedMsg& m) {
@@ -492,6 +532,23 @@ Result<ControlMessage> DecodeJob(cp::Job::Reader r) {
   PDSERVE_ASSIGN_OR_RETURN(m.decode_worker_id, ReadText(r.getDecodeWorkerId(), "job.decodeWorkerId"));
   PDSERVE_ASSIGN_OR_RETURN(m.decode_transfer_address, ReadData(r.getDecodeTransferAddress(), "job.decodeTransferAddress"));
   m.dp_rank = r.getDpRank();
+  m.pull_tokens = r.getPullTokens();
+  if (m.pull_tokens > m.prompt.size()) return Status::InvalidArgument("job.pullTokens exceeds the prompt");
+  PDSERVE_ASSIGN_OR_RETURN(m.pull_worker_id, ReadText(r.getPullWorkerId(), "job.pullWorkerId"));
+  return ControlMessage(std::move(m));
+}
+
+Result<ControlMessage> DecodeKvPush(cp::KvPush::Reader r) {
+  KvPushMsg m;
+  m.request_id = r.getRequestId();
+  PDSERVE_ASSIGN_OR_RETURN(m.request_tag, ReadText(r.getRequestTag(), "kvPush.requestTag"));
+  PDSERVE_ASSIGN_OR_RETURN(m.tokens, ReadTokens(r.getTokenIds(), ControlLimits::kMaxPromptTokens, "kvPush.tokenIds"));
+  m.first_token = r.getFirstToken();
+  m.num_tokens = r.getNumTokens();
+  if (uint64_t{m.first_token} + m.num_tokens != m.tokens.size())
+    return Status::InvalidArgument("kvPush.tokenIds must hold firstToken + numTokens tokens");
+  PDSERVE_ASSIGN_OR_RETURN(m.descriptor, ReadData(r.getDescriptor(), "kvPush.descriptor", ControlLimits::kMaxBlobBytes));
+  m.kv_namespace = r.getKvNamespace();
   return ControlMessage(std::move(m));
 }
 
@@ -601,6 +658,24 @@ Result<ControlMessage> DecodeRoot(cp::ControlMessage::Reader root) {
       return ControlMessage(std::move(m));
     }
     case cp::ControlMessage::KV_EVENTS: return DecodeKvEvents(root.getKvEvents());
+    case cp::ControlMessage::KV_PULL: {
+      auto r = root.getKvPull();
+      KvPullMsg m;
+      m.request_id = r.getRequestId();
+      PDSERVE_ASSIGN_OR_RETURN(m.descriptor, ReadData(r.getDescriptor(), "kvPull.descriptor", ControlLimits::kMaxBlobBytes));
+      m.first_token = r.getFirstToken();
+      m.num_tokens = r.getNumTokens();
+      m.kv_namespace = r.getKvNamespace();
+      return ControlMessage(std::move(m));
+    }
+    case cp::ControlMessage::KV_PUSH: return DecodeKvPush(root.getKvPush());
+    case cp::ControlMessage::KV_PUSH_FAILED: {
+      auto r = root.getKvPushFailed();
+      KvPushFailedMsg m;
+      m.request_id = r.getRequestId();
+      PDSERVE_ASSIGN_OR_RETURN(m.reason, ReadText(r.getReason(), "kvPushFailed.reason"));
+      return ControlMessage(std::move(m));
+    }
   }
   return Status::Unimplemented("control message of an unknown kind (a newer peer?)");
 }

@@ -117,11 +117,27 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
       KvEventsMsg{true, 64, 256, {1, 0xffffffffffffffffull, 0}, {}},
       KvEventsMsg{false, 16, 32, {7}, {8, 9}},
       KvEventsMsg{false, 16, 32, {}, {}},
+      KvPullMsg{5, std::string("d\0esc", 5), 128, 256, 0xabcdef},
+      KvPushMsg{5, "chatcmpl-1", {1, 2, 3, 4}, 1, 3, std::string("d\0esc", 5), 0xabcdef},
+      KvPushFailedMsg{5, "evicted"},
   };
   for (const auto& m : messages) {
     SCOPED_TRACE(ControlMessageName(m));
     EXPECT_EQ(RoundTrip(m), m);
   }
+}
+
+TEST(ControlCodecTest, PullFieldsAreChecked) {
+  JobMsg job = SampleJob();
+  job.phase = JobPhase::kPrefill;
+  job.pull_tokens = static_cast<uint32_t>(job.prompt.size());
+  job.pull_worker_id = "prefill-1";
+  EXPECT_EQ(std::get<JobMsg>(RoundTrip(job)), job);
+  job.pull_tokens = static_cast<uint32_t>(job.prompt.size()) + 1;
+  EXPECT_EQ(EncodeControlMessage(job).status().code(), StatusCode::kInvalidArgument);
+  // The tokens of a push must be exactly the prefix it names.
+  EXPECT_EQ(EncodeControlMessage(KvPushMsg{5, "t", {1, 2, 3}, 1, 3, "d", 1}).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(ControlCodecTest, OptionalSeedSurvives) {

@@ -39,7 +39,8 @@ bool TokenEventMsg::operator==(const TokenEventMsg& o) const {
 const char* ControlMessageName(const ControlMessage& message) {
   static constexpr const char* kNames[] = {
       "register", "registerAck", "registerRefuse", "heartbeat", "heartbeatAck", "job",
-      "kvReserved", "firstToken", "tokenEvent", "abort", "drain", "deregister", "kvEvents"};
+      "kvReserved", "firstToken", "tokenEvent", "abort", "drain", "deregister", "kvEvents",
+      "kvPull", "kvPush", "kvPushFailed"};
   static_assert(std::variant_size_v<ControlMessage> == std::size(kNames));
   return kNames[message.index()];
 }

@@ -107,6 +107,8 @@ struct JobMsg {
   uint32_t dp_rank = 0;                 // the target DP rank (RegisterMsg::dp_rank)
   grammar::Constraint constraint;       // inactive: unconstrained
   uint64_t prefill_kv_namespace = 0;    // decode phase: the paired prefill worker's kv_namespace
+  uint32_t pull_tokens = 0;             // prefill phase: prefix cached on pull_worker_id (0: none)
+  std::string pull_worker_id;
   bool operator==(const JobMsg&) const = default;
 };
 
@@ -185,10 +187,37 @@ struct KvEventsMsg {
   bool operator==(const KvEventsMsg&) const = default;
 };
 
+// Pulls (proto/control.capnp KvPull / KvPush / KvPushFailed; docs/prefix-cache.md "Pulls").
+struct KvPullMsg {
+  uint64_t request_id = 0;
+  std::string descriptor;  // opaque KV descriptor of the puller's blocks
+  uint32_t first_token = 0;
+  uint32_t num_tokens = 0;
+  uint64_t kv_namespace = 0;
+  bool operator==(const KvPullMsg&) const = default;
+};
+
+struct KvPushMsg {
+  uint64_t request_id = 0;
+  std::string request_tag;
+  std::vector<int32_t> tokens;  // the prompt's first first_token + num_tokens tokens
+  uint32_t first_token = 0;
+  uint32_t num_tokens = 0;
+  std::string descriptor;
+  uint64_t kv_namespace = 0;
+  bool operator==(const KvPushMsg&) const = default;
+};
+
+struct KvPushFailedMsg {
+  uint64_t request_id = 0;
+  std::string reason;
+  bool operator==(const KvPushFailedMsg&) const = default;
+};
+
 using ControlMessage =
     std::variant<RegisterMsg, RegisterAckMsg, RegisterRefuseMsg, HeartbeatMsg, HeartbeatAckMsg,
                  JobMsg, KvReservedMsg, FirstTokenMsg, TokenEventMsg, AbortMsg, DrainMsg,
-                 DeregisterMsg, KvEventsMsg>;
+                 DeregisterMsg, KvEventsMsg, KvPullMsg, KvPushMsg, KvPushFailedMsg>;
 
 // The message's name as in the schema ("register", "tokenEvent", ...), for logs and metrics.
 const char* ControlMessageName(const ControlMessage& message);

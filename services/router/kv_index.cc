@@ -86,6 +86,14 @@ void KvIndex::NoteDispatched(uint64_t worker, PromptChains* chains, Clock::time_
 }
 
 int64_t KvIndex::PredictHitTokens(uint64_t worker, PromptChains* chains, Clock::time_point now) const {
+  return Predict(worker, chains, true, now);
+}
+
+int64_t KvIndex::PredictStoredTokens(uint64_t worker, PromptChains* chains) const {
+  return Predict(worker, chains, false, Clock::time_point{});
+}
+
+int64_t KvIndex::Predict(uint64_t worker, PromptChains* chains, bool pending, Clock::time_point now) const {
   auto it = by_worker_.find(worker);
   if (it == by_worker_.end()) return 0;
   const Worker& w = it->second;
@@ -94,6 +102,7 @@ int64_t KvIndex::PredictHitTokens(uint64_t worker, PromptChains* chains, Clock::
   if (B <= 0 || n < 1 || (w.hashes.empty() && w.pending.empty())) return 0;
   auto holds = [&](uint64_t h) {
     if (w.hashes.count(h)) return true;
+    if (!pending) return false;
     auto p = w.pending.find(h);
     return p != w.pending.end() && p->second > now;
   };

@@ -80,6 +80,9 @@ class KvIndex {
   // The prompt tokens `worker` would find in its prefix cache (0 when it publishes nothing),
   // counting its pending blocks that have not expired at `now`.
   int64_t PredictHitTokens(uint64_t worker, PromptChains* chains, Clock::time_point now = Clock::now()) const;
+  // The same, counting only blocks the worker reported stored (what it can hand to another
+  // worker now: a pending block may still be computing).
+  int64_t PredictStoredTokens(uint64_t worker, PromptChains* chains) const;
 
   // `worker` was sent `chains`' prompt to compute: the prompt's full blocks become pending for
   // it until reported or `now + pending_ttl`. Nothing for a worker that published no events yet
@@ -87,6 +90,8 @@ class KvIndex {
   void NoteDispatched(uint64_t worker, PromptChains* chains, Clock::time_point now = Clock::now());
 
  private:
+  int64_t Predict(uint64_t worker, PromptChains* chains, bool pending, Clock::time_point now) const;
+
   struct Worker {
     uint64_t ns = 0;
     int64_t block_tokens = 0;

@@ -132,6 +132,9 @@ TEST(KvIndexTest, DispatchedPromptsArePendingUntilReportedOrExpired) {
   index.NoteDispatched(1, &chains, t0);
   EXPECT_EQ(index.PendingBlocks(1, t0), 4);  // blocks 2..5 (6 full blocks of 100 tokens)
   EXPECT_EQ(index.PredictHitTokens(1, &chains, t0), 96);  // (100 - 1) / 16 = 6 blocks
+  // What the worker could hand to another now: the stored blocks only (pending ones may still
+  // be computing).
+  EXPECT_EQ(index.PredictStoredTokens(1, &chains), 32);
   // Reported stored: no longer pending, and they outlive the TTL.
   ASSERT_TRUE(index.Apply(1, kNs, 100, KvEventsMsg{false, kB, kC, Names(p, 2, 4), {}}).ok());
   EXPECT_EQ(index.PendingBlocks(1, t0), 2);

@@ -52,6 +52,8 @@ const pdserve::services::CommandSpec kSpec{
      {"colocated-policy", "P", "kv_aware (default) | round_robin | least_outstanding_tokens | kv_capacity_aware"},
      {"decode-local-prefill-tokens", "N",
       "a decode worker holding all but <= N prompt tokens computes them itself (default 256; 0: never)"},
+     {"pull-min-tokens", "N",
+      "a prefill worker pulls a cached prefix from another worker when it gains >= N tokens (default 128; 0: never)"},
      {"heartbeat-interval-ms", "N", "heartbeat period told to workers"},
      {"heartbeat-timeout-ms", "N", "silence after which a worker is removed"},
      {"request-timeout-ms", "N", "whole-request deadline"},
@@ -91,6 +93,7 @@ Result<RouterConfig> BuildConfig(const pdserve::services::CommandLine& cl) {
   c.routing.colocated_policy = cl.GetOr("colocated-policy", c.routing.colocated_policy);
   PDSERVE_ASSIGN_OR_RETURN(c.routing.decode_local_prefill_tokens,
                            cl.GetInt("decode-local-prefill-tokens", c.routing.decode_local_prefill_tokens, 0, 1 << 24));
+  PDSERVE_ASSIGN_OR_RETURN(c.routing.pull_min_tokens, cl.GetInt("pull-min-tokens", c.routing.pull_min_tokens, 0, 1 << 24));
   auto ms = [&](const char* key, std::chrono::milliseconds* out) -> Status {
     PDSERVE_ASSIGN_OR_RETURN(int64_t v, cl.GetInt(key, out->count()));
     *out = std::chrono::milliseconds(v);

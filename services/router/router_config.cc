@@ -24,7 +24,12 @@ Result<RouterConfig> RouterConfig::FromYaml(const services::YamlSection& s) {
   PDSERVE_RETURN_IF_ERROR(s.GetEnum("chat_format", {"auto", "deepseek_v3", "deepseek_v31"}, &c.chat_format));
   PDSERVE_ASSIGN_OR_RETURN(services::YamlSection r, s.Section("routing"));
   PDSERVE_RETURN_IF_ERROR(
-      r.CheckKeys({"mode", "prefill_policy", "decode_policy", "colocated_policy", "decode_local_prefill_tokens"}));
+      r.CheckKeys({"mode", "prefill_policy", "decode_policy", "colocated_policy", "decode_local_prefill_tokens",
+                   "pull_min_tokens"}));
+  PDSERVE_RETURN_IF_ERROR(r.Get("pull_min_tokens", &c.routing.pull_min_tokens));
+  if (c.routing.pull_min_tokens < 0 || c.routing.pull_min_tokens > (int64_t{1} << 24))
+    return Status::InvalidArgument("router.routing.pull_min_tokens must be in [0, 16777216], got " +
+                                   std::to_string(c.routing.pull_min_tokens));
   PDSERVE_RETURN_IF_ERROR(r.Get("decode_local_prefill_tokens", &c.routing.decode_local_prefill_tokens));
   if (c.routing.decode_local_prefill_tokens < 0 || c.routing.decode_local_prefill_tokens > (int64_t{1} << 24))
     return Status::InvalidArgument("router.routing.decode_local_prefill_tokens must be in [0, 16777216], got " +

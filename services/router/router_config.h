@@ -26,6 +26,8 @@ struct RoutingConfig {
   // Decode-side hits: at most this many uncached prompt tokens are computed on a decode worker
   // that holds the rest (0: never; docs/router.md "Decode-side hits").
   int64_t decode_local_prefill_tokens = 256;
+  // RouterCoreOptions::pull_min_tokens (docs/prefix-cache.md "Pulls"); 0: no pulls.
+  int64_t pull_min_tokens = 128;
 };
 
 struct RouterConfig {

@@ -110,6 +110,13 @@ TEST(RouterConfigTest, KvAwareForTheRolesThatComputePrompts) {
   ASSERT_FALSE(negative.ok());
   EXPECT_NE(negative.status().message().find("decode_local_prefill_tokens"), std::string::npos)
       << negative.status().ToString();
+  EXPECT_EQ(RouterConfig{}.routing.pull_min_tokens, 128);
+  auto pulls = parse("{pull_min_tokens: 0}");
+  ASSERT_TRUE(pulls.ok()) << pulls.status().ToString();
+  EXPECT_EQ(pulls->routing.pull_min_tokens, 0);
+  auto huge = parse("{pull_min_tokens: 99999999}");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("pull_min_tokens"), std::string::npos) << huge.status().ToString();
 }
 
 TEST(RouterConfigTest, Errors) {

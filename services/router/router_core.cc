@@ -178,13 +178,41 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   const PredictHitFn predict = [&](const WorkerEntry& w) {
     return kv_index_.PredictHitTokens(w.registration, &chains);
   };
+  // Pulls: the workers that could write a cached prefix to a prefill worker (one-process prefill
+  // and decode workers with a prefix cache), with what they hold of this prompt now. A prefill
+  // worker's effective hit is the larger of its own and the best other holder's in its
+  // namespace, when the difference is worth a pull; kv_aware scores by that.
+  struct Holder {
+    const WorkerEntry* worker;
+    int64_t stored_tokens;
+  };
+  std::vector<Holder> holders;
+  if (disaggregated && options_.pull_min_tokens > 0)
+    for (const WorkerEntry* w : registry_.All())
+      if (w->role != WorkerRole::kColocated && w->instance_id.empty() && w->kv_namespace != 0 && !w->draining &&
+          !w->drain_requested && !w->transfer_address.empty())
+        if (const int64_t t = kv_index_.PredictStoredTokens(w->registration, &chains); t > 0) holders.push_back({w, t});
+  auto best_holder = [&](const WorkerEntry& puller, int64_t own_hit) -> const Holder* {
+    const Holder* best = nullptr;
+    for (const Holder& h : holders)
+      if (h.worker->registration != puller.registration && h.worker->kv_namespace == puller.kv_namespace &&
+          h.stored_tokens >= own_hit + int64_t{options_.pull_min_tokens} &&
+          (!best || h.stored_tokens > best->stored_tokens))
+        best = &h;
+    return best;
+  };
+  const PredictHitFn predict_with_pulls = [&](const WorkerEntry& w) -> PredictedHit {
+    const int64_t own = predict(w).tokens;
+    const Holder* h = best_holder(w, own);
+    return h ? PredictedHit(h->stored_tokens, h->stored_tokens - own) : PredictedHit(own);
+  };
   if (disaggregated) {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kDecode, options_.decode_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true, &cursor_decode_,
                                                    prefer_output));
     PDSERVE_ASSIGN_OR_RETURN(prefill, registry_.Choose(WorkerRole::kPrefill, options_.prefill_policy, prompt_tokens,
                                                        std::nullopt, 0, false, &cursor_prefill_, prefer_prefill,
-                                                       predict));
+                                                       predict_with_pulls));
   } else {
     PDSERVE_ASSIGN_OR_RETURN(out, registry_.Choose(WorkerRole::kColocated, options_.colocated_policy, prompt_tokens,
                                                    max_tokens, options_.default_max_tokens, true,
@@ -210,6 +238,20 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   // worker, or a decode worker with a decode-side hit.
   const bool two_workers = disaggregated && !decode_local;
   if (decode_local) metrics_->decode_local_prefills.Increment();
+  // The prefill worker's pull, when another worker holds enough more of the prompt.
+  const Holder* pull_from = nullptr;
+  route.pull_holder_peer.clear();
+  route.pull_holder_registration = 0;
+  route.pull_prefix.clear();
+  if (two_workers) {
+    pull_from = best_holder(*prefill.worker, predict(*prefill.worker).tokens);
+    if (pull_from) {
+      prefill.predicted_hit_tokens = pull_from->stored_tokens;
+      route.pull_holder_peer = pull_from->worker->peer;
+      route.pull_holder_registration = pull_from->worker->registration;
+      route.pull_prefix.assign(prompt.begin(), prompt.begin() + pull_from->stored_tokens);
+    }
+  }
   route.predicted_hit_tokens = two_workers ? prefill.predicted_hit_tokens : out.predicted_hit_tokens;
   // The worker computing the prompt is about to cache its blocks: the next prompt with this
   // prefix sees them before the worker's events report them (kv_index.h "pending").
@@ -241,6 +283,11 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
     route.prefill_job.phase = services::JobPhase::kPrefill;
     route.prefill_job.decode_worker_id = out.worker->id;
     route.prefill_job.dp_rank = prefill.worker->dp_rank;
+    if (pull_from) {
+      route.prefill_job.pull_tokens = static_cast<uint32_t>(pull_from->stored_tokens);
+      route.prefill_job.pull_worker_id = pull_from->worker->id;
+      metrics_->prefix_pulls_planned.Increment();
+    }
     job.phase = services::JobPhase::kDecode;
     job.prefill_kv_namespace = prefill.worker->kv_namespace;
   } else {
@@ -253,7 +300,8 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   services::RequestLog("router", tag)
       .Debug("job {:x}: {} prompt tokens ({} predicted cached), max_tokens {} -> {}{}", job_id, prompt_tokens,
              *route.predicted_hit_tokens, out.max_tokens, out.worker->id,
-             two_workers    ? " (decode), prefill " + prefill.worker->id
+             two_workers    ? " (decode), prefill " + prefill.worker->id +
+                                  (pull_from ? " pulling from " + pull_from->worker->id : std::string())
              : decode_local ? std::string(" (decode-side hit: computes the rest itself)")
                             : std::string());
   metrics_->CountPlacement(out.worker->role, out.worker->id, out.worker->dp_rank);
@@ -372,8 +420,18 @@ void RouterCore::WorkerGoneLocked(const WorkerEntry& worker, const std::string& 
   // Its entry is gone: its charges close with nothing to credit.
   ledger_.ForgetWorker(worker);
   std::vector<uint64_t> affected;
-  for (const auto& [id, r] : routes_)
+  for (auto& [id, r] : routes_) {
     if (r.attempt.DependsOn(worker.peer)) affected.push_back(id);
+    // A pull from the gone worker: its prefill worker computes the prefix instead (the transfer
+    // layer would notice too, but only at its lease or timeout when the holder went silent).
+    if (r.pull_holder_peer == worker.peer && r.pull_holder_registration == worker.registration) {
+      r.pull_holder_peer.clear();
+      r.pull_prefix.clear();
+      metrics_->prefix_pulls_failed.Increment();
+      if (!r.attempt.prefill_peer().empty() && r.attempt.prefill_peer() != worker.peer)
+        SendLocked(r.attempt.prefill_peer(), services::KvPushFailedMsg{id, "the holder " + worker.id + " failed"});
+    }
+  }
   const Status why = Status::Unavailable(
       fmt::format("{} worker {} failed ({})", services::WorkerRoleName(worker.role), worker.id, reason));
   // The gone worker no longer holds the job: no abort to it.
@@ -397,6 +455,49 @@ void RouterCore::OnKvReservedLocked(const std::string& peer, services::KvReserve
   SendLocked(r.attempt.prefill_peer(), r.prefill_job);
   r.prefill_job.prompt.clear();  // no longer needed
   r.prefill_job.kv_descriptor.clear();
+}
+
+void RouterCore::OnKvPullLocked(const std::string& peer, services::KvPullMsg msg) {
+  auto it = routes_.find(msg.request_id);
+  if (it == routes_.end()) return;  // ended: the prefill worker's job is aborted anyway
+  Route& r = it->second;
+  if (r.attempt.prefill_peer() != peer || r.pull_holder_peer.empty()) return;  // stale or stray
+  const WorkerEntry* holder = registry_.FindByPeer(r.pull_holder_peer);
+  const uint64_t end = uint64_t{msg.first_token} + msg.num_tokens;
+  services::KvPushFailedMsg failed{msg.request_id, {}};
+  if (!holder || holder->registration != r.pull_holder_registration) {
+    failed.reason = "the holder left the cluster";
+  } else if (end > r.pull_prefix.size()) {
+    failed.reason = fmt::format("the pull asks for tokens up to {}, the router planned {}", end, r.pull_prefix.size());
+  }
+  if (!failed.reason.empty()) {
+    metrics_->prefix_pulls_failed.Increment();
+    SendLocked(peer, failed);
+    r.pull_holder_peer.clear();
+    r.pull_prefix.clear();
+    return;
+  }
+  services::KvPushMsg push;
+  push.request_id = msg.request_id;
+  push.request_tag = r.request->tag();
+  push.tokens.assign(r.pull_prefix.begin(), r.pull_prefix.begin() + static_cast<int64_t>(end));
+  push.first_token = msg.first_token;
+  push.num_tokens = msg.num_tokens;
+  push.descriptor = std::move(msg.descriptor);
+  push.kv_namespace = msg.kv_namespace;
+  SendLocked(holder->peer, push);
+  r.pull_prefix.clear();  // no longer needed; the holder's failure still finds the route
+}
+
+void RouterCore::OnKvPushFailedLocked(const std::string& peer, services::KvPushFailedMsg msg) {
+  auto it = routes_.find(msg.request_id);
+  if (it == routes_.end()) return;
+  Route& r = it->second;
+  if (r.pull_holder_peer != peer) return;  // stale or stray
+  metrics_->prefix_pulls_failed.Increment();
+  services::RequestLog("router", r.request->tag()).Debug("pull not served: {}", msg.reason);
+  r.pull_holder_peer.clear();
+  if (!r.attempt.prefill_peer().empty()) SendLocked(r.attempt.prefill_peer(), msg);
 }
 
 void RouterCore::OnKvEventsLocked(const std::string& peer, const services::KvEventsMsg& msg) {
@@ -574,6 +675,12 @@ void RouterCore::HandleMessage(std::string_view peer_view, std::string_view payl
   } else if (auto* kv_events = std::get_if<services::KvEventsMsg>(&msg)) {
     registry_.Touch(peer, now);
     OnKvEventsLocked(peer, *kv_events);
+  } else if (auto* pull = std::get_if<services::KvPullMsg>(&msg)) {
+    registry_.Touch(peer, now);
+    OnKvPullLocked(peer, std::move(*pull));
+  } else if (auto* failed = std::get_if<services::KvPushFailedMsg>(&msg)) {
+    registry_.Touch(peer, now);
+    OnKvPushFailedLocked(peer, std::move(*failed));
   } else if (auto* dereg = std::get_if<services::DeregisterMsg>(&msg)) {
     if (auto gone = registry_.Remove(peer)) {
       log->info("worker {} deregistered ({})", gone->id, dereg->reason);

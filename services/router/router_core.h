@@ -75,6 +75,13 @@ struct RouterCoreOptions {
   // worker alone (a colocated job: it maps its cached prefix and computes the rest), instead of
   // a prefill worker computing the whole prompt again. 0: always through a prefill worker.
   uint32_t decode_local_prefill_tokens = 256;
+  // Pulls (docs/prefix-cache.md "Pulls"): a prefill worker whose own cache holds at least this
+  // many tokens less of the prompt than another worker's (prefill or decode, one-process, same
+  // KV namespace) has that worker write the difference into its blocks instead of computing it.
+  // Moving a block's KV costs far less than computing it (a 2K-token prefix of the small model
+  // is ~9 MB: milliseconds over shm or RDMA, seconds of compute), so the bar is only there to
+  // skip pulls whose round trip outweighs a block or two. 0: no pulls.
+  uint32_t pull_min_tokens = 128;
   uint32_t default_max_tokens = 0;
   uint32_t max_outstanding_requests = 1024;
   // Re-dispatches of one request after worker failures; 0 fails requests at once.
@@ -183,6 +190,11 @@ class RouterCore {
     // The current attempt's predicted prefix-cache hit on the worker computing the prompt
     // (prefill, colocated); counted with the actual one when that worker reports it.
     std::optional<int64_t> predicted_hit_tokens;
+    // The current attempt's pull: the worker that holds the prefix (its peer and registration),
+    // and the prefix's tokens, until the prefill worker's kvPull is forwarded.
+    std::string pull_holder_peer;
+    uint64_t pull_holder_registration = 0;
+    std::vector<int32_t> pull_prefix;
   };
   // Why the current attempt failed, for MigrateLocked.
   struct Failure {
@@ -201,6 +213,10 @@ class RouterCore {
   void OnOutputEventLocked(Route& route, const std::string& peer, services::TokenEventMsg ev);
   void OnKvReservedLocked(const std::string& peer, services::KvReservedMsg msg);
   void OnKvEventsLocked(const std::string& peer, const services::KvEventsMsg& msg);
+  // Pulls: the prefill worker's reservation goes to the holder as kvPush; the holder's failure
+  // goes back to the prefill worker.
+  void OnKvPullLocked(const std::string& peer, services::KvPullMsg msg);
+  void OnKvPushFailedLocked(const std::string& peer, services::KvPushFailedMsg msg);
   // The predicted hit against what the worker computing the prompt reports (metrics).
   void CountPrefixHitLocked(Route& route, const std::string& peer, const services::TokenEventMsg& ev);
   void WorkerGoneLocked(const WorkerEntry& worker, const std::string& reason);

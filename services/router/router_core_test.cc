@@ -92,6 +92,7 @@ class RouterCoreTest : public ::testing::Test {
     m.capacity = {16, 100, 100, 10, 1000, instance_id.empty() ? 1u : 2u};
     m.instance_id = instance_id;
     m.kv_namespace = kv_namespace;
+    if (role != WorkerRole::kColocated) m.transfer_address = peer + "-transfer";
     From(peer, m);
     ASSERT_EQ(Take<services::RegisterAckMsg>(peer).size(), 1u) << peer;
   }
@@ -1041,6 +1042,108 @@ TEST_F(RouterCoreTest, DecodeSideHitRunsTheRequestOnTheDecodeWorker) {
     core_->Cancel(req->id(), "enough");
   }
   EXPECT_EQ(metrics_.decode_local_prefills.Value(), 1);
+}
+
+// Pulls (docs/prefix-cache.md "Pulls"): a prefill worker placed where another worker holds at
+// least pull_min_tokens more of the prompt gets the job with a pull of that worker's prefix; its
+// kvPull goes to the holder as kvPush (with the prefix's tokens), the holder's kvPushFailed comes
+// back to it, and a holder that leaves fails the pull at once. A smaller gain plans no pull.
+TEST_F(RouterCoreTest, PullsAPrefixFromTheWorkerThatHoldsIt) {
+  RouterCoreOptions o = TestOptions();
+  o.prefill_policy = RoutingPolicy::kRoundRobin;  // a job on the worker without the prefix
+  o.decode_local_prefill_tokens = 0;
+  o.pull_min_tokens = 30;
+  Make(o);
+  constexpr uint64_t kNs = 57;
+  constexpr uint32_t kB = 10, kC = 20;
+  Register("p0", WorkerRole::kPrefill, 1, kNs);
+  Register("p1", WorkerRole::kPrefill, 1, kNs);
+  Register("d", WorkerRole::kDecode, 1, kNs);
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i * 13 % 877);
+  std::vector<uint64_t> names;
+  ExtendChain(kNs, prompt, kB, 9, &names);
+  From("p0", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 8}, {}});
+  // Submits until the prefill job lands on p1 (round robin), cancelling the ones on p0, whose
+  // own hit needs no pull.
+  auto on_p1 = [&](std::shared_ptr<ActiveRequest>* req) -> JobMsg {
+    for (int i = 0; i < 2; ++i) {
+      *req = SubmitPrompt(prompt, "pull");
+      const JobMsg decode = TakeJob("d");
+      From("d", KvReservedMsg{decode.request_id, "descriptor", "transfer", 10});
+      std::vector<JobMsg> p0 = Take<JobMsg>("p0"), p1 = Take<JobMsg>("p1");
+      if (!p1.empty()) return p1[0];
+      EXPECT_EQ(p0.size(), 1u);
+      if (!p0.empty()) {
+        EXPECT_EQ(p0[0].pull_tokens, 0u);
+      }
+      core_->Cancel((*req)->id(), "next");
+      Aborts("d");
+      Aborts("p0");
+    }
+    ADD_FAILURE() << "no prefill job reached p1";
+    return {};
+  };
+  std::shared_ptr<ActiveRequest> req;
+  {
+    const JobMsg job = on_p1(&req);
+    EXPECT_EQ(job.pull_tokens, 80u);
+    EXPECT_EQ(job.pull_worker_id, "p0-id");
+    EXPECT_EQ(Worker("p1").outstanding_tokens, 20);  // only what neither cache holds
+    From("p1", services::KvPullMsg{job.request_id, "pull-descriptor", 0, 80, kNs});
+    auto pushes = Take<services::KvPushMsg>("p0");
+    ASSERT_EQ(pushes.size(), 1u);
+    EXPECT_EQ(pushes[0].tokens, std::vector<int32_t>(prompt.begin(), prompt.begin() + 80));
+    EXPECT_EQ(pushes[0].first_token, 0u);
+    EXPECT_EQ(pushes[0].num_tokens, 80u);
+    EXPECT_EQ(pushes[0].descriptor, "pull-descriptor");
+    EXPECT_EQ(pushes[0].kv_namespace, kNs);
+    // The holder evicted them meanwhile: p1 hears it (and computes the prefix).
+    From("p0", services::KvPushFailedMsg{job.request_id, "evicted"});
+    auto failed = Take<services::KvPushFailedMsg>("p1");
+    ASSERT_EQ(failed.size(), 1u);
+    EXPECT_EQ(failed[0].reason, "evicted");
+    // A second failure report, or one from a worker that is not the holder, goes nowhere.
+    From("d", services::KvPushFailedMsg{job.request_id, "stray"});
+    EXPECT_TRUE(Take<services::KvPushFailedMsg>().empty());
+    core_->Cancel(req->id(), "done");
+    Aborts("d");
+    Aborts("p1");
+  }
+  EXPECT_EQ(metrics_.prefix_pulls_planned.Value(), 1);
+  EXPECT_EQ(metrics_.prefix_pulls_failed.Value(), 1);
+  {
+    // The holder leaves after the pull was forwarded: p1 is told at once; the request goes on.
+    const JobMsg job = on_p1(&req);
+    ASSERT_EQ(job.pull_tokens, 80u);
+    From("p1", services::KvPullMsg{job.request_id, "pull-descriptor", 30, 50, kNs});
+    auto pushes = Take<services::KvPushMsg>("p0");
+    ASSERT_EQ(pushes.size(), 1u);
+    EXPECT_EQ(pushes[0].first_token, 30u);
+    From("p0", services::DeregisterMsg{"bye"});
+    auto failed = Take<services::KvPushFailedMsg>("p1");
+    ASSERT_EQ(failed.size(), 1u);
+    EXPECT_FALSE(req->ended());
+    EXPECT_TRUE(Aborts("p1").empty());
+    core_->Cancel(req->id(), "done");
+    Aborts("d");
+    Aborts("p1");
+  }
+  EXPECT_EQ(metrics_.prefix_pulls_failed.Value(), 2);
+  {
+    // p1 holds 60 of p0's 80 now: 20 tokens more is below the bar, no pull. (p0 came back.)
+    Register("p0", WorkerRole::kPrefill, 2, kNs);
+    From("p0", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 8}, {}});
+    From("p1", services::KvEventsMsg{true, kB, kC, {names.begin(), names.begin() + 6}, {}});
+    const JobMsg job = on_p1(&req);
+    EXPECT_EQ(job.pull_tokens, 0u);
+    EXPECT_TRUE(job.pull_worker_id.empty());
+    core_->Cancel(req->id(), "done");
+    Aborts("d");
+    Aborts("p1");
+  }
+  EXPECT_EQ(metrics_.prefix_pulls_planned.Value(), 2);
+  ExpectIdle();
 }
 
 TEST_F(RouterCoreTest, KvAwareColocatedCountsTheHitAtTheFinish) {

@@ -85,6 +85,18 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
                                       "prefix cache and computed the rest itself")
                                 .Register(*registry)
                                 .Add({})),
+      prefix_pulls_planned(prometheus::BuildCounter()
+                               .Name("pdserve_router_prefix_pulls_total")
+                               .Help("Prefill jobs sent with a pull of another worker's cached prefix (planned), "
+                                     "and pulls not served (failed: the prompt was computed)")
+                               .Register(*registry)
+                               .Add({{"outcome", "planned"}})),
+      prefix_pulls_failed(prometheus::BuildCounter()
+                              .Name("pdserve_router_prefix_pulls_total")
+                              .Help("Prefill jobs sent with a pull of another worker's cached prefix (planned), "
+                                    "and pulls not served (failed: the prompt was computed)")
+                              .Register(*registry)
+                              .Add({{"outcome", "failed"}})),
       registry_(registry),
       requests_(prometheus::BuildCounter()
                     .Name("pdserve_router_requests_total")

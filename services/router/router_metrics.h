@@ -25,6 +25,10 @@
 //   pdserve_router_decode_local_prefills_total    disaggregated requests whose decode worker
 //                                                 held most of the prompt and computed the rest
 //                                                 itself (docs/router.md "Decode-side hits")
+//   pdserve_router_prefix_pulls_total{outcome}     prefill jobs sent with a pull of another
+//                                                 worker's cached prefix (planned), and pulls that
+//                                                 could not be served (failed: the prompt was
+//                                                 computed) (docs/prefix-cache.md "Pulls")
 //   pdserve_router_placements_total{role,worker,dp_rank}  jobs the router placed on each worker
 //                                                 (every DP rank of an instance is a worker;
 //                                                 dp_rank 0 for one-process workers)
@@ -96,6 +100,8 @@ class RouterMetrics {
   prometheus::Counter& prefix_predicted_hit_tokens;
   prometheus::Counter& prefix_actual_hit_tokens;
   prometheus::Counter& decode_local_prefills;
+  prometheus::Counter& prefix_pulls_planned;
+  prometheus::Counter& prefix_pulls_failed;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

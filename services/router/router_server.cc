@@ -259,6 +259,7 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   co.decode_policy = decode_policy;
   co.colocated_policy = colocated_policy;
   co.decode_local_prefill_tokens = static_cast<uint32_t>(c.routing.decode_local_prefill_tokens);
+  co.pull_min_tokens = static_cast<uint32_t>(c.routing.pull_min_tokens);
   co.default_max_tokens = c.default_max_tokens;
   co.max_outstanding_requests = c.max_outstanding_requests;
   co.max_migrations = c.max_migrations;

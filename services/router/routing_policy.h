@@ -51,7 +51,14 @@ struct RoutingCandidate {
   int64_t blocks_for_prompt = 0;
   int64_t prompt_tokens = 0;         // kv_aware: the request's prompt
   int64_t predicted_hit_tokens = 0;  // kv_aware: of those, predicted cached on this worker
+  int64_t pulled_tokens = 0;         // kv_aware: of those, pulled from another worker first
 };
+
+// kv_aware: what a pulled token costs next to a computed one. Moving a token's KV is far
+// cheaper than computing it (CPU: ~500x, a GPU cluster over RDMA: ~25-50x); 1/16 keeps a worker
+// that holds the prefix itself ahead of an equally loaded one that would pull it, and lets a
+// puller win once the holder's queue is longer than a sixteenth of the prefix.
+inline constexpr int64_t kPulledTokenCostDivisor = 16;
 
 // Index of the chosen candidate, or -1 when none can take the request (kv_capacity_aware only:
 // no candidate can hold even the prompt). `cursor` is advanced for round-robin and ties.

@@ -67,6 +67,21 @@ TEST(RoutingPolicyTest, KvAwareScoresTheTokensLeftToComputePlusTheQueue) {
   EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 2);
 }
 
+TEST(RoutingPolicyTest, KvAwareChargesAPulledPrefixASixteenth) {
+  // Both reach a 960-token hit: worker 0 holds it, worker 1 would pull all of it.
+  std::vector<RoutingCandidate> c(2);
+  for (auto& x : c) {
+    x.prompt_tokens = 1000;
+    x.predicted_hit_tokens = 960;
+  }
+  c[1].pulled_tokens = 960;  // costs 60
+  uint64_t cursor = 0;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 0);
+  // The holder's queue is longer than the pull's cost: the puller takes it.
+  c[0].outstanding_tokens = 61;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 1);
+}
+
 TEST(RoutingPolicyTest, KvCapacityAware) {
   std::vector<RoutingCandidate> c(3);
   for (auto& x : c) {

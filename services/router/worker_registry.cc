@@ -173,7 +173,11 @@ Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy polic
     rc.blocks_for_request = BlocksFor(static_cast<int64_t>(prompt_tokens) + c.max_tokens, bt);
     c.blocks = produces_output ? rc.blocks_for_request : rc.blocks_for_prompt;
     rc.prompt_tokens = prompt_tokens;
-    if (predict_hit) rc.predicted_hit_tokens = c.predicted_hit_tokens = predict_hit(*e);
+    if (predict_hit) {
+      const PredictedHit hit = predict_hit(*e);
+      rc.predicted_hit_tokens = c.predicted_hit_tokens = hit.tokens;
+      rc.pulled_tokens = hit.pulled_tokens;
+    }
     choices.push_back(c);
     candidates.push_back(rc);
   }

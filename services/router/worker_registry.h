@@ -81,8 +81,14 @@ struct WorkerChoice {
   int64_t predicted_hit_tokens = 0;  // of the prompt, predicted cached there (with predict_hit)
 };
 
-// The prefix-cache hit (prompt tokens) a worker is predicted to find (KvIndex).
-using PredictHitFn = std::function<int64_t(const WorkerEntry&)>;
+// The prefix-cache hit (prompt tokens) a worker is predicted to find (KvIndex), and how many of
+// them it would pull from another worker first (docs/prefix-cache.md "Pulls").
+struct PredictedHit {
+  PredictedHit(int64_t hit_tokens = 0, int64_t pulled = 0) : tokens(hit_tokens), pulled_tokens(pulled) {}
+  int64_t tokens = 0;
+  int64_t pulled_tokens = 0;
+};
+using PredictHitFn = std::function<PredictedHit(const WorkerEntry&)>;
 
 class WorkerRegistry {
  public:

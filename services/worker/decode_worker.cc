@@ -24,6 +24,8 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(std::unique_ptr<Engin
   ro.lease = h.config().kv_lease;
   ro.transfer_timeout = h.config().kv_transfer_timeout;
   PDSERVE_ASSIGN_OR_RETURN(w->receiver_, kvtransfer::KvReceiver::Create(h.transport(), pool, ro));
+  PDSERVE_ASSIGN_OR_RETURN(w->push_sender_, kvtransfer::KvSender::Create(h.transport()));
+  w->pusher_ = std::make_unique<KvPusher>(&h, w->push_sender_.get());
   w->receiver_thread_ = std::jthread([p = w.get()](std::stop_token st) { p->ReceiverLoop(st); });
   h.engine().Start();
   return w;
@@ -31,6 +33,8 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(std::unique_ptr<Engin
 
 DecodeWorker::~DecodeWorker() {
   host_->SetAgent(nullptr);
+  pusher_.reset();
+  push_sender_.reset();
   receiver_thread_ = {};
   host_->DestroyEngine();
   receiver_.reset();

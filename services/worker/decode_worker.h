@@ -26,8 +26,10 @@
 #include <unordered_map>
 
 #include "kvtransfer/kv_receiver.h"
+#include "kvtransfer/kv_sender.h"
 #include "services/worker/engine_worker.h"
 #include "services/worker/import_allocator.h"
+#include "services/worker/kv_pusher.h"
 
 namespace pdserve::services::worker {
 
@@ -35,13 +37,17 @@ class DecodeWorker final : public EngineWorker {
  public:
   // Errors: KvReceiver::Create's.
   static Result<std::unique_ptr<DecodeWorker>> Create(std::unique_ptr<EngineHost> host);
-  // Receiver thread, then the engine's loop, the engine (aborts what is left, freeing imported
-  // blocks), then the receiver (waits out quarantines) and the allocator; the host last.
+  // The pusher and its sender (no write reads the pool after them), the receiver thread, then
+  // the engine's loop, the engine (aborts what is left, freeing imported blocks), then the
+  // receiver (waits out quarantines) and the allocator; the host last.
   ~DecodeWorker() override;
 
   Status StartJob(const JobMsg& job) override;
   Status CommitFirstToken(const FirstTokenMsg& first) override;
   void AbortJob(uint64_t request_id, std::string_view reason) override;
+  // A prefill worker pulls a prefix this worker's cache holds (a conversation's previous turn,
+  // prompt and reply, lives here): KvPusher writes it (docs/prefix-cache.md "Pulls").
+  Status PushKv(const KvPushMsg& push) override { return pusher_->Push(push); }
 
  protected:
   uint32_t QuarantinedBlocks() override { return receiver_ ? receiver_->Stats().quarantined_blocks : 0; }
@@ -72,6 +78,8 @@ class DecodeWorker final : public EngineWorker {
 
   std::unique_ptr<ImportAllocator> allocator_;
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;
+  std::unique_ptr<kvtransfer::KvSender> push_sender_;  // writes pulled prefixes out of the pool
+  std::unique_ptr<KvPusher> pusher_;
 
   std::mutex mu_;
   std::unordered_map<uint64_t, Job> jobs_;  // by router request id

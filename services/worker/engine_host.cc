@@ -64,7 +64,7 @@ Status EngineHost::Init(const WorkerHooks& hooks) {
     PDSERVE_ASSIGN_OR_RETURN(auto transport, kvtransfer::UcxTransport::Create(to));
     transport_ = std::move(transport);
   }
-  if (config_.role == WorkerRole::kDecode) {
+  if (config_.role != WorkerRole::kColocated) {
     // The whole pool is one region registered once with the transport (allocated by it, so
     // shared-memory peers can map it); the engine builds its block pool over it.
     const uint64_t bytes = static_cast<uint64_t>(config_.kv_cache_gib * (1ull << 30)) / 4096 * 4096;
@@ -145,6 +145,16 @@ void EngineHost::SendKvReserved(KvReservedMsg reserved) {
   if (agent_) agent_->SendKvReserved(std::move(reserved));
 }
 
+void EngineHost::SendKvPull(KvPullMsg pull) {
+  std::lock_guard<std::mutex> lock(agent_mu_);
+  if (agent_) agent_->SendKvPull(std::move(pull));
+}
+
+void EngineHost::SendKvPushFailed(KvPushFailedMsg failed) {
+  std::lock_guard<std::mutex> lock(agent_mu_);
+  if (agent_) agent_->SendKvPushFailed(std::move(failed));
+}
+
 WorkerCapacity EngineHost::Capacity() const {
   WorkerCapacity c;
   c.max_batch = static_cast<uint32_t>(config_.max_seqs > 0 ? config_.max_seqs : 64);
@@ -167,7 +177,7 @@ WorkerLoad EngineHost::Load(uint32_t quarantined_blocks) {
   if (metrics_)
     metrics_->Refresh({s.steps, s.preemptions, s.blocks_held, s.awaiting_kv, quarantined_blocks, s.prefix_lookup_tokens,
                        s.prefix_hit_tokens, s.prefix_computed_tokens, s.prefix_cached_blocks, s.prefix_evictions,
-                       s.prefix_tier_blocks, s.prefix_tier_bytes, s.prefix_tier_stored_blocks,
+                       s.prefix_pulled_tokens, s.prefix_pushed_tokens, s.prefix_tier_blocks, s.prefix_tier_bytes, s.prefix_tier_stored_blocks,
                        s.prefix_tier_stored_bytes, s.prefix_tier_restored_tokens, s.prefix_tier_evictions,
                        s.prefix_tier_corrupt_files});
   return load;

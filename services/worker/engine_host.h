@@ -40,9 +40,10 @@ uint64_t CompatibilityHash(const std::string& config_json, uint64_t weights_fing
 
 class EngineHost {
  public:
-  // `config` is this DP rank's (ForDpRank). Prefill and decode get a UCX transport; decode also
-  // a KV region allocated by it, over which the engine builds its pool (so the transfer layer
-  // registers the pool once). `hooks` are the tests' fault injection (worker_hooks.h).
+  // `config` is this DP rank's (ForDpRank). Prefill and decode get a UCX transport and a KV
+  // region allocated by it, over which the engine builds its pool (so the transfer layer
+  // registers the pool once): a decode worker receives prompts' KV into it, and both roles
+  // receive pulled prefixes and send cached blocks from it. `hooks` are the tests' fault injection (worker_hooks.h).
   // Errors: the engine's (bad model dir), the transport's (UCX unavailable), the fingerprint's.
   static Result<std::unique_ptr<EngineHost>> Create(const WorkerServiceConfig& config,
                                                     std::shared_ptr<prometheus::Registry> registry,
@@ -82,6 +83,8 @@ class EngineHost {
   void ObserveQueueTime(const engine::TokenEvent& ev);
   void Send(TokenEventMsg ev);
   void SendKvReserved(KvReservedMsg reserved);
+  void SendKvPull(KvPullMsg pull);
+  void SendKvPushFailed(KvPushFailedMsg failed);
 
   WorkerCapacity Capacity() const;
   // The engine's load; refreshes the engine metrics (with the decode receiver's quarantined

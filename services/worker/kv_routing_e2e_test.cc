@@ -11,7 +11,9 @@
 //                 the router still predicts the hit and sends the next request to it, which
 //                 recomputes the prompt -- the reply is still exact, only the predicted and
 //                 actual hit counters part, and no KV block leaks on any worker.
+#include <csignal>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -187,6 +189,102 @@ TEST(KvRoutingE2eTest, DecodeSideHitsRunShortTurnsOnTheDecodeWorker) {
     EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
   }
   EXPECT_EQ(PromtoolProblems(HttpGet(c.http_port(), "/metrics", 5s).body), "");
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// Pulls (docs/prefix-cache.md "Pulls"): turn 1 of a conversation ran on prefill worker p0 and
+// decode worker d0; p0 then leaves and p1 takes its place. Turn 2 reaches p1, which holds
+// nothing: d0 holds turn 1's prompt (imported) and the block its reply completed, so p1 has d0
+// write those 640 tokens' KV into its pool (one-sided, over UCX) and computes only the rest.
+// The reply equals the single-process reference, usage says 640 cached, both sides count the
+// pull, and no block leaks.
+TEST(KvRoutingE2eTest, APrefillWorkerPullsTheConversationFromTheDecodeWorker) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-pull");
+  ASSERT_OK_W(c.StartRouter({"--decode-local-prefill-tokens", "0"}), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.Start("d0", "decode"), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  constexpr int kMax = 5;
+  std::vector<int32_t> turn = LongPrompt(46, 636);
+  EXPECT_EQ(CompleteExact(c.http_port(), turn, kMax), 0);
+  w.proc("p0")->Signal(SIGTERM);  // drains and deregisters (the cluster is not ready until p1)
+  ASSERT_TRUE(WaitFor([&] { return c.Workers().size() == 1; }, 30s, 20ms)) << w.Logs();
+  ASSERT_OK_W(w.Start("p1", "prefill"), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  ASSERT_TRUE(WaitFor([&] { return IndexBlocks(c.http_port())["d0"] >= 10; }, 10s, 50ms)) << w.Logs();
+  // Turn 2: + the reply + 300 new tokens.
+  const std::vector<int32_t> reply = Reference(turn, kMax);
+  turn.insert(turn.end(), reply.begin(), reply.end());
+  const std::vector<int32_t> message = LongPrompt(47, 300);
+  turn.insert(turn.end(), message.begin(), message.end());
+  EXPECT_EQ(CompleteExact(c.http_port(), turn, kMax), 640);
+  EXPECT_EQ(RouterMetric(c.http_port(), "pdserve_router_prefix_pulls_total", "outcome=\"planned\""), 1);
+  EXPECT_LE(RouterMetric(c.http_port(), "pdserve_router_prefix_pulls_total", "outcome=\"failed\""), 0);
+  EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_prefix_cache_pulled_tokens_total"), 640);
+  EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_worker_kv_pulls_total", "outcome=\"adopted\""), 1);
+  EXPECT_EQ(MetricValue(w.Metrics("d0"), "pdserve_worker_kv_pushes_total", "outcome=\"ok\""), 1);
+  EXPECT_EQ(MetricValue(w.Metrics("d0"), "pdserve_prefix_cache_pushed_tokens_total"), 640);
+  for (const std::string id : {"p1", "d0"}) {
+    EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+    EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
+  }
+  EXPECT_EQ(PromtoolProblems(HttpGet(c.http_port(), "/metrics", 5s).body), "");
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+// A holder killed mid-pull: p0 (the test-only fault worker, every KV write batch held back 1 s)
+// computed a prompt; d0 caches nothing of its own (--prefix-cache false), so p0 is the only
+// holder. A request with that prefix is placed on p1 (round robin) with a pull from p0; p0 is
+// SIGKILLed while its writes are in flight. p1's pull fails (its counter proves the pull was
+// under way and ended badly), p1 computes the whole prompt, and the reply is still the
+// reference; no block leaks on p1 or d0.
+TEST(KvRoutingE2eTest, AHolderKilledMidPullCostsOnlyARecompute) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-pullkill");
+  ASSERT_OK_W(c.StartRouter({"--decode-local-prefill-tokens", "0", "--prefill-policy", "round_robin"}), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill", {"--fault-slow-kv-writes", "1000"}), w);
+  ASSERT_OK_W(w.Start("d0", "decode", {"--prefix-cache", "false"}), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  constexpr int kMax = 5;
+  const std::vector<int32_t> prefix = LongPrompt(48, 600);
+  EXPECT_EQ(CompleteExact(c.http_port(), prefix, kMax), 0);
+  ASSERT_TRUE(WaitFor([&] { return IndexBlocks(c.http_port())["p0"] >= 9; }, 10s, 50ms)) << w.Logs();
+  ASSERT_OK_W(w.Start("p1", "prefill"), w);
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
+  // Round robin: requests until one is placed on p1 (those on p0 map the prefix there).
+  const std::string planned = "outcome=\"planned\"";
+  bool pulled = false;
+  for (int k = 0; k < 4 && !pulled; ++k) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> more = LongPrompt(70 + k, 50);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    const double before = RouterMetric(c.http_port(), "pdserve_router_prefix_pulls_total", planned);
+    int cached = -2;
+    std::thread client([&] { cached = CompleteExact(c.http_port(), prompt, kMax); });
+    // The job went to p1 with a pull: kill p0 once its first write batch is held back.
+    pulled = WaitFor([&] { return RouterMetric(c.http_port(), "pdserve_router_prefix_pulls_total", planned) > before; },
+                     3s, 5ms);
+    if (pulled) {
+      std::this_thread::sleep_for(300ms);
+      w.proc("p0")->Kill();
+    }
+    client.join();
+    EXPECT_EQ(cached, pulled ? 0 : 576) << "request " << k;
+  }
+  ASSERT_TRUE(pulled) << "no request was placed on p1\n" << w.Logs();
+  // p1's own account: the pull it began ended without the blocks.
+  const std::string p1_log = w.proc("p1")->Log();
+  EXPECT_NE(p1_log.find("pull failed after"), std::string::npos) << p1_log;
+  EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_worker_kv_pulls_total", "outcome=\"failed\""), 1);
+  EXPECT_LE(MetricValue(w.Metrics("p1"), "pdserve_worker_kv_pulls_total", "outcome=\"adopted\""), 0);
+  EXPECT_LE(MetricValue(w.Metrics("p1"), "pdserve_prefix_cache_pulled_tokens_total"), 0);
+  for (const std::string id : {"p1", "d0"}) {
+    EXPECT_TRUE(w.NoBlocksUsed(id, 10s)) << id;
+    EXPECT_EQ(PromtoolProblems(w.Metrics(id)), "") << id;
+  }
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 

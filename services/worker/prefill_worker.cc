@@ -32,6 +32,8 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(std::unique_ptr<Eng
     send_through = w->send_transport_.get();
   }
   PDSERVE_ASSIGN_OR_RETURN(w->sender_, kvtransfer::KvSender::Create(send_through));
+  w->pusher_ = std::make_unique<KvPusher>(w->host_.get(), w->sender_.get());
+  PDSERVE_ASSIGN_OR_RETURN(w->puller_, PrefixPuller::Create(w->host_.get()));
   w->transfer_thread_ = std::jthread([p = w.get()](std::stop_token st) { p->TransferLoop(st); });
   w->abort_thread_ = std::jthread([p = w.get()](std::stop_token st) { p->AbortLoop(st); });
   w->host_->engine().Start();
@@ -40,6 +42,8 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(std::unique_ptr<Eng
 
 PrefillWorker::~PrefillWorker() {
   host_->SetAgent(nullptr);
+  puller_.reset();
+  pusher_.reset();
   transfer_thread_ = {};
   abort_thread_ = {};
   host_->StopEngine();
@@ -93,13 +97,49 @@ Status PrefillWorker::StartJob(const JobMsg& job) {
     ro.kv_export.begin = [this, rid](const std::vector<int32_t>& blocks) { StreamBegin(rid, blocks); };
     ro.kv_export.layer_done = [this, rid](int64_t layer) { StreamLayer(rid, layer); };
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job& j = jobs_[rid];
+    j.msg = job;
+    j.descriptor = std::move(d);
+    j.pending_options = std::move(ro);
+    j.pulling = true;  // Begin's on_done may run before it returns
+  }
+  if (puller_->Begin(job, [this, rid] { OnPullDone(rid); })) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
-  PDSERVE_ASSIGN_OR_RETURN(engine::RequestId id, host_->engine().AddRequest(job.prompt, std::move(ro)));
   Job& j = jobs_[rid];
-  j.msg = job;
-  j.engine_id = id;
-  j.descriptor = std::move(d);
+  j.pulling = false;
+  Status s = SubmitLocked(j);
+  if (!s.ok()) jobs_.erase(rid);
+  return s;
+}
+
+Status PrefillWorker::SubmitLocked(Job& job) {
+  auto id = host_->engine().AddRequest(job.msg.prompt, std::move(*job.pending_options));
+  job.pending_options.reset();
+  PDSERVE_RETURN_IF_ERROR(id.status());
+  job.engine_id = *id;
   return Status::Ok();
+}
+
+void PrefillWorker::OnPullDone(uint64_t rid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(rid);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  job.pulling = false;
+  if (job.ended) {  // aborted while pulling: it already sent its end event
+    jobs_.erase(it);
+    return;
+  }
+  if (Status s = SubmitLocked(job); !s.ok()) {
+    EndLocked(job, FinishReason::kError, s);
+    jobs_.erase(it);
+  }
+}
+
+void PrefillWorker::PullFailed(const KvPushFailedMsg& failed) {
+  puller_->Fail(failed.request_id, Status::Unavailable("the holder cannot write the pull: " + failed.reason));
 }
 
 void PrefillWorker::StreamBegin(uint64_t rid, const std::vector<int32_t>& blocks) {
@@ -204,6 +244,13 @@ void PrefillWorker::AbortJob(uint64_t request_id, std::string_view reason) {
   Job& job = it->second;
   RequestLog("worker", job.msg.request_tag).Info("abort job {}: {}", request_id, reason);
   const uint64_t rid = job.msg.request_id;
+  if (job.pulling) {
+    // Not in the engine yet: end it now; the pull's end (hurried by Fail) forgets it.
+    EndLocked(job, FinishReason::kAbort, Status::Ok());
+    lock.unlock();
+    puller_->Fail(rid, Status::Cancelled("aborted by the router"));
+    return;
+  }
   if (job.token < 0) {
     // Still computing: its abort event ends the job. If the prompt finishes in the step
     // already running (the abort lands after it), the sampled event sees cancel_requested.

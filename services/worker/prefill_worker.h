@@ -33,6 +33,8 @@
 #include "kvtransfer/kv_descriptor.h"
 #include "kvtransfer/kv_sender.h"
 #include "services/worker/engine_worker.h"
+#include "services/worker/kv_pusher.h"
+#include "services/worker/prefix_puller.h"
 
 namespace pdserve::services::worker {
 
@@ -41,13 +43,18 @@ class PrefillWorker final : public EngineWorker {
   // `hooks.wrap_sender_transport` (tests) wraps the transport the sender writes through.
   // Errors: KvSender::Create's.
   static Result<std::unique_ptr<PrefillWorker>> Create(std::unique_ptr<EngineHost> host, const WorkerHooks& hooks);
-  // Transfer and abort threads, then the engine's loop, then the sender (it aborts its requests and
-  // returns once none of their writes, which read the engine's pool, is in flight), then the
-  // engine; the host last.
+  // The puller (its thread submits jobs) and the pusher, the transfer and abort threads, then the
+  // engine's loop, then the sender (it aborts its requests and returns once none of their writes,
+  // which read the engine's pool, is in flight), then the engine; the host last.
   ~PrefillWorker() override;
 
   Status StartJob(const JobMsg& job) override;
   void AbortJob(uint64_t request_id, std::string_view reason) override;
+  // Pulls (docs/prefix-cache.md "Pulls"): this worker's cached blocks written for another
+  // worker (KvPusher, through this worker's sender), and the holder's failure to write a pull
+  // this worker asked for (PrefixPuller).
+  Status PushKv(const KvPushMsg& push) override { return pusher_->Push(push); }
+  void PullFailed(const KvPushFailedMsg& failed) override;
 
  private:
   struct Job {
@@ -64,10 +71,17 @@ class PrefillWorker final : public EngineWorker {
     TokenLogprob logprob;
     std::string constraint_state;  // a constrained request's matcher state after the token
     uint32_t cached_prompt_tokens = 0;  // of the prompt, supplied by the prefix cache
+    // A job with a pull waits for it (PrefixPuller) before the engine gets it.
+    bool pulling = false;
+    std::optional<engine::RequestOptions> pending_options;
   };
 
   explicit PrefillWorker(std::unique_ptr<EngineHost> host) : EngineWorker(std::move(host)) {}
   void OnEngineEvent(uint64_t request_id, const engine::TokenEvent& ev);
+  // Hands the job's prompt to the engine (mu_ held). Errors: Engine::AddRequest's.
+  Status SubmitLocked(Job& job);
+  // The job's pull ended (adopted or failed): submit it, unless it was aborted meanwhile.
+  void OnPullDone(uint64_t request_id);
   // Ends a job with an error / abort event (once); mu_ held.
   void EndLocked(Job& job, FinishReason finish, const Status& error);
   // The prefill's single engine event (mu_ held; may erase the job).
@@ -85,6 +99,8 @@ class PrefillWorker final : public EngineWorker {
 
   std::unique_ptr<kvtransfer::Transport> send_transport_;  // tests' wrapper over the host's, if any
   std::unique_ptr<kvtransfer::KvSender> sender_;
+  std::unique_ptr<KvPusher> pusher_;      // writes through sender_
+  std::unique_ptr<PrefixPuller> puller_;  // receives into the engine's pool
 
   std::mutex mu_;
   std::condition_variable_any cv_;          // transfer queue

@@ -6,6 +6,9 @@
 //                                     their last write (kvtransfer/testing/fault_transport.h),
 //                                     so the decode side gets KV that does not match the digest
 //                                     the completion notice carries (a transfer torn in flight)
+//   --fault-slow-kv-writes MS         prefill: every KV write batch (prompts to decode workers,
+//                                     cached prefixes to pullers) waits MS ms before it is
+//                                     issued, so a test can kill the worker mid-transfer
 //   --fault-fail-prefill-at-layer N   every forward that exports KV fails right after layer N
 //                                     was streamed (engine::EngineOptions::layer_fault_hook)
 //   --fault-kv-events-freeze-file F   while file F exists, the prefix-cache events this worker
@@ -81,14 +84,22 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   const auto tear = TakeInt(args, "fault-tear-kv-writes");
   const auto fail_at = TakeInt(args, "fault-fail-prefill-at-layer");
+  const auto slow = TakeInt(args, "fault-slow-kv-writes");
   const auto freeze_file = TakeText(args, "fault-kv-events-freeze-file");
   pdserve::services::worker::WorkerHooks hooks;
-  if (tear && *tear > 0) {
-    const int n = static_cast<int>(*tear);
-    hooks.wrap_sender_transport = [n](pdserve::kvtransfer::Transport* real) {
+  if ((tear && *tear > 0) || (slow && *slow > 0)) {
+    const int n = tear ? static_cast<int>(*tear) : 0;
+    const long delay_ms = slow ? *slow : 0;
+    hooks.wrap_sender_transport = [n, delay_ms](pdserve::kvtransfer::Transport* real) {
       auto t = std::make_unique<pdserve::kvtransfer::testing::FaultTransport>(real);
-      t->set_drop_writes(n);
-      std::fprintf(stderr, "pdserve-fault-worker: TEST FAULT: the first %d KV write batches lose their last write\n", n);
+      if (n > 0) {
+        t->set_drop_writes(n);
+        std::fprintf(stderr, "pdserve-fault-worker: TEST FAULT: the first %d KV write batches lose their last write\n", n);
+      }
+      if (delay_ms > 0) {
+        t->set_write_delay(std::chrono::milliseconds(delay_ms));
+        std::fprintf(stderr, "pdserve-fault-worker: TEST FAULT: every KV write batch waits %ld ms\n", delay_ms);
+      }
       return std::unique_ptr<pdserve::kvtransfer::Transport>(std::move(t));
     };
   }

@@ -172,6 +172,16 @@ void WorkerAgent::SendKvReserved(KvReservedMsg reserved) {
   Send(std::move(reserved));
 }
 
+void WorkerAgent::SendKvPull(KvPullMsg pull) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!live_.count(pull.request_id)) return;
+  }
+  Send(std::move(pull));
+}
+
+void WorkerAgent::SendKvPushFailed(KvPushFailedMsg failed) { Send(std::move(failed)); }
+
 void WorkerAgent::RejectJob(uint64_t request_id, const Status& status) {
   TokenEventMsg ev;
   ev.request_id = request_id;
@@ -520,6 +530,21 @@ void WorkerAgent::OnMessage(std::string_view payload) {
       live = live_.count(abort->request_id) > 0;
     }
     if (live) handler_->AbortJob(abort->request_id, abort->reason);
+  } else if (auto* push = std::get_if<KvPushMsg>(&msg)) {
+    last_router_contact_ = now;
+    if (state() != State::kRegistered && state() != State::kDraining) {
+      Send(KvPushFailedMsg{push->request_id, "worker " + options_.worker_id + " is " + StateName(state())});
+      return;
+    }
+    if (Status s = handler_->PushKv(*push); !s.ok()) Send(KvPushFailedMsg{push->request_id, s.ToString()});
+  } else if (auto* failed = std::get_if<KvPushFailedMsg>(&msg)) {
+    last_router_contact_ = now;
+    bool live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live = live_.count(failed->request_id) > 0;
+    }
+    if (live) handler_->PullFailed(*failed);
   } else if (auto* drain = std::get_if<DrainMsg>(&msg)) {
     last_router_contact_ = now;
     log->info("worker {}: the router asked to drain (timeout {} ms)", options_.worker_id, drain->timeout_ms);

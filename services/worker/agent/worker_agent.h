@@ -73,6 +73,18 @@ class WorkerHandler {
   // Stop a live job; the handler still ends it with a finishing event (finish kAbort).
   virtual void AbortJob(uint64_t request_id, std::string_view reason) = 0;
 
+  // Pulls (docs/prefix-cache.md "Pulls"). Holder side: start writing the cached KV the push
+  // names into the puller's blocks (a failure after that is the handler's to report with
+  // SendKvPushFailed). An error here is sent back as kvPushFailed by the agent. Called on the
+  // agent's thread while registered; must not block. The default: Unimplemented (a worker
+  // without transferable KV).
+  virtual Status PushKv(const KvPushMsg& push) {
+    return Status::Unimplemented("this worker cannot write its KV to another worker");
+  }
+  // Puller side: the holder cannot write the pull of live job `failed.request_id`: compute the
+  // prefix instead. Called on the agent's thread.
+  virtual void PullFailed(const KvPushFailedMsg& failed) {}
+
   // The router (or a local SIGTERM) asked to drain; the agent refuses new jobs itself. Optional.
   virtual void OnDrain() {}
 
@@ -133,6 +145,9 @@ class WorkerAgent {
   // Any thread. Dropped (and counted) when the job is not live.
   void SendTokenEvent(TokenEventMsg event);
   void SendKvReserved(KvReservedMsg reserved);
+  // Pulls: the puller's reservation (dropped unless its job is live), and the holder's failure.
+  void SendKvPull(KvPullMsg pull);
+  void SendKvPushFailed(KvPushFailedMsg failed);
 
   // Any thread: drain as if the router had asked (e.g. on SIGTERM). timeout 0: wait for the
   // live jobs however long they take.

@@ -79,6 +79,16 @@ EngineWorkerMetrics::EngineWorkerMetrics(prometheus::Registry& registry, WorkerR
                             .Help("KV transfers by outcome (prefill: written and verified; decode: received)")
                             .Labels(Constant(role, worker_id))
                             .Register(registry)),
+      pulls_family_(prometheus::BuildCounter()
+                        .Name("pdserve_worker_kv_pulls_total")
+                        .Help("Prefix pulls this worker asked another worker for, by outcome (adopted | failed)")
+                        .Labels(Constant(role, worker_id))
+                        .Register(registry)),
+      pushes_family_(prometheus::BuildCounter()
+                         .Name("pdserve_worker_kv_pushes_total")
+                         .Help("Prefix pulls this worker served by writing its cached blocks, by outcome (ok | failed)")
+                         .Labels(Constant(role, worker_id))
+                         .Register(registry)),
       steps(prometheus::BuildCounter()
                 .Name("pdserve_worker_engine_steps_total")
                 .Help("Engine steps run")
@@ -160,6 +170,22 @@ EngineWorkerMetrics::EngineWorkerMetrics(prometheus::Registry& registry, WorkerR
                            .Labels(Constant(role, worker_id))
                            .Register(registry)
                            .Add({})),
+      prefix_pulled_tokens(prometheus::BuildCounter()
+                               .Name("pdserve_prefix_cache_pulled_tokens_total")
+                               .Help("Tokens of KV blocks pulled from another worker into this prefix cache")
+                               .Labels(Constant(role, worker_id))
+                               .Register(registry)
+                               .Add({})),
+      prefix_pushed_tokens(prometheus::BuildCounter()
+                               .Name("pdserve_prefix_cache_pushed_tokens_total")
+                               .Help("Tokens of cached KV blocks this worker wrote for another worker's pull")
+                               .Labels(Constant(role, worker_id))
+                               .Register(registry)
+                               .Add({})),
+      pulls_adopted(pulls_family_.Add({{"outcome", "adopted"}})),
+      pulls_failed(pulls_family_.Add({{"outcome", "failed"}})),
+      pushes_ok(pushes_family_.Add({{"outcome", "ok"}})),
+      pushes_failed(pushes_family_.Add({{"outcome", "failed"}})),
       tier_blocks(prometheus::BuildGauge()
                   .Name("pdserve_prefix_cache_tier_blocks")
                   .Help("KV block files held by the prefix cache disk tier")
@@ -213,6 +239,8 @@ void EngineWorkerMetrics::Refresh(const EngineLoadSnapshot& s) {
   advance(prefix_hit_tokens, s.prefix_hit_tokens, last_.prefix_hit_tokens);
   advance(prefix_computed_tokens, s.prefix_computed_tokens, last_.prefix_computed_tokens);
   advance(prefix_evictions, s.prefix_evictions, last_.prefix_evictions);
+  advance(prefix_pulled_tokens, s.prefix_pulled_tokens, last_.prefix_pulled_tokens);
+  advance(prefix_pushed_tokens, s.prefix_pushed_tokens, last_.prefix_pushed_tokens);
   advance(tier_stored_blocks, s.tier_stored_blocks, last_.tier_stored_blocks);
   advance(tier_stored_bytes, s.tier_stored_bytes, last_.tier_stored_bytes);
   advance(tier_restored_tokens, s.tier_restored_tokens, last_.tier_restored_tokens);

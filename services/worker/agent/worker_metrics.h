@@ -47,6 +47,12 @@
 //   pdserve_prefix_cache_blocks                  KV blocks registered in the cache (in use or idle)
 //   pdserve_prefix_cache_evictions_total         cached blocks evicted to make room
 //                                                (docs/prefix-cache.md)
+//   pdserve_prefix_cache_pulled_tokens_total     tokens of blocks pulled from another worker and
+//                                                adopted into this cache (docs/prefix-cache.md "Pulls")
+//   pdserve_prefix_cache_pushed_tokens_total     tokens of cached blocks this worker wrote for pulls
+//   pdserve_worker_kv_pulls_total{outcome}       pulls this worker asked for: adopted | failed
+//                                                (a failed pull costs a recompute)
+//   pdserve_worker_kv_pushes_total{outcome}      pulls this worker served: ok | failed
 //   pdserve_prefix_cache_tier_blocks             disk tier: block files held
 //   pdserve_prefix_cache_tier_bytes              ... and their bytes
 //   pdserve_prefix_cache_tier_stored_blocks_total  ... blocks written (evicted blocks kept)
@@ -119,12 +125,15 @@ struct EngineLoadSnapshot {
   uint32_t quarantined_blocks = 0;
   int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0, prefix_computed_tokens = 0;
   int64_t prefix_cached_blocks = 0, prefix_evictions = 0;
+  int64_t prefix_pulled_tokens = 0, prefix_pushed_tokens = 0;
   int64_t tier_blocks = 0, tier_bytes = 0, tier_stored_blocks = 0, tier_stored_bytes = 0;
   int64_t tier_restored_tokens = 0, tier_evictions = 0, tier_corrupt_files = 0;
 };
 
 class EngineWorkerMetrics {
   prometheus::Family<prometheus::Counter>& transfers_family_;
+  prometheus::Family<prometheus::Counter>& pulls_family_;
+  prometheus::Family<prometheus::Counter>& pushes_family_;
 
  public:
   EngineWorkerMetrics(prometheus::Registry& registry, WorkerRole role, const std::string& worker_id);
@@ -144,6 +153,12 @@ class EngineWorkerMetrics {
   prometheus::Counter& prefix_computed_tokens;
   prometheus::Gauge& prefix_cached_blocks;
   prometheus::Counter& prefix_evictions;
+  prometheus::Counter& prefix_pulled_tokens;
+  prometheus::Counter& prefix_pushed_tokens;
+  prometheus::Counter& pulls_adopted;
+  prometheus::Counter& pulls_failed;
+  prometheus::Counter& pushes_ok;
+  prometheus::Counter& pushes_failed;
   prometheus::Gauge& tier_blocks;
   prometheus::Gauge& tier_bytes;
   prometheus::Counter& tier_stored_blocks;
