@@ -82,8 +82,10 @@ int32_t BlockPool::TakeOneLocked() {
     // The pool needs room: the least recently used idle block, kept on disk if there is a tier.
     id = cache_.Oldest();
     if (id < 0) return -1;
+    const uint64_t hash = cache_.hash(id);
     if (tier_) SpillLocked(id);
     PDSERVE_CHECK(cache_.EvictOldest() == id, "the LRU changed under the pool's lock");
+    if (tier_) SyncTierEventsLocked({&hash, 1});
   }
   refs_[static_cast<size_t>(id)] = 1;
   return id;
@@ -188,7 +190,10 @@ int64_t BlockPool::MatchPrefix(CachedBlockId root, std::span<const uint64_t> has
     out->push_back(*hit);
     parent = *hit;
   }
-  if (tier_ && n < max_blocks) n += RestoreLocked(parent, hashes, tokens, n, max_blocks, min_blocks, out);
+  if (tier_ && n < max_blocks) {
+    n += RestoreLocked(parent, hashes, tokens, n, max_blocks, min_blocks, out);
+    SyncTierEventsLocked({});  // damaged files it deleted
+  }
   return n;
 }
 
@@ -209,8 +214,28 @@ std::optional<CachedBlockId> BlockPool::Register(int32_t block, uint64_t hash, C
 int64_t BlockPool::EvictIdle() {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
-  for (int32_t id; (id = cache_.EvictOldest()) >= 0; ++n) free_.push_back(id);
+  std::vector<uint64_t> evicted;
+  for (int32_t id; (id = cache_.Oldest()) >= 0; ++n) {
+    if (tier_) evicted.push_back(cache_.hash(id));
+    cache_.EvictOldest();
+    free_.push_back(id);
+  }
+  if (tier_) SyncTierEventsLocked(evicted);
   return n;
+}
+
+void BlockPool::SyncTierEventsLocked(std::span<const uint64_t> evicted_from_memory) {
+  // A name is held while memory or the tier has it: eviction from memory with the block on
+  // disk is no removal, and a file deleted while memory still has the name is none either.
+  for (uint64_t h : evicted_from_memory)
+    if (!cache_.holds(h) && tier_->Holds(h)) cache_.NoteStored(h);
+  for (uint64_t h : tier_->TakeDropped())
+    if (!cache_.holds(h) && !tier_->Holds(h)) cache_.NoteRemoved(h);
+}
+
+int64_t BlockPool::disk_tier_capacity_blocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tier_ ? tier_->capacity_blocks() : 0;
 }
 
 void BlockPool::AttachDiskTier(std::unique_ptr<DiskTier> tier) {
@@ -231,7 +256,11 @@ DiskTierStats BlockPool::disk_tier_stats() const {
 
 KvEventBatch BlockPool::TakeKvEvents(bool full) {
   std::lock_guard<std::mutex> lock(mu_);
-  return cache_.TakeEvents(full);
+  KvEventBatch b = cache_.TakeEvents(full);
+  if (tier_ && b.reset)
+    for (uint64_t h : tier_->Hashes())
+      if (!cache_.holds(h)) b.stored.push_back(h);
+  return b;
 }
 
 int64_t BlockPool::kv_event_overflows() const {

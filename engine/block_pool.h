@@ -105,10 +105,14 @@ class BlockPool {
   DiskTierStats disk_tier_stats() const;
   // The prefix cache's events since the last call (PrefixCache::TakeEvents): the hashes
   // registered and unregistered, or with `full` (or after the bounded backlog overflowed) the
-  // whole set with reset.
+  // whole set with reset. With a disk tier a name counts as held while memory or the tier has
+  // it (SyncTierEventsLocked), and the whole set includes the tier's names.
   KvEventBatch TakeKvEvents(bool full);
   // Times the event backlog overflowed (and a whole set was sent instead).
   int64_t kv_event_overflows() const;
+  // Block files the disk tier's bound admits (0 without a tier): with the pool's blocks, the
+  // most names the events can claim held.
+  int64_t disk_tier_capacity_blocks() const;
 
  private:
   BlockPool(const KvLayout& layout, uint8_t* base, int64_t n_blocks, bool owned);
@@ -117,6 +121,10 @@ class BlockPool {
   int32_t TakeOneLocked();
   // Copies idle cached `block` to the disk tier (unless stale or already there). REQUIRES: mu_.
   void SpillLocked(int32_t block);
+  // Events for the disk tier (docs/prefix-cache.md "Events"): names evicted from memory that
+  // the tier holds stay stored; names whose files the tier deleted, held nowhere now, are
+  // removed. REQUIRES: mu_, a tier.
+  void SyncTierEventsLocked(std::span<const uint64_t> evicted_from_memory);
   // The tier uid of cached `block`, handing it one if it has none. REQUIRES: mu_, a tier.
   uint64_t TierUidLocked(int32_t block);
   // MatchPrefix's walk in the disk tier from hashes[n] on, after `parent`; returns the blocks

@@ -147,11 +147,19 @@ bool DiskTier::Touch(uint64_t hash, uint64_t uid) {
   return true;
 }
 
+std::vector<uint64_t> DiskTier::Hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(index_.size());
+  for (const auto& [hash, e] : index_) out.push_back(hash);
+  return out;
+}
+
 void DiskTier::Drop(uint64_t hash) {
   auto it = index_.find(hash);
   if (it == index_.end()) return;
   lru_.erase(it->second.lru);
   index_.erase(it);
+  dropped_.push_back(hash);
   std::error_code ec;
   std::filesystem::remove(PathOf(hash), ec);
   --stats_.blocks;

@@ -59,6 +59,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/kv_layout.h"
@@ -127,6 +128,15 @@ class DiskTier {
   // file failed a check: logged, counted in corrupt, deleted and dropped; kv holds garbage).
   Status Load(uint64_t hash, uint64_t uid, uint8_t* kv);
 
+  // The names held now, and whether one is (for the cluster's index: docs/prefix-cache.md
+  // "Events").
+  bool Holds(uint64_t hash) const { return index_.count(hash) > 0; }
+  std::vector<uint64_t> Hashes() const;
+  // The names whose files were deleted since the last call (LRU, damage, replacement).
+  std::vector<uint64_t> TakeDropped() { return std::exchange(dropped_, {}); }
+  // How many block files the bound admits.
+  int64_t capacity_blocks() const { return max_bytes_ / file_bytes_; }
+
   DiskTierStats stats() const { return stats_; }
   uint64_t ns() const { return ns_; }
   const std::string& dir() const { return dir_; }
@@ -180,6 +190,7 @@ class DiskTier {
   std::list<uint64_t> lru_;                    // hashes, least recently used first
   uint64_t next_uid_ = 1;
   DiskTierStats stats_;
+  std::vector<uint64_t> dropped_;  // names deleted since TakeDropped
 };
 
 }  // namespace pdserve::engine

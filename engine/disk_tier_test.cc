@@ -13,6 +13,7 @@
 #include <functional>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "engine/block_hash.h"
 #include "engine/block_pool.h"
@@ -321,6 +322,76 @@ TEST(BlockPoolDiskTierTest, EvictedBlocksComeBackBitwiseAfterTheBlocksInMemory) 
   EXPECT_EQ(pool.n_free(), pool.n_blocks());
   EXPECT_EQ(pool.EvictIdle(), 3);
   EXPECT_EQ(pool.disk_tier_stats().blocks, 3);  // EvictIdle writes nothing and keeps the files
+}
+
+// The cluster's index hears of a name while memory or the tier holds it (docs/prefix-cache.md
+// "Events"): a block spilled to disk is no removal, a file the tier's bound deletes is one (when
+// memory does not hold the name), and the whole set lists the tier's names too.
+TEST(BlockPoolDiskTierTest, EventsCountANameHeldWhileMemoryOrTheTierHasIt) {
+  TempDir dir("pool_tier_events");
+  const KvLayout l = Layout();
+  const int64_t bb = static_cast<int64_t>(l.BlockBytes());
+  auto created = BlockPool::Create(l, 4 * bb);
+  ASSERT_TRUE(created.ok());
+  BlockPool& pool = **created;
+  pool.AttachDiskTier(MakeTier(dir.path(), 3, /*ns=*/1));
+  EXPECT_EQ(pool.disk_tier_capacity_blocks(), 3);
+  std::set<uint64_t> mirror;  // what a reader of the events believes is held
+  auto read = [&](bool full) {
+    const KvEventBatch b = pool.TakeKvEvents(full);
+    if (b.reset) mirror.clear();
+    for (uint64_t h : b.removed) mirror.erase(h);
+    for (uint64_t h : b.stored) mirror.insert(h);
+  };
+  std::mt19937 rng(9);
+  // Registers a 3-block chain (random tokens and bytes) and frees it: idle cached blocks.
+  auto chain = [&]() {
+    std::vector<int32_t> tokens(48);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % 1000);
+    std::vector<uint64_t> hashes;
+    ExtendChain(1, tokens, 16, 3, &hashes);
+    std::vector<int32_t> ids;
+    EXPECT_TRUE(pool.Allocate(3, &ids).ok());
+    CachedBlockId parent = PrefixCache::Root(1);
+    for (size_t j = 0; j < 3; ++j) {
+      for (int64_t k = 0; k < bb; ++k) pool.base()[ids[j] * bb + k] = static_cast<uint8_t>(rng());
+      auto id = pool.Register(ids[j], hashes[j], parent, std::span<const int32_t>(tokens).subspan(16 * j, 16));
+      EXPECT_TRUE(id);
+      parent = *id;
+    }
+    pool.Free(ids);
+    return std::make_pair(tokens, hashes);
+  };
+  auto spill_all = [&]() {
+    std::vector<int32_t> all;
+    ASSERT_TRUE(pool.Allocate(4, &all).ok());
+    pool.Free(all);
+  };
+  const auto [tokens_a, a] = chain();
+  read(false);
+  EXPECT_EQ(mirror, std::set<uint64_t>(a.begin(), a.end()));
+  spill_all();  // all three to disk: still held
+  EXPECT_EQ(pool.n_cached(), 0);
+  EXPECT_EQ(pool.disk_tier_stats().blocks, 3);
+  read(false);
+  EXPECT_EQ(mirror, std::set<uint64_t>(a.begin(), a.end()));
+  const auto [tokens_b, b] = chain();
+  spill_all();  // b's three to disk; the bound (3 files) deletes a's: gone everywhere
+  EXPECT_EQ(pool.disk_tier_stats().evictions, 3);
+  read(false);
+  EXPECT_EQ(mirror, std::set<uint64_t>(b.begin(), b.end()));
+  read(true);  // the whole set: the tier's names
+  EXPECT_EQ(mirror, std::set<uint64_t>(b.begin(), b.end()));
+  // Read back into memory (memory and disk both hold b now), then dropped from memory again.
+  std::vector<CachedBlockId> hit;
+  ASSERT_EQ(pool.MatchPrefix(PrefixCache::Root(1), b, tokens_b, 3, &hit), 3);
+  std::vector<int32_t> held;
+  for (const CachedBlockId& h : hit) held.push_back(h.block);
+  pool.Free(held);
+  EXPECT_EQ(pool.EvictIdle(), 3);
+  read(false);
+  EXPECT_EQ(mirror, std::set<uint64_t>(b.begin(), b.end()));
+  (void)tokens_a;
 }
 
 }  // namespace

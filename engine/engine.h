@@ -266,6 +266,8 @@ class Engine {
   int64_t AdoptPulledBlocks(std::span<const int32_t> tokens, int64_t first_block, std::span<const int32_t> blocks);
   // Whether evicted cached blocks spill to a disk tier (EngineOptions::prefix_cache_disk_dir).
   bool prefix_cache_disk_tier() const { return pool_->has_disk_tier(); }
+  // Block files the disk tier may hold (0 without one): its names are in TakeKvEvents too.
+  int64_t prefix_cache_disk_tier_blocks() const { return pool_->disk_tier_capacity_blocks(); }
   // The prefix cache's events for a cluster-wide index (docs/prefix-cache.md, "Events"): the
   // hashes of the blocks cached and no longer cached since the last call, or with `full` (or
   // once the bounded backlog overflowed) every cached hash with `reset`. Nothing is ever cached

@@ -90,6 +90,11 @@ class PrefixCache {
   // entry when `full` or when the log overflowed (kv_event_log.h).
   KvEventBatch TakeEvents(bool full);
   int64_t event_overflows() const { return events_.overflows(); }
+  // Whether an entry is registered under `hash`; and events the owner logs for names it holds
+  // elsewhere (BlockPool: its disk tier).
+  bool holds(uint64_t hash) const { return index_.count(hash) > 0; }
+  void NoteStored(uint64_t hash) { events_.Stored(hash); }
+  void NoteRemoved(uint64_t hash) { events_.Removed(hash); }
 
   int64_t n_registered() const { return static_cast<int64_t>(index_.size()); }
   int64_t n_parked() const { return n_parked_; }

@@ -79,6 +79,8 @@ struct Capacity {
   maxContextTokens @4 :UInt32;  # longest prompt + output a request may reach
   dpRanks @5 :UInt32;           # data-parallel ranks of this worker's instance (>= 1); each
                                 # DP rank registers as a worker of its own (Register.dpRank)
+  prefixTierBlocks @6 :UInt32;  # blocks its prefix cache's disk tier may hold (0: none); its
+                                # kvEvents may name up to kvBlocksTotal + prefixTierBlocks
 }
 
 struct Register {

@@ -7,7 +7,7 @@
 # it by the token ids the router returned. Reports TTFT per turn, the cached / reusable prompt
 # tokens and goodput, cache on vs off, and the TTFT ratio per turn.
 #
-#   bench/loadgen/bench_multiturn.sh [build-dir] [cache|routing|decode-local|all]
+#   bench/loadgen/bench_multiturn.sh [build-dir] [cache|routing|decode-local|pulls|all]
 #
 # cache (default): writes bench/results/multiturn_{cache_on,cache_off}.{json,md} and
 #   multiturn.md.
@@ -18,6 +18,10 @@
 # decode-local: P/D 1+1, the cache on, decode-side hits (routing.decode_local_prefill_tokens
 #   256, the default) vs off (0): multiturn_decode_local_{on,off}.{json,md} and
 #   multiturn_decode_local.md.
+# pulls: two prefill workers + one decode worker, the cache on, decode-side hits off, prefill
+#   policy round_robin (so a turn often lands on the prefill worker without its conversation),
+#   pulls between workers on (routing.pull_min_tokens 128, the default) vs off (0):
+#   multiturn_pulls_{on,off}.{json,md} and multiturn_pulls.md.
 # Knobs
 # (environment): MODEL_PRESET (small), CONVERSATIONS (4), TURNS (4), SYSTEM_LEN (2048),
 # USER_LEN (64), REPLY_LEN (32), RATE (conversations/s, 0.2), CONCURRENCY (conversations in
@@ -53,10 +57,11 @@ if [ ! -f "$model/config.json" ]; then
     { tail -5 "$run_dir/make-model.log"; exit 1; }
 fi
 
-# start_cluster NAME PREFIX_CACHE [PREFILL_WORKERS PREFILL_POLICY DECODE_LOCAL]: writes the
-# topology and waits for pdserve-launch's ready file.
+# start_cluster NAME PREFIX_CACHE [PREFILL_WORKERS PREFILL_POLICY DECODE_LOCAL PULL_MIN]: writes
+# the topology and waits for pdserve-launch's ready file.
 start_cluster() {
   local name=$1 cache=$2 prefills=${3:-1} policy=${4:-kv_aware} local_tokens=${5:-${DECODE_LOCAL:-256}}
+  local pull_min=${6:-128}
   local ready=$run_dir/$1.ready
   local args="[\"--threads\", \"1\", \"--kv-gib\", \"2\", \"--prefix-cache\", \"$cache\"]"
   local env='{UCX_TLS: tcp, UCX_NET_DEVICES: lo, PDSERVE_NUM_THREADS: "1"}'
@@ -75,7 +80,8 @@ router:
   model_name: pdserve-bench
   request_timeout_ms: 1800000
   first_token_timeout_ms: 1800000
-  routing: {mode: disaggregated, prefill_policy: $policy, decode_local_prefill_tokens: $local_tokens}
+  routing: {mode: disaggregated, prefill_policy: $policy, decode_local_prefill_tokens: $local_tokens,
+            pull_min_tokens: $pull_min}
 workers:
   - {name: prefill, role: prefill, type: engine, count: $prefills, args: $args, env: $env}
   - {name: decode, role: decode, type: engine, args: $args, env: $env}
@@ -105,6 +111,42 @@ run_loadgen() {
   grep '^|' "$results/$2.md" 2>/dev/null || tail -5 "$run_dir/loadgen-$2.log"
 }
 
+# compare OUT TITLE NAME_A LABEL_A NAME_B LABEL_B: per-turn TTFT p50 / p99 and cached / reusable
+# of two runs (A the baseline, B the feature), written to $results/OUT.md.
+compare() {
+  /usr/bin/python3 - "$results" "$(cut -d' ' -f1-3 /proc/loadavg)" "$@" <<'PY' || status=1
+import json, os, sys
+results, load, out, title, name_a, label_a, name_b, label_b = sys.argv[1:9]
+ra, rb = (json.load(open(os.path.join(results, n + ".json"))) for n in (name_a, name_b))
+a_run, b_run = ra["runs"][0], rb["runs"][0]
+turns = sorted(b_run["by_kind"], key=lambda k: int(k.split("-")[1]))
+ds = rb["dataset"]
+lines = ["# " + title, "",
+         "%d conversations x %d turns, system prompt %d tokens, user messages %d, replies %d; commit %s; %s." % (
+             ds["conversations"], ds["turns"], ds["system_len"], ds["user_len"], ds["output_len"], rb["commit"],
+             rb["label"]), "",
+         "| turn | TTFT p50 %s / %s ms | ratio | TTFT p99 %s / %s ms | cached / reusable %s / %s |" % (
+             label_a, label_b, label_a, label_b, label_a, label_b),
+         "|---|---|---|---|---|"]
+def hit(s):
+    h = s["prefix_cache"]["hit_rate_of_ideal"]
+    return "%.0f%%" % (100 * h) if h >= 0 else "-"
+for t in turns + ["all"]:
+    a = a_run["by_kind"][t] if t != "all" else a_run["all"]
+    b = b_run["by_kind"][t] if t != "all" else b_run["all"]
+    lines.append("| %s | %.0f / %.0f | %.1fx | %.0f / %.0f | %s / %s |" % (
+        t, a["ttft"]["p50_ms"], b["ttft"]["p50_ms"], a["ttft"]["p50_ms"] / max(b["ttft"]["p50_ms"], 1e-9),
+        a["ttft"]["p99_ms"], b["ttft"]["p99_ms"], hit(a), hit(b)))
+pa, pb = a_run["all"]["ttft"]["p99_ms"], b_run["all"]["ttft"]["p99_ms"]
+lines += ["", "TTFT p99 over all requests: %s %.0f ms, %s %.0f ms (%.2fx). Goodput (req/s within the SLO): "
+          "%s %.3f, %s %.3f. Load average after the runs: %s." % (
+              label_a, pa, label_b, pb, pa / max(pb, 1e-9), label_a, a_run["all"]["goodput_rps"], label_b,
+              b_run["all"]["goodput_rps"], load)]
+open(os.path.join(results, out + ".md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+}
+
 if [ "$what" = routing ] || [ "$what" = all ]; then
   for policy in kv_aware least_outstanding_tokens; do
     echo "== multiturn, 2 prefill workers, prefill policy $policy (load average $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -112,34 +154,8 @@ if [ "$what" = routing ] || [ "$what" = all ]; then
     run_loadgen "routing_$policy" "multiturn_routing_$policy" "P/D 2+1, prefix cache on, prefill policy $policy"
     stop_cluster
   done
-  /usr/bin/python3 - "$results" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' || status=1
-import json, os, sys
-results, load = sys.argv[1], sys.argv[2]
-runs = {p: json.load(open(os.path.join(results, "multiturn_routing_%s.json" % p)))
-        for p in ("kv_aware", "least_outstanding_tokens")}
-kv, lot = runs["kv_aware"]["runs"][0], runs["least_outstanding_tokens"]["runs"][0]
-turns = sorted(kv["by_kind"], key=lambda k: int(k.split("-")[1]))
-ds = runs["kv_aware"]["dataset"]
-lines = ["# Multi-turn chat, two prefill workers: kv_aware vs least_outstanding_tokens routing", "",
-         "%d conversations x %d turns, system prompt %d tokens, user messages %d, replies %d; commit %s; %s." % (
-             ds["conversations"], ds["turns"], ds["system_len"], ds["user_len"], ds["output_len"],
-             runs["kv_aware"]["commit"], runs["kv_aware"]["label"]), "",
-         "| turn | TTFT p50 LOT / kv_aware ms | TTFT p99 LOT / kv_aware ms | cached / reusable LOT / kv_aware |",
-         "|---|---|---|---|"]
-def hit(s):
-    h = s["prefix_cache"]["hit_rate_of_ideal"]
-    return "%.0f%%" % (100 * h) if h >= 0 else "-"
-for t in turns + ["all"]:
-    a = kv["by_kind"][t] if t != "all" else kv["all"]
-    b = lot["by_kind"][t] if t != "all" else lot["all"]
-    lines.append("| %s | %.0f / %.0f | %.0f / %.0f | %s / %s |" % (
-        t, b["ttft"]["p50_ms"], a["ttft"]["p50_ms"], b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit(b), hit(a)))
-lines += ["", "TTFT p99 over all requests: least_outstanding_tokens %.0f ms, kv_aware %.0f ms (%.1fx). "
-          "Load average after the runs: %s." % (lot["all"]["ttft"]["p99_ms"], kv["all"]["ttft"]["p99_ms"],
-                                                 lot["all"]["ttft"]["p99_ms"] / kv["all"]["ttft"]["p99_ms"], load)]
-open(os.path.join(results, "multiturn_routing.md"), "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+  compare multiturn_routing "Multi-turn chat, two prefill workers: least_outstanding_tokens (LOT) vs kv_aware routing" \
+    multiturn_routing_least_outstanding_tokens LOT multiturn_routing_kv_aware kv_aware
 fi
 [ "$what" = routing ] && exit $status
 
@@ -150,35 +166,22 @@ if [ "$what" = decode-local ] || [ "$what" = all ]; then
     run_loadgen "decode_local_$mode" "multiturn_decode_local_$mode" "P/D 1+1, prefix cache on, decode-side hits $mode"
     stop_cluster
   done
-  /usr/bin/python3 - "$results" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' || status=1
-import json, os, sys
-results, load = sys.argv[1], sys.argv[2]
-runs = {m: json.load(open(os.path.join(results, "multiturn_decode_local_%s.json" % m))) for m in ("on", "off")}
-on, off = runs["on"]["runs"][0], runs["off"]["runs"][0]
-turns = sorted(on["by_kind"], key=lambda k: int(k.split("-")[1]))
-ds = runs["on"]["dataset"]
-lines = ["# Multi-turn chat, P/D 1+1, prefix cache on: decode-side hits on vs off", "",
-         "%d conversations x %d turns, system prompt %d tokens, user messages %d, replies %d; commit %s; %s." % (
-             ds["conversations"], ds["turns"], ds["system_len"], ds["user_len"], ds["output_len"],
-             runs["on"]["commit"], runs["on"]["label"]), "",
-         "| turn | TTFT p50 off / on ms | off / on | TTFT p99 off / on ms | cached / reusable off / on |",
-         "|---|---|---|---|---|"]
-def hit(s):
-    h = s["prefix_cache"]["hit_rate_of_ideal"]
-    return "%.0f%%" % (100 * h) if h >= 0 else "-"
-for t in turns + ["all"]:
-    a = on["by_kind"][t] if t != "all" else on["all"]
-    b = off["by_kind"][t] if t != "all" else off["all"]
-    lines.append("| %s | %.0f / %.0f | %.1fx | %.0f / %.0f | %s / %s |" % (
-        t, b["ttft"]["p50_ms"], a["ttft"]["p50_ms"], b["ttft"]["p50_ms"] / max(a["ttft"]["p50_ms"], 1e-9),
-        b["ttft"]["p99_ms"], a["ttft"]["p99_ms"], hit(b), hit(a)))
-lines += ["", "Goodput (req/s within the SLO): off %.3f, on %.3f. Load average after the runs: %s." % (
-    off["all"]["goodput_rps"], on["all"]["goodput_rps"], load)]
-open(os.path.join(results, "multiturn_decode_local.md"), "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+  compare multiturn_decode_local "Multi-turn chat, P/D 1+1, prefix cache on: decode-side hits off vs on" \
+    multiturn_decode_local_off off multiturn_decode_local_on on
 fi
 [ "$what" = decode-local ] && exit $status
+
+if [ "$what" = pulls ] || [ "$what" = all ]; then
+  for mode in on off; do
+    echo "== multiturn, 2 prefill workers, round robin, pulls $mode (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    start_cluster "pulls_$mode" true 2 round_robin 0 "$([ $mode = on ] && echo 128 || echo 0)" || { status=1; continue; }
+    run_loadgen "pulls_$mode" "multiturn_pulls_$mode" "P/D 2+1, prefix cache on, prefill policy round_robin, pulls $mode"
+    stop_cluster
+  done
+  compare multiturn_pulls "Multi-turn chat, two prefill workers (round robin): pulls between workers off vs on" \
+    multiturn_pulls_off off multiturn_pulls_on on
+fi
+[ "$what" = pulls ] && exit $status
 
 for cache in on off; do
   name=cache_$cache

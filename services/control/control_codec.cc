@@ -38,6 +38,7 @@ void SetCapacity(cp::Capacity::Builder b, const WorkerCapacity& c) {
   b.setBlockTokens(c.block_tokens);
   b.setMaxContextTokens(c.max_context_tokens);
   b.setDpRanks(c.dp_ranks);
+  b.setPrefixTierBlocks(c.prefix_tier_blocks);
 }
 
 void SetLogprob(cp::TokenLogprob::Builder b, const TokenLogprob& lp) {
@@ -430,7 +431,7 @@ Result<ControlMessage> DecodeRegister(cp::Register::Reader r) {
   PDSERVE_ASSIGN_OR_RETURN(m.transfer_address, ReadData(r.getTransferAddress(), "register.transferAddress"));
   auto c = r.getCapacity();
   m.capacity = {c.getMaxBatch(), c.getKvBlocksTotal(), c.getKvBlocksFree(), c.getBlockTokens(),
-                c.getMaxContextTokens(), c.getDpRanks()};
+                c.getMaxContextTokens(), c.getDpRanks(), c.getPrefixTierBlocks()};
   PDSERVE_ASSIGN_OR_RETURN(m.model_name, ReadText(r.getModelName(), "register.modelName"));
   m.compat_hash = r.getCompatHash();
   PDSERVE_ASSIGN_OR_RETURN(m.instance_id, ReadText(r.getInstanceId(), "register.instanceId"));

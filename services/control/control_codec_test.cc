@@ -78,7 +78,7 @@ TEST(ControlCodecTest, EveryMessageRoundTrips) {
   reg.control_address = "tcp://127.0.0.1:7000";
   reg.http_address = "127.0.0.1:9100";
   reg.transfer_address = std::string("\x01\x00\x02", 3);
-  reg.capacity = {64, 1000, 900, 64, 8192, 2};
+  reg.capacity = {64, 1000, 900, 64, 8192, 2, 4096};
   reg.model_name = "m";
   reg.compat_hash = 0xdeadbeef;
   reg.instance_id = "decode-a";

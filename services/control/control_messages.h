@@ -34,6 +34,7 @@ struct WorkerCapacity {
   uint32_t block_tokens = 0;
   uint32_t max_context_tokens = 0;
   uint32_t dp_ranks = 1;  // DP ranks of the worker's instance (each registers on its own)
+  uint32_t prefix_tier_blocks = 0;  // blocks its prefix cache's disk tier may hold (0: none)
   bool operator==(const WorkerCapacity&) const = default;
 };
 

@@ -505,7 +505,8 @@ void RouterCore::OnKvEventsLocked(const std::string& peer, const services::KvEve
   // Not registered (timed out, replaced, or not yet): its next registration starts with a reset.
   if (!w) return;
   const Status applied =
-      kv_index_.Apply(w->registration, w->kv_namespace, static_cast<int64_t>(w->capacity.kv_blocks_total), msg);
+      kv_index_.Apply(w->registration, w->kv_namespace,
+                      int64_t{w->capacity.kv_blocks_total} + int64_t{w->capacity.prefix_tier_blocks}, msg);
   w->kv_index_blocks = kv_index_.Blocks(w->registration);
   if (!applied.ok()) {
     metrics_->control_errors.Increment();

@@ -1146,6 +1146,31 @@ TEST_F(RouterCoreTest, PullsAPrefixFromTheWorkerThatHoldsIt) {
   ExpectIdle();
 }
 
+// A worker with a disk tier names blocks held in memory or on disk: its events may claim up to
+// its pool's blocks plus the tier's, and no more.
+TEST_F(RouterCoreTest, AWorkerWithADiskTierMayNameItsTierBlocksToo) {
+  RegisterMsg m;
+  m.worker_id = "p-id";
+  m.role = WorkerRole::kPrefill;
+  m.incarnation = 1;
+  m.model_name = "m";
+  m.compat_hash = 7;
+  m.capacity = {16, 100, 100, 10, 1000, 1, /*prefix_tier_blocks=*/50};
+  m.kv_namespace = 57;
+  m.transfer_address = "p-transfer";
+  From("p", m);
+  ASSERT_EQ(Take<services::RegisterAckMsg>("p").size(), 1u);
+  std::vector<uint64_t> names(150);
+  for (size_t i = 0; i < names.size(); ++i) names[i] = 1000 + i;
+  From("p", services::KvEventsMsg{true, 10, 20, names, {}});
+  EXPECT_EQ(Worker("p").kv_index_blocks, 150);
+  names.push_back(5);
+  const double errors = metrics_.control_errors.Value();
+  From("p", services::KvEventsMsg{true, 10, 20, names, {}});
+  EXPECT_EQ(Worker("p").kv_index_blocks, 0);  // 151 claimed: the set is dropped
+  EXPECT_EQ(metrics_.control_errors.Value(), errors + 1);
+}
+
 TEST_F(RouterCoreTest, KvAwareColocatedCountsTheHitAtTheFinish) {
   RouterCoreOptions o = TestOptions();
   o.colocated_policy = RoutingPolicy::kKvAware;

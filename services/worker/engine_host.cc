@@ -1,6 +1,7 @@
 #include "services/worker/engine_host.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -163,6 +164,8 @@ WorkerCapacity EngineHost::Capacity() const {
   c.block_tokens = static_cast<uint32_t>(engine_->pool().layout().tokens_per_block);
   c.max_context_tokens = static_cast<uint32_t>(engine_->max_sequence_length());
   c.dp_ranks = static_cast<uint32_t>(instance_->dp_size());
+  c.prefix_tier_blocks = static_cast<uint32_t>(
+      std::min<int64_t>(engine_->prefix_cache_disk_tier_blocks(), std::numeric_limits<uint32_t>::max()));
   return c;
 }
 

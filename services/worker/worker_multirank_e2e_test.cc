@@ -94,6 +94,27 @@ TEST(WorkerMultiRankE2eTest, DecodeInstanceWithTwoDpRanks) {
   // Each rank received its own requests' KV through its own transfer endpoint.
   EXPECT_EQ(MetricValue(w.Metrics("d-dp0"), "pdserve_worker_kv_transfers_total", "ok"), on0);
   EXPECT_EQ(MetricValue(w.Metrics("d-dp1"), "pdserve_worker_kv_transfers_total", "ok"), on1);
+
+  // Prefix-cache hits in front of the DP ranks: requests sharing a 600-token prefix, one after
+  // another, decoded on the DP ranks. After the first, the prefill worker maps the 9 whole
+  // blocks (576 tokens; usage cached_tokens), and every reply is still the reference.
+  const std::vector<int32_t> prefix = LongPrompt(51, 600);
+  for (int k = 0; k < 4; ++k) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> more = LongPrompt(52 + k, 30);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    auto r = testing::HttpPost(c.http_port(), "/v1/completions", Body(prompt, 6, false), 120s);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, 6))) << "request " << k;
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), k == 0 ? 0 : 576) << "request " << k;
+  }
+  const std::string after = HttpGet(c.http_port(), "/metrics", 5s).body;
+  EXPECT_EQ(MetricValue(after, "pdserve_router_placements_total", "worker=\"d-dp0\"") +
+                MetricValue(after, "pdserve_router_placements_total", "worker=\"d-dp1\""),
+            on0 + on1 + 4)
+      << after;
+  for (const char* id : {"p0", "d-dp0", "d-dp1"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
