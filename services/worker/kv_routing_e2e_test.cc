@@ -234,6 +234,40 @@ TEST(KvRoutingE2eTest, APrefillWorkerPullsTheConversationFromTheDecodeWorker) {
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
+// A pull between prefill workers: p0 computed a prompt; d0 caches nothing of its own
+// (--prefix-cache false), so p0 is the only holder. A request with that prefix placed on p1
+// (round robin) has p0 write the 576 cached tokens into p1's pool; p1 computes the rest. The
+// reply equals the reference and both sides count the pull.
+TEST(KvRoutingE2eTest, APrefillWorkerPullsFromAnotherPrefillWorker) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-pullpp");
+  ASSERT_OK_W(c.StartRouter({"--decode-local-prefill-tokens", "0", "--prefill-policy", "round_robin"}), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.Start("d0", "decode", {"--prefix-cache", "false"}), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
+  constexpr int kMax = 5;
+  const std::vector<int32_t> prefix = LongPrompt(49, 600);
+  EXPECT_EQ(CompleteExact(c.http_port(), prefix, kMax), 0);
+  ASSERT_TRUE(WaitFor([&] { return IndexBlocks(c.http_port())["p0"] >= 9; }, 10s, 50ms)) << w.Logs();
+  ASSERT_OK_W(w.Start("p1", "prefill"), w);
+  ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
+  // Round robin: requests until one is placed on p1; every one maps the 9 blocks (576 tokens),
+  // on p0 from its own cache, on p1 pulled from p0.
+  for (int k = 0; k < 4 && Placed(c.http_port(), "p1") < 1; ++k) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> more = LongPrompt(80 + k, 50);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    EXPECT_EQ(CompleteExact(c.http_port(), prompt, kMax), 576) << "request " << k;
+  }
+  ASSERT_EQ(Placed(c.http_port(), "p1"), 1) << w.Logs();
+  EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_prefix_cache_pulled_tokens_total"), 576);
+  EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_worker_kv_pulls_total", "outcome=\"adopted\""), 1);
+  EXPECT_EQ(MetricValue(w.Metrics("p0"), "pdserve_worker_kv_pushes_total", "outcome=\"ok\""), 1);
+  for (const std::string id : {"p0", "p1", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
 // A holder killed mid-pull: p0 (the test-only fault worker, every KV write batch held back 1 s)
 // computed a prompt; d0 caches nothing of its own (--prefix-cache false), so p0 is the only
 // holder. A request with that prefix is placed on p1 (round robin) with a pull from p0; p0 is

@@ -18,7 +18,7 @@ Result<std::unique_ptr<PrefixPuller>> PrefixPuller::Create(EngineHost* host) {
   pool.layout = host->kv_layout();
   pool.allocator = p->allocator_.get();
   kvtransfer::KvReceiverOptions ro;
-  ro.lease = kLease;
+  ro.lease = host->config().kv_pull_lease;
   ro.transfer_timeout = host->config().kv_transfer_timeout;
   PDSERVE_ASSIGN_OR_RETURN(p->receiver_, kvtransfer::KvReceiver::Create(host->transport(), pool, ro));
   p->thread_ = std::jthread([raw = p.get()](std::stop_token st) { raw->Loop(st); });
@@ -67,7 +67,8 @@ bool PrefixPuller::Begin(const JobMsg& job, std::function<void()> on_done) {
   }
   allocator_->Stage(pull_id, std::vector<uint32_t>(blocks->begin(), blocks->end()));
   // One writer: the holder, rank 0 of its instance.
-  auto descriptor = receiver_->Reserve(pull_id, n, {kvtransfer::WriterAssignment{0, {{0, n}}}}, kLease);
+  auto descriptor = receiver_->Reserve(pull_id, n, {kvtransfer::WriterAssignment{0, {{0, n}}}},
+                                       host_->config().kv_pull_lease);
   allocator_->Unstage();
   if (!descriptor.ok()) {
     log.Info("job {}: no pull ({}): computing the prefix", job.request_id, descriptor.status().ToString());

@@ -8,7 +8,8 @@
 //   the router has the holder write them (KvPusher). When the receiver verified the transfer,
 //   Engine::AdoptPulledBlocks makes them cached blocks chained after this cache's own prefix, and
 //   `on_done` runs: the job then maps them like any cache hit. A failed pull (kvPushFailed, the
-//   holder died or was cut off, its lease or the transfer timed out, a digest mismatch) runs
+//   holder died or was cut off, the lease (config kv_pull_lease: the holder must begin writing
+//   within it) or the transfer timed out, a digest mismatch) runs
 //   `on_done` as well, with nothing adopted: the prompt is computed. Its blocks go back to the
 //   pool only when no writer can still write into them (the receiver's quarantine).
 //
@@ -37,10 +38,6 @@ namespace pdserve::services::worker {
 
 class PrefixPuller {
  public:
-  // How long the holder has to begin writing after the reservation (its kvPush travels through
-  // the router); past it the pull fails and the prompt is computed.
-  static constexpr std::chrono::milliseconds kLease{2000};
-
   static uint64_t PullId(uint64_t job_id) { return job_id ^ (uint64_t{1} << 63); }
 
   // Errors: KvReceiver::Create's.

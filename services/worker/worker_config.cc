@@ -15,7 +15,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.CheckKeys({"role", "router", "worker_id", "model_name", "model_dir", "threads",
                                        "kv_cache_gib", "block_tokens", "max_seqs", "metrics_host", "metrics_port",
                                        "ready_file", "drain_timeout_ms", "register_retry_ms", "ucx_tls",
-                                       "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_stream_layers",
+                                       "ucx_net_devices", "kv_lease_ms", "kv_transfer_timeout_ms", "kv_pull_lease_ms", "kv_stream_layers",
                                        "log_level", "curve_secret_key_file", "router_public_key_file", "plan",
                                        "step_stall_timeout_ms", "tokenizer_dir", "prefix_cache", "network",
                                        "advertise_host", "prefix_cache_disk_dir", "prefix_cache_disk_gib"}));
@@ -46,6 +46,7 @@ Status LoadYaml(const std::string& path, WorkerServiceConfig* c, std::string* ro
   PDSERVE_RETURN_IF_ERROR(w.Get("ucx_net_devices", &c->ucx_net_devices));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_lease_ms", &c->kv_lease));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_transfer_timeout_ms", &c->kv_transfer_timeout));
+  PDSERVE_RETURN_IF_ERROR(w.Get("kv_pull_lease_ms", &c->kv_pull_lease));
   PDSERVE_RETURN_IF_ERROR(w.Get("step_stall_timeout_ms", &c->step_stall_timeout));
   PDSERVE_RETURN_IF_ERROR(w.Get("kv_stream_layers", &c->kv_stream_layers));
   PDSERVE_RETURN_IF_ERROR(w.Get("prefix_cache", &c->prefix_cache));
@@ -86,6 +87,7 @@ const CommandSpec& WorkerCommandSpec(std::optional<WorkerRole> fixed_role) {
       {"ucx-tls", "LIST", "UCX transports for KV transfer (default: UCX_TLS from the environment)"},
       {"ucx-net-devices", "LIST", "UCX network devices (default: UCX_NET_DEVICES)"},
       {"kv-lease-ms", "N", "decode: how long reserved KV blocks wait for prefill"},
+      {"kv-pull-lease-ms", "N", "prefill: how long blocks reserved for a pulled prefix wait for its holder (default 2000)"},
       {"kv-transfer-timeout-ms", "N", "deadline of one KV transfer"},
       {"kv-stream-layers", "BOOL", "prefill: send each layer's KV as soon as it is computed (default true)"},
       {"prefix-cache", "BOOL", "reuse cached KV of earlier prompts with the same prefix (default true)"},
@@ -151,6 +153,7 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
   PDSERVE_ASSIGN_OR_RETURN(int64_t retry, cl.GetInt("register-retry-ms", c.register_retry.count()));
   PDSERVE_ASSIGN_OR_RETURN(int64_t lease, cl.GetInt("kv-lease-ms", c.kv_lease.count()));
   PDSERVE_ASSIGN_OR_RETURN(int64_t xfer, cl.GetInt("kv-transfer-timeout-ms", c.kv_transfer_timeout.count()));
+  PDSERVE_ASSIGN_OR_RETURN(int64_t pull_lease, cl.GetInt("kv-pull-lease-ms", c.kv_pull_lease.count()));
   PDSERVE_ASSIGN_OR_RETURN(int64_t stall, cl.GetInt("step-stall-timeout-ms", c.step_stall_timeout.count()));
   if (stall < 0) return Status::InvalidArgument("--step-stall-timeout-ms must be >= 0 (0: off)");
   c.step_stall_timeout = std::chrono::milliseconds(stall);
@@ -166,14 +169,16 @@ Result<WorkerServiceConfig> WorkerConfigFromCommandLine(const CommandLine& cl, s
   c.register_retry = std::chrono::milliseconds(std::max<int64_t>(1, retry));
   c.kv_lease = std::chrono::milliseconds(lease);
   c.kv_transfer_timeout = std::chrono::milliseconds(xfer);
+  c.kv_pull_lease = std::chrono::milliseconds(pull_lease);
   if (c.curve_secret_key_file.empty() != c.router_public_key_file.empty())
     return Status::InvalidArgument("CURVE needs both --curve-secret-key-file and --router-public-key-file");
   if (c.model_dir.empty()) return Status::InvalidArgument("--model (or worker.model_dir) is required");
   if (c.router.empty()) return Status::InvalidArgument("--router (or worker.router) is required: the control endpoint of the router");
   if (c.threads < 0 || c.kv_cache_gib <= 0 || c.block_tokens <= 0 || c.max_seqs < 0 || port < 0 || port > 65535 ||
-      drain < 0 || lease <= 0 || xfer <= 0)
+      drain < 0 || lease <= 0 || xfer <= 0 || pull_lease <= 0)
     return Status::InvalidArgument("--threads, --max-seqs, --metrics-port, --drain-timeout-ms must be >= 0; "
-                                   "--kv-gib, --block-tokens, --kv-lease-ms, --kv-transfer-timeout-ms > 0");
+                                   "--kv-gib, --block-tokens, --kv-lease-ms, --kv-transfer-timeout-ms, "
+                                   "--kv-pull-lease-ms > 0");
   return c;
 }
 

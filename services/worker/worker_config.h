@@ -52,6 +52,10 @@ struct WorkerServiceConfig {
   std::string ucx_net_devices;
   std::chrono::milliseconds kv_lease{30000};
   std::chrono::milliseconds kv_transfer_timeout{10000};
+  // Pulls (docs/prefix-cache.md "Pulls"): how long a prefill worker's reservation for a pulled
+  // prefix waits for the holder to begin writing (its kvPush travels through the router); past
+  // it the prefix is computed instead.
+  std::chrono::milliseconds kv_pull_lease{2000};
   // Watchdog: an engine step running longer than this (stuck, e.g. a multi-rank instance
   // waiting in a collective for a rank that stopped) makes the worker withhold its heartbeats,
   // so the router moves its requests (WorkerHandler::Health). 0: off.
