@@ -22,10 +22,12 @@ Result<std::unique_ptr<PrefixPuller>> PrefixPuller::Create(EngineHost* host) {
   ro.transfer_timeout = host->config().kv_transfer_timeout;
   PDSERVE_ASSIGN_OR_RETURN(p->receiver_, kvtransfer::KvReceiver::Create(host->transport(), pool, ro));
   p->thread_ = std::jthread([raw = p.get()](std::stop_token st) { raw->Loop(st); });
+  p->start_thread_ = std::jthread([raw = p.get()](std::stop_token st) { raw->StartLoop(st); });
   return p;
 }
 
 PrefixPuller::~PrefixPuller() {
+  start_thread_ = {};
   thread_ = {};
   receiver_.reset();  // aborts what is pending; failed pulls' blocks come back through OnBlocksFreed
   allocator_.reset();
@@ -36,33 +38,66 @@ PrefixPuller::~PrefixPuller() {
 }
 
 bool PrefixPuller::Begin(const JobMsg& job, std::function<void()> on_done) {
+  if (job.pull_tokens == 0 || !host_->engine().prefix_cache_enabled()) return false;
+  Queued q;
+  q.job_id = job.request_id;
+  q.tag = job.request_tag;
+  q.prompt = job.prompt;
+  q.pull_tokens = job.pull_tokens;
+  q.holder = job.pull_worker_id;
+  q.on_done = std::move(on_done);
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push_back(std::move(q));
+  queue_cv_.notify_all();
+  return true;
+}
+
+void PrefixPuller::StartLoop(std::stop_token stop) {
+  while (true) {
+    Queued q;
+    bool cancelled = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      queue_cv_.wait(lock, stop, [this] { return !queue_.empty(); });
+      if (stop.stop_requested()) return;
+      q = std::move(queue_.front());
+      queue_.pop_front();
+      cancelled = cancelled_.erase(q.job_id) > 0;
+    }
+    // Start takes on_done into the pull it begins; without a pull the job goes on at once. (An
+    // abort that races the start costs only the pull: the job is gone when its on_done runs.)
+    std::function<void()> on_done = q.on_done;
+    if (cancelled || !Start(q)) on_done();
+  }
+}
+
+bool PrefixPuller::Start(Queued& q) {
   engine::Engine& engine = host_->engine();
-  if (job.pull_tokens == 0 || !engine.prefix_cache_enabled()) return false;
   const int64_t B = host_->kv_layout().tokens_per_block;
   // Whole blocks, never the prompt's last token (its row gives the first token's logits).
-  const int64_t end_block = std::min<int64_t>(job.pull_tokens, static_cast<int64_t>(job.prompt.size()) - 1) / B;
-  std::vector<int32_t> tokens(job.prompt.begin(), job.prompt.begin() + end_block * B);
+  const int64_t end_block = std::min<int64_t>(q.pull_tokens, static_cast<int64_t>(q.prompt.size()) - 1) / B;
+  std::vector<int32_t> tokens(q.prompt.begin(), q.prompt.begin() + end_block * B);
   const int64_t first_block = engine.CachedPrefixBlocks(tokens, end_block);
   if (first_block >= end_block) return false;
   const int64_t count = end_block - first_block;
   auto blocks = engine.AllocatePullBlocks(count);
-  auto log = RequestLog("worker", job.request_tag);
+  auto log = RequestLog("worker", q.tag);
   if (!blocks.ok()) {
-    log.Info("job {}: no pull ({}): computing the prefix", job.request_id, blocks.status().ToString());
+    log.Info("job {}: no pull ({}): computing the prefix", q.job_id, blocks.status().ToString());
     return false;
   }
-  const uint64_t pull_id = PullId(job.request_id);
+  const uint64_t pull_id = PullId(q.job_id);
   const auto n = static_cast<uint32_t>(count * B);
   {
     // The entry exists before the receiver can report on it.
     std::lock_guard<std::mutex> lock(mu_);
     Pull& p = pulls_[pull_id];
-    p.job_id = job.request_id;
-    p.tag = job.request_tag;
+    p.job_id = q.job_id;
+    p.tag = q.tag;
     p.tokens = std::move(tokens);
     p.first_block = first_block;
     p.blocks = *blocks;
-    p.on_done = std::move(on_done);
+    p.on_done = std::move(q.on_done);
     p.began_at = std::chrono::steady_clock::now();
   }
   allocator_->Stage(pull_id, std::vector<uint32_t>(blocks->begin(), blocks->end()));
@@ -71,16 +106,15 @@ bool PrefixPuller::Begin(const JobMsg& job, std::function<void()> on_done) {
                                        host_->config().kv_pull_lease);
   allocator_->Unstage();
   if (!descriptor.ok()) {
-    log.Info("job {}: no pull ({}): computing the prefix", job.request_id, descriptor.status().ToString());
+    log.Info("job {}: no pull ({}): computing the prefix", q.job_id, descriptor.status().ToString());
     std::lock_guard<std::mutex> lock(mu_);
     engine.UnpinBlocks(pulls_[pull_id].blocks);
     pulls_.erase(pull_id);
     return false;
   }
-  log.Debug("job {}: pulling tokens [{}, {}) from {}", job.request_id, first_block * B, end_block * B,
-            job.pull_worker_id);
+  log.Debug("job {}: pulling tokens [{}, {}) from {}", q.job_id, first_block * B, end_block * B, q.holder);
   KvPullMsg pull;
-  pull.request_id = job.request_id;
+  pull.request_id = q.job_id;
   pull.descriptor = kvtransfer::EncodeDescriptor(*descriptor);
   pull.first_token = static_cast<uint32_t>(first_block * B);
   pull.num_tokens = n;
@@ -90,6 +124,14 @@ bool PrefixPuller::Begin(const JobMsg& job, std::function<void()> on_done) {
 }
 
 void PrefixPuller::Fail(uint64_t job_id, const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Queued& q : queue_)
+      if (q.job_id == job_id) {
+        cancelled_.insert(job_id);  // the start thread skips it and runs its on_done
+        return;
+      }
+  }
   // Not pending any more (complete, or already aborted): its event is handled or on its way.
   (void)receiver_->Abort(PullId(job_id), why);
 }

@@ -15,17 +15,22 @@
 //
 // Ids: the receiver knows a pull by PullId(job id), so a pull never collides with a transfer of
 // the same job elsewhere.
-// Threading: Begin and Fail run on the agent's thread; events are handled on one std::jthread
-// member, which runs `on_done` (never under the puller's lock). Ownership: the host is borrowed
-// and must outlive the puller; the destructor stops the thread, aborts the pulls in flight
-// without running their `on_done`, and returns once their blocks are back in the pool.
+// Threading: Begin and Fail run on the agent's thread and never block on the engine or the disk:
+// Begin only queues. One std::jthread member starts the queued pulls (the local lookup may read
+// the disk tier's files), another handles the receiver's events; both run `on_done`, never under
+// the puller's lock. Ownership: the host is borrowed and must outlive the puller; the destructor
+// stops the threads, drops queued pulls and aborts the pulls in flight without running their
+// `on_done`, and returns once their blocks are back in the pool.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -46,11 +51,13 @@ class PrefixPuller {
   PrefixPuller(const PrefixPuller&) = delete;
   PrefixPuller& operator=(const PrefixPuller&) = delete;
 
-  // Starts the pull `job` asks for and returns true; `on_done` runs once it ended either way.
-  // False (nothing started, `on_done` never runs) when there is nothing to pull: no pull_tokens,
-  // the cache is off, this cache already holds them, or no blocks or reservation can be had.
+  // Queues the pull `job` asks for and returns true; `on_done` runs once it ended, whichever way
+  // (also when it turns out there is nothing to pull: this cache already holds the prefix, or no
+  // blocks or reservation can be had). False (`on_done` never runs) when the job asks for no
+  // pull or the cache is off.
   bool Begin(const JobMsg& job, std::function<void()> on_done);
-  // Ends the pull of job `job_id` (kvPushFailed, or the job was aborted) if it is still pending.
+  // Ends the pull of job `job_id` (kvPushFailed, or the job was aborted) if it is still queued
+  // or pending.
   void Fail(uint64_t job_id, const Status& why);
 
  private:
@@ -64,7 +71,20 @@ class PrefixPuller {
     std::chrono::steady_clock::time_point began_at{};
   };
 
+  struct Queued {
+    uint64_t job_id = 0;
+    std::string tag;
+    std::vector<int32_t> prompt;
+    uint32_t pull_tokens = 0;
+    std::string holder;
+    std::function<void()> on_done;
+  };
+
   explicit PrefixPuller(EngineHost* host) : host_(host) {}
+  // Reserves and announces a queued pull; false when there is nothing to pull (the caller then
+  // runs its on_done).
+  bool Start(Queued& q);
+  void StartLoop(std::stop_token stop);
   void Loop(std::stop_token stop);
   // The receiver gave the blocks of a failed pull back (no writer can write into them now).
   void OnBlocksFreed(uint64_t pull_id);
@@ -74,7 +94,11 @@ class PrefixPuller {
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;
   std::mutex mu_;
   std::map<uint64_t, Pull> pulls_;  // by pull id
-  std::jthread thread_;
+  std::condition_variable_any queue_cv_;
+  std::deque<Queued> queue_;              // pulls not started yet
+  std::set<uint64_t> cancelled_;          // job ids failed while queued
+  std::jthread thread_;                   // receiver events
+  std::jthread start_thread_;             // queued pulls
 };
 
 }  // namespace pdserve::services::worker
