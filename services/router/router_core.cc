@@ -219,8 +219,10 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
                                                    &cursor_colocated_, prefer_output, predict));
   }
   // Decode-side hits: a decode worker whose cache holds more of the prompt than the chosen
-  // prefill worker's, and all of it but a few tokens, runs the whole request itself. With equal
-  // hits the prefill worker computes the rest: the same work, without stalling a decode batch.
+  // prefill worker's (its own or pulled), and all of it but a few tokens, runs the whole request
+  // itself. With equal hits the prefill worker computes the rest: the same work, without
+  // stalling a decode batch. (So once a decode worker's blocks are worth a pull, the prefill
+  // worker pulls them and decode-side hits remain for smaller gains.)
   bool decode_local = false;
   if (disaggregated && options_.decode_local_prefill_tokens > 0) {
     auto local = registry_.Choose(WorkerRole::kDecode, RoutingPolicy::kKvAware, prompt_tokens, max_tokens,
