@@ -364,7 +364,7 @@ bool Engine::Idle() const {
 
 int64_t Engine::ClearPrefixCache() { return pool_->EvictIdle(); }
 
-std::vector<int32_t> Engine::PinCachedPrefix(std::span<const int32_t> tokens, int64_t max_blocks) {
+std::vector<int32_t> Engine::MatchCachedBlocks(std::span<const int32_t> tokens, int64_t max_blocks) {
   const PrefixCachePolicy& policy = scheduler_.prefix_policy();
   if (!policy.enabled) return {};
   const int64_t B = pool_->layout().tokens_per_block;
@@ -377,25 +377,20 @@ std::vector<int32_t> Engine::PinCachedPrefix(std::span<const int32_t> tokens, in
   std::vector<int32_t> ids;
   ids.reserve(hit.size());
   for (const CachedBlockId& h : hit) ids.push_back(h.block);
+  return ids;
+}
+
+std::vector<int32_t> Engine::PinCachedPrefix(std::span<const int32_t> tokens, int64_t max_blocks) {
+  std::vector<int32_t> ids = MatchCachedBlocks(tokens, max_blocks);
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.prefix_pushed_tokens += static_cast<int64_t>(ids.size()) * B;
+  stats_.prefix_pushed_tokens += static_cast<int64_t>(ids.size()) * pool_->layout().tokens_per_block;
   return ids;
 }
 
 void Engine::UnpinBlocks(std::span<const int32_t> ids) { pool_->Free(ids); }
 
 int64_t Engine::CachedPrefixBlocks(std::span<const int32_t> tokens, int64_t max_blocks) {
-  const PrefixCachePolicy& policy = scheduler_.prefix_policy();
-  if (!policy.enabled) return 0;
-  const int64_t B = pool_->layout().tokens_per_block;
-  max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / B);
-  if (max_blocks <= 0) return 0;
-  std::vector<uint64_t> hashes;
-  ExtendChain(policy.ns, tokens, B, max_blocks, &hashes);
-  std::vector<CachedBlockId> hit;
-  pool_->MatchPrefix(PrefixCache::Root(policy.ns), hashes, tokens, max_blocks, &hit);
-  std::vector<int32_t> ids;
-  for (const CachedBlockId& h : hit) ids.push_back(h.block);
+  const std::vector<int32_t> ids = MatchCachedBlocks(tokens, max_blocks);
   pool_->Free(ids);
   return static_cast<int64_t>(ids.size());
 }

@@ -281,6 +281,9 @@ class Engine {
   Engine(const EngineOptions& options, const model::Model* model, std::unique_ptr<model::Model> owned,
          std::unique_ptr<ThreadPool> owned_pool, std::unique_ptr<BlockPool> pool);
   Result<std::unique_ptr<Request>> NewRequest(std::vector<int32_t> prompt, RequestOptions options);
+  // The longest cached prefix of `tokens` (whole blocks, at most max_blocks), each block with one
+  // more reference (the pulls' lookups; empty with the cache off).
+  std::vector<int32_t> MatchCachedBlocks(std::span<const int32_t> tokens, int64_t max_blocks);
   // The request's grammar matcher after its resumed output (state restored or replayed).
   Result<grammar::GrammarMatcher> NewMatcher(const RequestConstraint& c, const std::vector<int32_t>& prompt,
                                              int64_t resumed) const;
