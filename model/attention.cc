@@ -234,14 +234,13 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
       thread_local kernels::LatentStage stage;
       for (int64_t a = 0; a < nA; ++a) attend_row(a, &stage, true);
     }
-    // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, up to 8 rows per call
-    // (the streaming path, as a single row alone takes).
+    // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, every row in one call
+    // per head (the GEMM's per-row result does not depend on m).
     std::vector<float> oA(static_cast<size_t>(nA * H * dv));
     pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
       for (int64_t h = hb; h < he; ++h)
-        for (int64_t a = 0; a < nA; a += kernels::kGemmSmallMMax)
-          kernels::Gemm(&olat[(a * H + h) * Lkv], std::min<int64_t>(kernels::kGemmSmallMMax, nA - a), H * Lkv,
-                        SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv), &oA[(a * H + h) * dv], H * dv, nullptr);
+        kernels::Gemm(&olat[h * Lkv], nA, H * Lkv, SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv), &oA[h * dv], H * dv,
+                      nullptr);
     });
     kernels::RoundToBf16InPlace(oA.data(), nA * H * dv);
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);

@@ -2,21 +2,15 @@
 //
 // A step runs rows of several sequences together: prompt chunks and decode tokens mixed. Each
 // row's numbers are bitwise the same as when its sequence runs alone with the same chunking,
-// whatever else is in the batch. The only batch-dependent choice in the arithmetic is the GEMM
-// path, picked by the number of rows m of a call (kernels/gemm.h: m <= kGemmSmallMMax streams
-// the weights, larger m uses the tiled path, with a different summation order). So every row
-// belongs to a "row group", the set of rows that would share a GEMM call if run alone, and the
-// batched forward gives each row the path its group's size selects:
-//   RowGrouping::kChunk   the n_tokens rows form one group (a prompt chunk, or Model::Forward);
-//                         dense projections use the tiled path iff n_tokens > 8, and each
-//                         routed expert iff more than 8 of the chunk's rows chose it.
-//   RowGrouping::kPerRow  every row is its own group (a decode token; also generated tokens
-//                         recomputed after a preemption, so their KV is bitwise the KV the
-//                         decode steps wrote).
-// (W8A8 weights, kernels/gemm_int8.h, give the same bits on either path, so the grouping is
-// harmless there.)
+// whatever else is in the batch: every GEMM sums each output in one order for every number of
+// rows m (docs/kernels-gemm.md), so all rows of a step share each projection's call, and
+// everything else (norms, RoPE, quantization, indexer, top-k, attention) is computed per row.
+//   RowGrouping::kChunk   the n_tokens rows are a prompt chunk (or Model::Forward);
+//   RowGrouping::kPerRow  every row is an output token (a decode token; also generated tokens
+//                         recomputed after a preemption).
 // Attention form: a kChunk at start 0 with n_tokens > 1 uses the reference's non-absorbed
-// prefill attention; everything else the absorbed form over the latent cache.
+// prefill attention; everything else the absorbed form over the latent cache (so recomputed
+// output tokens write bitwise the KV the decode steps wrote).
 #pragma once
 
 #include <cstdint>

@@ -3,12 +3,12 @@
 // new KV records before the indexer scores them, so every query sees its full causal context
 // and every rank ends with the whole prompt's KV (for the decode that follows).
 //
-// Bitwise contract: a rank's rows keep the GEMM path of the whole prompt (one row group of S
-// rows: tiled iff S > 8), which each rank reproduces only when it holds more than 8 rows;
-// shorter prompts therefore run replicated (ForwardBatch on every CP rank). The expanded keys
-// of the reference prefill attention are computed from the gathered latents with the same GEMM
-// path as one process, so a CP prefill equals the single-process one except for the order of
-// the EP partial sums (and the TP o_proj sums when tp > 1).
+// Bitwise contract: the GEMMs' per-row results do not depend on how many rows share a call
+// (docs/kernels-gemm.md), so a rank's rows, and the expanded keys of the reference prefill
+// attention computed from the gathered latents, are what one process computes; a CP prefill
+// equals the single-process one except for the order of the EP partial sums (and the TP
+// o_proj sums when tp > 1). A prompt that would leave a rank 8 rows or fewer runs replicated
+// (ForwardBatch on every CP rank): the weight passes would cost more than the split saves.
 #include <cstring>
 
 #include "common/dtype.h"
@@ -50,8 +50,8 @@ Status Model::ForwardCp(const BatchSequence& seq, const LayerKvDone& on_layer_kv
                                    std::to_string(seq.n_tokens) + " tokens");
   const int cp = parallel_ ? parallel_->plan().cp : 1;
   const comm::CpSplit split(seq.n_tokens, cp);
-  // Every rank must hold > 8 rows to take the prompt's tiled GEMM path (decided by S and cp
-  // alone, so every CP rank decides the same).
+  // Every rank must hold > 8 rows for the split to pay (decided by S and cp alone, so every
+  // CP rank decides the same).
   bool use_cp = cp > 1;
   for (int r = 0; use_cp && r < cp; ++r) use_cp = split.RankTokens(r) > kernels::kGemmSmallMMax;
   if (!use_cp) return ForwardBatch(std::span<const BatchSequence>(&seq, 1), nullptr, on_layer_kv);
@@ -62,9 +62,6 @@ Status Model::ForwardCp(const BatchSequence& seq, const LayerKvDone& on_layer_kv
   plan.n_rows = static_cast<int64_t>(plan.row_pos.size());
   plan.seq_row = {0, plan.n_rows};
   plan.row_seq.assign(static_cast<size_t>(plan.n_rows), 0);
-  plan.row_group.assign(static_cast<size_t>(plan.n_rows), 0);
-  plan.group_size = {seq.n_tokens};
-  plan.row_tiled.assign(static_cast<size_t>(plan.n_rows), seq.n_tokens > kernels::kGemmSmallMMax ? 1 : 0);
   ParallelStep step;
   step.ctx = parallel_;
   step.cp = &split;
@@ -136,8 +133,7 @@ Status Model::ExpandCpKeys(int64_t layer, const BatchPlan& plan, const ParallelS
   const LayerWeights& lw = weights_->layer(layer);
   const int64_t W = lw.kv_b.n_out(), Lkv = c.kv_lora_rank, dr = c.qk_rope_head_dim;
   const int64_t n = plan.n_rows, S = step.cp->seq_len();
-  // Own positions' latents -> bf16(c Wkv_b^T): n > 8 rows, the tiled path a one-process prefill
-  // of S > 8 rows takes, whose per-row results do not depend on the row count.
+  // Own positions' latents -> bf16(c Wkv_b^T): per row what a one-process prefill computes.
   std::vector<int32_t> own(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r) own[r] = static_cast<int32_t>(plan.row_pos[r]);
   std::vector<float> latent(static_cast<size_t>(n * Lkv)), kpe(static_cast<size_t>(n * dr));

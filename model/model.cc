@@ -93,8 +93,7 @@ Status Model::Forward(const int32_t* tokens, int64_t S, SequenceKvCache* cache, 
 }
 
 void Model::PlannedLinear(const Linear& w, const float* x, const BatchPlan& plan, float* y) const {
-  ForEachGemmPath(x, w.n_in(), y, w.n_out(), plan.row_tiled.data(), plan.n_rows,
-                  [&](const float* xs, int64_t m, float* ys) { ApplyLinear(w, xs, m, ys, pool_); });
+  ApplyLinear(w, x, plan.n_rows, y, pool_);
 }
 
 Status Model::ForwardBatch(std::span<const BatchSequence> seqs, BatchStats* stats,
@@ -242,8 +241,7 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
       kernels::RmsNorm(&sum[static_cast<size_t>(row * D)], weights_->final_norm().data(), D, kNormEps, &last[i * D]);
     }
     kernels::RoundToBf16InPlace(last.data(), n * D);
-    for (int64_t i = 0; i < n; i += kernels::kGemmSmallMMax)
-      ApplyLinear(weights_->lm_head(), &last[i * D], std::min<int64_t>(kernels::kGemmSmallMMax, n - i), &out[i * Vl], pool_);
+    ApplyLinear(weights_->lm_head(), last.data(), n, out.data(), pool_);
     if (comm::TensorParallel* tp = parallel_ ? parallel_->tp() : nullptr) {
       // Vocabulary-sharded lm_head: every TP rank computed its columns; reassemble them.
       std::vector<float> full(static_cast<size_t>(n * V));

@@ -144,8 +144,8 @@ class Model {
   Status Ffn(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   // Sigmoid router with group-limited top-k over n rows: ids/weights [n x top_k], -1 padded.
   // forced (may be null): per row, top_k experts to use instead of the router's choice (or null).
-  void Route(const LayerWeights& lw, const float* x, int64_t n, const uint8_t* tiled, int32_t* ids,
-             float* weights, const std::vector<const int32_t*>* forced = nullptr) const;
+  void Route(const LayerWeights& lw, const float* x, int64_t n, int32_t* ids, float* weights,
+             const std::vector<const int32_t*>* forced = nullptr) const;
   // The MoE over the EP group (model/moe_parallel.cc).
   Status FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, const ParallelStep& step, float* out) const;
   void Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const;
@@ -154,19 +154,15 @@ class Model {
   void MlpUp(const MlpWeights& m, const float* x, int64_t S, float* h) const;
   void MlpDown(const MlpWeights& m, const float* h, int64_t S, float* out) const;
   // One expert's share of a layer (a routed expert, or the shared expert): its gathered rows
-  // x[m, D] -> y[m, D]; tiled[m] is each row's GEMM path (model/batch.h), and the tiled rows
-  // come first (REQUIRES: tiled[i] >= tiled[i + 1]).
+  // x[m, D] -> y[m, D].
   struct ExpertJob {
     const MlpWeights* mlp = nullptr;
     const float* x = nullptr;
     int64_t m = 0;
-    const uint8_t* tiled = nullptr;
     float* y = nullptr;
   };
-  // Runs every job, each y bitwise equal to Mlp over its rows with ForEachGemmPath, as one
-  // pass over all experts: every job's rows are cut into GEMM calls the way ForEachGemmPath
-  // cuts them (the tiled rows in one call, the others in calls of at most kGemmSmallMMax),
-  // then all gate and up projections run as one grouped call (one parallel region, tasks over
+  // Runs every job, each y bitwise equal to Mlp over its rows, as one pass over all experts:
+  // all gate and up projections run as one grouped call (one parallel region, tasks over
   // (call, output block); ApplyLinearGrouped), the activations per job, and all down
   // projections as a second grouped call: two parallel regions per layer whatever the number
   // of experts, and no synchronisation per expert. per_expert_moe_variant()

@@ -32,28 +32,16 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   const LayerWeights& lw = weights_->layer(layer);
   const ParallelContext& ctx = *parallel_;
   comm::EpDispatcher& ep = *ctx.ep();
-  const int64_t D = c.hidden_size, S = plan.n_rows, E = c.n_routed_experts, top_k = c.num_experts_per_tok;
+  const int64_t D = c.hidden_size, S = plan.n_rows, top_k = c.num_experts_per_tok;
 
   // 1. Routing of every row held here (replicas route identically; the router is E outputs).
   std::vector<int32_t> ids(static_cast<size_t>(S * top_k));
   std::vector<float> weights(static_cast<size_t>(S * top_k));
   OpScope op_scope(kOpGate);
-  if (S > 0) Route(lw, x, S, plan.row_tiled.data(), ids.data(), weights.data());
+  if (S > 0) Route(lw, x, S, ids.data(), weights.data());
   op_scope.Switch(kOpRoutedExperts);
 
-  // 2. The GEMM path of each (row, slot): tiled iff more than 8 rows of the row's group chose
-  //    that expert (model/batch.h), counted over the whole group.
-  const int64_t n_groups = static_cast<int64_t>(plan.group_size.size());
-  std::vector<float> counts(static_cast<size_t>(n_groups * E), 0.0f);
-  for (int64_t t = 0; t < S; ++t)
-    for (int64_t j = 0; j < top_k; ++j)
-      if (ids[t * top_k + j] >= 0) counts[static_cast<size_t>(plan.row_group[t] * E + ids[t * top_k + j])] += 1.0f;
-  if (step.cp && ctx.cp_sum()) {
-    CommTimer timer(&ctx);
-    PDSERVE_RETURN_IF_ERROR(ctx.cp_sum()->AllReduceSum(counts));
-  }
-
-  // 3. This rank's share of the rows, packed: bf16 hidden, then per slot (expert << 1 | tiled).
+  // 2. This rank's share of the rows, packed as bf16 hidden states.
   comm::TensorParallel* replicas = step.replicas;
   const auto [rb, re] = replicas ? ReplicaRowRange(plan, replicas->size(), replicas->rank())
                                  : std::pair<int64_t, int64_t>{0, S};
@@ -64,17 +52,13 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
     uint8_t* row = &send[static_cast<size_t>(i * row_bytes)];
     uint16_t* h = reinterpret_cast<uint16_t*>(row);
     for (int64_t d = 0; d < D; ++d) h[d] = F32ToBf16Bits(x[t * D + d]);  // x is bf16-valued: exact
-    int32_t* words = reinterpret_cast<int32_t*>(row + 2 * D);
-    for (int64_t j = 0; j < top_k; ++j) {
-      const int32_t id = ids[t * top_k + j];
-      const bool tiled = id >= 0 && counts[static_cast<size_t>(plan.row_group[t] * E + id)] > kernels::kGemmSmallMMax;
-      words[j] = id < 0 ? -1 : (id << 1) | (tiled ? 1 : 0);
-    }
   }
   // The shared expert on this rank's rows, in two halves (MlpUp, MlpDown) computed while the
   // dispatch and then the combine are in flight (ParallelContext::ep_overlap), calling
   // Progress() after every chunk: Open MPI advances a non-blocking collective only inside MPI
   // calls. Without the overlap the whole expert runs here, before the dispatch.
+  // (progress() is called between the halves and after each; the halves are one GEMM call
+  // each, so a long dispatch may advance less often than it could.)
   const bool shared = c.n_shared_experts > 0 && n > 0, overlap = ctx.ep_overlap();
   const int64_t I_sh = shared ? lw.shared.gate.n_out() : 0;
   std::vector<float> z(static_cast<size_t>(n * D), 0.0f), h_sh(static_cast<size_t>(n * I_sh));
@@ -86,19 +70,13 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   };
   auto shared_up = [&]() {
     op_scope.Switch(kOpSharedExpert);
-    ForEachGemmPath(x + rb * D, D, h_sh.data(), I_sh, plan.row_tiled.data() + rb, n,
-                    [&](const float* xs, int64_t m, float* hs) {
-                      MlpUp(lw.shared, xs, m, hs);
-                      progress();
-                    });
+    MlpUp(lw.shared, x + rb * D, n, h_sh.data());
+    progress();
   };
   auto shared_down = [&]() {
     op_scope.Switch(kOpSharedExpert);
-    ForEachGemmPath(h_sh.data(), I_sh, z.data(), D, plan.row_tiled.data() + rb, n,
-                    [&](const float* hs, int64_t m, float* zs) {
-                      MlpDown(lw.shared, hs, m, zs);
-                      progress();
-                    });
+    MlpDown(lw.shared, h_sh.data(), n, z.data());
+    progress();
   };
   if (shared && !overlap) {
     shared_up();
@@ -128,31 +106,17 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
   std::vector<int64_t> first(static_cast<size_t>(in->n_local_experts) + 1, 0);
   for (int e = 0; e < in->n_local_experts; ++e) first[e + 1] = first[e] + static_cast<int64_t>(in->ExpertRows(e).size());
   std::vector<float> xin(static_cast<size_t>(first.back() * D)), yout(xin.size());
-  std::vector<uint8_t> tiled(static_cast<size_t>(first.back()), 0);
-  std::vector<int64_t> slot(static_cast<size_t>(first.back()));  // an expert's i-th row -> its gathered row
   std::vector<ExpertJob> jobs;
   for (int e = 0; e < in->n_local_experts; ++e) {
     const auto rows = in->ExpertRows(e);
     if (rows.empty()) continue;
     if (plan.stats) ++plan.stats->routed_expert_runs;
-    const int32_t global = in->first_expert + e;
     const int64_t m = static_cast<int64_t>(rows.size()), r0 = first[e];
-    auto path = [&](int64_t i) {  // the GEMM path the row's sender computed for this expert
-      const int32_t* words = reinterpret_cast<const int32_t*>(in->hidden + rows[i] * in->row_bytes + 2 * D);
-      for (int64_t j = 0; j < top_k; ++j)
-        if (words[j] >= 0 && (words[j] >> 1) == global) return static_cast<uint8_t>(words[j] & 1);
-      return uint8_t{0};
-    };
-    int64_t k = r0;
-    for (int pass = 1; pass >= 0; --pass)  // the tiled rows first (RunExperts' order)
-      for (int64_t i = 0; i < m; ++i) {
-        if (path(i) != pass) continue;
-        const uint16_t* h = reinterpret_cast<const uint16_t*>(in->hidden + rows[i] * in->row_bytes);
-        for (int64_t d = 0; d < D; ++d) xin[k * D + d] = Bf16ToF32(h[d]);
-        tiled[k] = static_cast<uint8_t>(pass);
-        slot[r0 + i] = k++;
-      }
-    jobs.push_back({&lw.experts[static_cast<size_t>(global)], xin.data() + r0 * D, m, tiled.data() + r0, yout.data() + r0 * D});
+    for (int64_t i = 0; i < m; ++i) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(in->hidden + rows[i] * in->row_bytes);
+      for (int64_t d = 0; d < D; ++d) xin[(r0 + i) * D + d] = Bf16ToF32(h[d]);
+    }
+    jobs.push_back({&lw.experts[static_cast<size_t>(in->first_expert + e)], xin.data() + r0 * D, m, yout.data() + r0 * D});
   }
   RunExperts(jobs);
   for (int e = 0; e < in->n_local_experts; ++e) {
@@ -161,7 +125,7 @@ Status Model::FfnParallel(int64_t layer, const float* x, const BatchPlan& plan, 
     for (size_t i = 0; i < rows.size(); ++i)
       for (int64_t d = 0; d < D; ++d)
         expert_out[static_cast<size_t>(rows[i] * D + d)] +=
-            yout[static_cast<size_t>(slot[first[e] + static_cast<int64_t>(i)] * D + d)] * w[i];
+            yout[static_cast<size_t>((first[e] + static_cast<int64_t>(i)) * D + d)] * w[i];
   }
   std::vector<float> y(static_cast<size_t>(n * D));
   {

@@ -32,7 +32,7 @@ Result<std::unique_ptr<ParallelContext>> ParallelContext::Create(const comm::Pro
   const comm::ParallelPlan& plan = groups.plan();
   PDSERVE_RETURN_IF_ERROR(plan.Validate(groups.world().size(), PlanDimsOf(c)));
   auto ctx = std::unique_ptr<ParallelContext>(new ParallelContext(groups));
-  ctx->dispatch_row_bytes_ = 2 * c.hidden_size + 4 * c.num_experts_per_tok;
+  ctx->dispatch_row_bytes_ = 2 * c.hidden_size;
   if (groups.world().size() == 1) return ctx;
   // Every rank creates the same helpers in the same order (each Create is collective over its
   // group), decided by the plan alone.
@@ -87,34 +87,7 @@ Status ParallelContext::CpBroadcast(void* data, int64_t bytes, int root) const {
 
 std::pair<int64_t, int64_t> ReplicaRowRange(const BatchPlan& plan, int n, int index) {
   const int64_t R = plan.n_rows;
-  // Each row group's rows in this plan (a CP rank holds only part of its prompt's group, so
-  // the extents come from the rows, and tiled-ness from the rows' flags).
-  auto group_extent = [&](int64_t row) {
-    const int32_t g = plan.row_group[static_cast<size_t>(row)];
-    int64_t s = row, e = row + 1;
-    while (s > 0 && plan.row_group[static_cast<size_t>(s - 1)] == g) --s;
-    while (e < R && plan.row_group[static_cast<size_t>(e)] == g) ++e;
-    return std::pair<int64_t, int64_t>{s, e};
-  };
-  // Boundary k (0 < k < n): near k*R/n, moved to a group edge when it would leave <= 8 rows of
-  // a tiled group on either side.
-  auto boundary = [&](int k, int64_t prev) {
-    if (k >= n) return R;
-    int64_t b = std::max(prev, k * R / n);
-    if (b >= R || !plan.row_tiled[static_cast<size_t>(b)]) return b;
-    const auto [s, e] = group_extent(b);
-    const int64_t lower = std::max(s, prev);
-    if (b - lower <= kernels::kGemmSmallMMax) b = lower;
-    else if (e - b <= kernels::kGemmSmallMMax) b = e;
-    return b;
-  };
-  int64_t prev = 0, begin = 0;
-  for (int k = 1; k <= index + 1; ++k) {
-    const int64_t b = boundary(k, prev);
-    if (k == index) begin = b;
-    prev = b;
-  }
-  return {begin, prev};
+  return {index * R / n, (index + 1) * R / n};
 }
 
 CommTimer::CommTimer(const ParallelContext* ctx) : scope_(kOpMpi), ctx_(ctx), start_ns_(ctx ? NowNs() : 0) {}

@@ -15,10 +15,9 @@
 //   * MoE layers: the routed experts are split over the EP group (EpDispatcher). Rows that
 //     several ranks hold identically (the unit's replicas in a decode step; the TP peers in a
 //     CP prefill) are split between those ranks first, so each row is dispatched once; the
-//     outputs are all-gathered back. The split never cuts a row group that uses the tiled GEMM
-//     path into a piece of <= 8 rows, and every dispatched row carries, per routing slot, the
-//     GEMM path its group would take for that expert in a single process, so the expert side
-//     computes bitwise what one process would (model/batch.h).
+//     outputs are all-gathered back. Each expert's received rows run in one GEMM call, whose
+//     per-row results do not depend on the rows beside them, so the expert side computes
+//     bitwise what one process would.
 //   * CP prefill (Model::ForwardCp): the CP ranks of a unit hold distinct positions of one
 //     prompt (comm::CpSplit, zig-zag); each layer all-gathers the new KV records (latent, rope
 //     key, indexer key) so every rank's queries see the full causal prefix.
@@ -82,7 +81,7 @@ class ParallelContext {
   // CP prefill). REQUIRES: cp_sum() != null.
   Status CpBroadcast(void* data, int64_t bytes, int root) const;
 
-  // Bytes per dispatched MoE row: bf16 hidden, then top_k int32 words (expert id << 1 | tiled).
+  // Bytes per dispatched MoE row: the bf16 hidden state.
   int64_t dispatch_row_bytes() const { return dispatch_row_bytes_; }
   // Accumulated seconds spent inside communication calls (EP, TP, CP, unit gathers), for
   // benchmarks. Reset with ResetCommSeconds.
@@ -120,8 +119,8 @@ struct ParallelStep {
   bool parallel_moe() const { return ctx && ctx->multi_rank(); }
 };
 
-// Rows [first, second) of a plan that replica `index` of `n` dispatches: contiguous, cut near
-// index * n_rows / n but never leaving a piece of <= kGemmSmallMMax rows of a tiled row group.
+// Rows [first, second) of a plan that replica `index` of `n` dispatches: contiguous, from
+// index * n_rows / n to (index + 1) * n_rows / n.
 std::pair<int64_t, int64_t> ReplicaRowRange(const BatchPlan& plan, int n, int index);
 
 // Times a communication call into ctx->comm_seconds() (and the MPI op of a profiled step).

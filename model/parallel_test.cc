@@ -1,10 +1,6 @@
-// Single-process parts of the parallel model: the replica row split (never a piece of <= 8
-// rows of a tiled row group) and the --plan string form.
+// Single-process parts of the parallel model: the replica row split.
 #include <gtest/gtest.h>
 
-#include <map>
-
-#include "kernels/gemm.h"
 #include "model/batch_plan.h"
 #include "model/parallel.h"
 #include "model/model.h"
@@ -24,7 +20,7 @@ BatchPlan PlanOf(const std::vector<std::pair<int64_t, RowGrouping>>& seqs, std::
   return BatchPlan::Build(*storage);
 }
 
-// Checks that the ranges tile [0, R) in order and respect tiled groups; returns the sizes.
+// Checks that the ranges tile [0, R) in order; returns the sizes.
 std::vector<int64_t> Split(const BatchPlan& plan, int n) {
   std::vector<int64_t> sizes;
   int64_t expect_begin = 0;
@@ -34,11 +30,6 @@ std::vector<int64_t> Split(const BatchPlan& plan, int n) {
     EXPECT_LE(b, e);
     expect_begin = e;
     sizes.push_back(e - b);
-    // Rows of a tiled group inside [b, e): more than 8 of them, or none.
-    std::map<int32_t, int64_t> per_group;
-    for (int64_t r = b; r < e; ++r)
-      if (plan.row_tiled[r]) ++per_group[plan.row_group[r]];
-    for (const auto& [g, count] : per_group) EXPECT_GT(count, kernels::kGemmSmallMMax) << "group " << g;
   }
   EXPECT_EQ(expect_begin, plan.n_rows);
   return sizes;
@@ -54,21 +45,20 @@ TEST(ReplicaRowRangeTest, DecodeRowsSplitEvenly) {
   EXPECT_EQ(Split(plan, 8), (std::vector<int64_t>{0, 1, 0, 1, 1, 0, 1, 1}));
 }
 
-TEST(ReplicaRowRangeTest, TiledGroupsAreNeverCutIntoSmallPieces) {
+TEST(ReplicaRowRangeTest, ChunksSplitEvenlyWhateverTheirSize) {
+  // Every GEMM's per-row result is independent of the rows beside it, so a chunk may be cut
+  // anywhere: the pieces are as even as the row count allows.
   std::vector<BatchSequence> s;
   const BatchPlan big = PlanOf({{40, RowGrouping::kChunk}}, &s);
   EXPECT_EQ(Split(big, 2), (std::vector<int64_t>{20, 20}));
-  EXPECT_EQ(Split(big, 4), (std::vector<int64_t>{10, 10, 10, 10}));
-  EXPECT_EQ(Split(big, 8), (std::vector<int64_t>{0, 10, 0, 10, 0, 10, 0, 10}));
-  const BatchPlan twelve = PlanOf({{12, RowGrouping::kChunk}}, &s);  // halves of 6: not allowed
-  EXPECT_EQ(Split(twelve, 2), (std::vector<int64_t>{0, 12}));
-  // A small chunk (streaming path at any size) and decode rows around a tiled chunk.
+  EXPECT_EQ(Split(big, 8), (std::vector<int64_t>{5, 5, 5, 5, 5, 5, 5, 5}));
+  const BatchPlan twelve = PlanOf({{12, RowGrouping::kChunk}}, &s);
+  EXPECT_EQ(Split(twelve, 2), (std::vector<int64_t>{6, 6}));
   const BatchPlan mixed = PlanOf({{5, RowGrouping::kChunk}, {30, RowGrouping::kChunk}, {1, RowGrouping::kPerRow},
                                   {1, RowGrouping::kPerRow}, {1, RowGrouping::kPerRow}},
                                  &s);
-  for (int n : {2, 3, 4, 5, 7}) Split(mixed, n);
+  EXPECT_EQ(Split(mixed, 3), (std::vector<int64_t>{12, 13, 13}));
 }
-
 
 }  // namespace
 }  // namespace pdserve::model
