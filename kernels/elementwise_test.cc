@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -216,6 +218,65 @@ TEST(Fp8QuantTest, ScalesArePowersOfTwoAndRoundTripIsExactAndIdempotent) {
   Fp8RoundTripInPlace(z.data(), 256);
   EXPECT_EQ(y, z);  // values already on the grid stay put
   for (float v : y) EXPECT_EQ(v, RoundToBf16(v));  // and are exact in bf16
+}
+
+// The vectorized e4m3 encoder against the scalar definition (common/dtype.h), bit for bit:
+// every e4m3 value, the midpoints between neighbours and one ulp either side (the ties), the
+// subnormal/normal seam, saturation, signed zeros, infinities, NaN, and a sweep over the fp32
+// bit patterns.
+TEST(Fp8QuantTest, VectorEncoderEqualsTheScalarOneOnEveryKindOfInput) {
+  std::vector<float> x;
+  auto near = [&](float v) {
+    x.push_back(v);
+    x.push_back(std::nextafter(v, INFINITY));
+    x.push_back(std::nextafter(v, -INFINITY));
+  };
+  std::vector<float> grid;
+  for (int c = 0; c < 0x7f; ++c) grid.push_back(Fp8E4M3ToF32(static_cast<uint8_t>(c)));
+  for (size_t i = 0; i < grid.size(); ++i) {
+    near(grid[i]);
+    if (i + 1 < grid.size()) near((grid[i] + grid[i + 1]) / 2);  // exact: both on a finer grid
+  }
+  for (float v : {448.0f, 456.0f, 464.0f, 472.0f, 480.0f, 1e6f, 0.015625f, 0.0146484375f, 1e-30f, 1e-40f}) near(v);
+  x.push_back(INFINITY);
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  const size_t signed_count = x.size();
+  for (size_t i = 0; i < signed_count; ++i) x.push_back(-x[i]);
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 40961) {
+    float v;
+    const uint32_t b = static_cast<uint32_t>(u);
+    std::memcpy(&v, &b, 4);
+    x.push_back(v);
+  }
+  std::vector<uint8_t> got(x.size());
+  F32ToFp8E4M3Rows(x.data(), static_cast<int64_t>(x.size()), got.data());
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (got[i] != F32ToFp8E4M3(x[i]) && ++bad <= 10)
+      ADD_FAILURE() << "x=" << x[i] << " got 0x" << std::hex << int{got[i]} << " want 0x" << int{F32ToFp8E4M3(x[i])};
+  EXPECT_EQ(bad, 0) << "of " << x.size();
+}
+
+// ActQuantFp8 against its scalar definition (fp8_quant.h), including blocks with a NaN, a huge
+// outlier (most codes subnormal) and all zeros.
+TEST(Fp8QuantTest, ActQuantEqualsItsScalarDefinition) {
+  auto x = RandomVec(128 * 6, 5, 3.0f);
+  x[128 + 7] = std::numeric_limits<float>::quiet_NaN();
+  x[256 + 3] = 1e5f;
+  std::fill(x.begin() + 384, x.begin() + 512, 0.0f);
+  for (int i = 512; i < 640; ++i) x[i] = x[i] * 1e-6f;
+  std::vector<uint8_t> codes(x.size()), want(x.size());
+  std::vector<float> scales(6);
+  ActQuantFp8(x.data(), static_cast<int64_t>(x.size()), codes.data(), scales.data());
+  for (int b = 0; b < 6; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(x[b * 128 + i]));
+    const float s = Fp8BlockScale(amax);
+    EXPECT_EQ(scales[b], s) << "block " << b;
+    for (int i = 0; i < 128; ++i)
+      want[b * 128 + i] = F32ToFp8E4M3(std::clamp(x[b * 128 + i] / s, -kFp8E4M3Max, kFp8E4M3Max));
+  }
+  EXPECT_EQ(codes, want);
 }
 
 TEST(Fp8QuantTest, DotIsExact) {

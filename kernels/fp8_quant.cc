@@ -23,16 +23,69 @@ float Fp8BlockScale(float amax) {
   return out;
 }
 
+namespace {
+
+// F32ToFp8E4M3 (common/dtype.h) of 8 values at once, bit for bit: round to nearest even on
+// the e4m3 grid, saturate at 448 (0x7e), NaN -> 0x7f. Codes in the low byte of each lane.
+//   |x| >= 2^-6 (normal e4m3): round the fp32 mantissa to 3 bits on the bits themselves
+//     (a carry moves into the exponent, as it should), then rebias the exponent 127 -> 7;
+//   |x| < 2^-6: the quantum is 2^-9, so the code is RNE(|x| * 2^9) (exact scaling; 8 is the
+//     smallest normal, code 0x08, which the formula for normals gives too).
+inline __m256i F32ToFp8E4M3x8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i abs_bits = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(abs_bits, 20), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(abs_bits, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), lsb)), 20);
+  __m256i normal = _mm256_sub_epi32(rounded, _mm256_set1_epi32((127 - 7) << 3));
+  normal = _mm256_min_epi32(normal, _mm256_set1_epi32(0x7e));  // 448 and above (inf too)
+  const __m256 a = _mm256_castsi256_ps(abs_bits);
+  const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)));  // RNE (MXCSR default)
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), abs_bits);  // |x| < 2^-6
+  const __m256i code = _mm256_or_si256(_mm256_blendv_epi8(normal, sub, is_sub), sign);
+  const __m256i is_nan = _mm256_cmpgt_epi32(abs_bits, _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), is_nan);
+}
+
+// The low bytes of 8 int32 lanes -> 8 bytes.
+inline void StoreLowBytes(__m256i v, uint8_t* out) {
+  const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_shuffle_epi8(v, shuf);
+  const uint32_t lo = static_cast<uint32_t>(_mm256_extract_epi32(packed, 0));
+  const uint32_t hi = static_cast<uint32_t>(_mm256_extract_epi32(packed, 4));
+  std::memcpy(out, &lo, 4);
+  std::memcpy(out + 4, &hi, 4);
+}
+
+}  // namespace
+
+void F32ToFp8E4M3Rows(const float* x, int64_t n, uint8_t* codes) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) StoreLowBytes(F32ToFp8E4M3x8(_mm256_loadu_ps(x + i)), codes + i);
+  for (; i < n; ++i) codes[i] = F32ToFp8E4M3(x[i]);
+}
+
 void ActQuantFp8(const float* x, int64_t n, uint8_t* codes, float* scales) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 hi = _mm256_set1_ps(kFp8E4M3Max), lo = _mm256_set1_ps(-kFp8E4M3Max);
   for (int64_t b = 0; b < n / kFp8BlockSize; ++b) {
     const float* xb = x + b * kFp8BlockSize;
+    // amax: max is exact and order-free; a NaN is skipped, as std::max(amax, NaN) skips it
+    // (max_ps returns its second operand when either is NaN).
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < kFp8BlockSize; i += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask), m);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
     float amax = 0.0f;
-    for (int64_t i = 0; i < kFp8BlockSize; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    for (float v : lanes) amax = std::max(amax, v);
     const float s = Fp8BlockScale(amax);
     scales[b] = s;
-    for (int64_t i = 0; i < kFp8BlockSize; ++i) {
-      const float v = std::clamp(xb[i] / s, -kFp8E4M3Max, kFp8E4M3Max);
-      codes[b * kFp8BlockSize + i] = F32ToFp8E4M3(v);
+    const __m256 vs = _mm256_set1_ps(s);
+    for (int64_t i = 0; i < kFp8BlockSize; i += 8) {
+      // clamp(x / s, +-448) with a NaN kept (operand order), as std::clamp keeps it.
+      const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(xb + i), vs)));
+      StoreLowBytes(F32ToFp8E4M3x8(v), codes + b * kFp8BlockSize + i);
     }
   }
 }

@@ -16,7 +16,11 @@ constexpr int64_t kFp8BlockSize = 128;
 // The power-of-two scale of one block (amax already computed).
 float Fp8BlockScale(float amax);
 
-// Quantizes n values (REQUIRES n % 128 == 0): codes[n], scales[n / 128].
+// codes[i] = F32ToFp8E4M3(x[i]) (common/dtype.h) for i < n, bit for bit, 8 values per step.
+void F32ToFp8E4M3Rows(const float* x, int64_t n, uint8_t* codes);
+
+// Quantizes n values (REQUIRES n % 128 == 0): codes[n], scales[n / 128]. Vectorized; bitwise
+// the scalar definition above (amax, Fp8BlockScale, clamp(x / s), F32ToFp8E4M3).
 void ActQuantFp8(const float* x, int64_t n, uint8_t* codes, float* scales);
 
 // x <- dequant(quant(x)) in place (the fp8 round trip of the MLA latent).

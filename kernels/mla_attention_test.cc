@@ -312,7 +312,7 @@ TEST(MlaAttentionTest, StagedEqualsGatheredBitwise) {
     std::vector<uint8_t> records(static_cast<size_t>(n_tokens * f.Record()));
     for (int64_t t = 0; t < n_tokens; ++t) FillRecord(&records[t * f.Record()], lf, KvIndexFormat::kFp8, rng);
     const KvTokenView view = RecordView(records.data(), lf, KvIndexFormat::kFp8, n_tokens);
-    for (int64_t H : {16, 9, 3, 1})
+    for (int64_t H : {24, 16, 9, 3, 1})
       for (int64_t n : {1, 5, 37, 512}) {
         std::vector<int32_t> sel;
         for (int64_t j = 0; j < n; ++j) sel.push_back(static_cast<int32_t>((j * 7919) % n_tokens));
