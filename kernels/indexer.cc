@@ -14,6 +14,11 @@
 #include "kernels/fp8_quant.h"
 #include "kernels/isa.h"
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "kernels/avx512_transpose.h"  // its one inline function, compiled for AVX-512
+#pragma GCC pop_options
+
 // GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
 // (_mm512_undefined_*) as (maybe-)uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -269,6 +274,87 @@ void ApproxBlock512(const float* q, int64_t dim, int64_t n_heads, const uint8_t*
   }
 }
 
+// Keys in lanes: 16 keys scored at once, every head's dot accumulated across the 16 lanes
+// (no horizontal sums: at dim 128 those cost as much as the FMAs), then the bound's terms per
+// head in the same lanes. The dots sum in d order, another order than ApproxDots512's; any
+// order is inside the bound (the derivation above). REQUIRES dim % 32 == 0, dim <= 256.
+constexpr int64_t kLaneKeysMaxDim = 256;
+
+void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_t* const* codes, const float* ks,
+                      KvIndexFormat f, float kmul, float* approx, float* bound) {
+  const int64_t dim = q.dim, H = q.n_heads;
+  alignas(64) float kt[kLaneKeysMaxDim * 16];  // [d][key]
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 32) {
+    __m512i lo[16], hi[16];
+    for (int k = 0; k < 16; ++k) {
+      __m512 a, b;
+      Decode32(codes[k] + i, f, &a, &b);
+      lo[k] = _mm512_castps_si512(a);
+      hi[k] = _mm512_castps_si512(b);
+    }
+    Transpose16(lo);
+    Transpose16(hi);
+    for (int d = 0; d < 16; ++d) {
+      const __m512 a = _mm512_castsi512_ps(lo[d]), b = _mm512_castsi512_ps(hi[d]);
+      _mm512_store_ps(kt + (i + d) * 16, a);
+      _mm512_store_ps(kt + (i + 16 + d) * 16, b);
+      ss = _mm512_fmadd_ps(a, a, ss);
+      ss = _mm512_fmadd_ps(b, b, ss);
+    }
+  }
+  // kn = ||k|| * slack, in true key units (the decoded values are value * kmul).
+  const __m512 kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(ss), _mm512_set1_ps(kNormSlack)), _mm512_set1_ps(kmul));
+  const __m512 zero = _mm512_setzero_ps(), u = _mm512_set1_ps(kU), back = _mm512_set1_ps(1.0f / kmul);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 acc = zero, m = zero, sd = zero;  // KeyTerms of the 16 keys
+  auto terms = [&](__m512 dot, int64_t h) {
+    const __m512 av = _mm512_mul_ps(dot, back);
+    const __m512 wv = _mm512_set1_ps(q.w[h]), wa = _mm512_set1_ps(std::fabs(q.w[h]));
+    const __m512 e = _mm512_mul_ps(_mm512_set1_ps(qc.g[h]), kn);
+    const __m512 r = _mm512_max_ps(av, zero);
+    const __mmask16 live = _mm512_cmp_ps_mask(_mm512_add_ps(av, e), zero, _CMP_GT_OQ);
+    const __m512 delta = _mm512_maskz_mov_ps(live, _mm512_fmadd_ps(u, _mm512_and_ps(av, abs_mask), e));
+    acc = _mm512_fmadd_ps(r, wv, acc);
+    m = _mm512_fmadd_ps(r, wa, m);
+    sd = _mm512_fmadd_ps(delta, wa, sd);
+  };
+  const float* qv = q.q.data();
+  int64_t h = 0;
+  // 16 heads per pass: 16 independent chains hide the FMA latency with room to spare.
+  for (; h + 16 <= H; h += 16) {
+    __m512 a[16];
+    for (int j = 0; j < 16; ++j) a[j] = zero;
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m512 kv = _mm512_load_ps(kt + d * 16);
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(qv[(h + j) * dim + d]), kv, a[j]);
+    }
+    for (int j = 0; j < 16; ++j) terms(a[j], h + j);
+  }
+  for (; h + 8 <= H; h += 8) {
+    __m512 a[8];
+    for (int j = 0; j < 8; ++j) a[j] = zero;
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m512 kv = _mm512_load_ps(kt + d * 16);
+      for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(qv[(h + j) * dim + d]), kv, a[j]);
+    }
+    for (int j = 0; j < 8; ++j) terms(a[j], h + j);
+  }
+  for (; h < H; ++h) {
+    __m512 a = zero;
+    for (int64_t d = 0; d < dim; ++d) a = _mm512_fmadd_ps(_mm512_set1_ps(qv[h * dim + d]), _mm512_load_ps(kt + d * 16), a);
+    terms(a, h);
+  }
+  // Finish, in lanes.
+  const __m512 ksv = _mm512_loadu_ps(ks);
+  const __m512 diff = _mm512_add_ps(_mm512_mul_ps(sd, _mm512_set1_ps(1.0f + 1.01f * qc.h_u)),
+                                    _mm512_mul_ps(_mm512_set1_ps(2.02f * qc.h_u), m));
+  _mm512_storeu_ps(approx, _mm512_mul_ps(acc, ksv));
+  const __m512 inner = _mm512_add_ps(_mm512_mul_ps(diff, _mm512_set1_ps(1.0f + kU)),
+                                     _mm512_mul_ps(_mm512_set1_ps(2.0f * kU), _mm512_and_ps(acc, abs_mask)));
+  _mm512_storeu_ps(bound, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(1.02f), _mm512_and_ps(ksv, abs_mask)), inner));
+}
+
 #pragma GCC pop_options
 
 }  // namespace
@@ -308,8 +394,20 @@ void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t k
   float dots[kMaxKeys * 64];
   float ss[kMaxKeys];
   const bool wide = UseAvx512() && dim % 32 == 0;
+  int64_t t0 = key_begin;
+  if (wide && dim <= kLaneKeysMaxDim) {
+    for (; t0 + 16 <= key_end; t0 += 16) {
+      const uint8_t* codes[16];
+      float ks[16];
+      for (int k = 0; k < 16; ++k) {
+        codes[k] = kv.Field(t0 + k, kv.idx_k_offset, kv.idx_k_stride);
+        ks[k] = LoadF32(kv.Field(t0 + k, kv.idx_scale_offset, kv.idx_scale_stride));
+      }
+      ApproxKeys16_512(q, qc, codes, ks, kv.index_format, kmul, approx + (t0 - key_begin), bound + (t0 - key_begin));
+    }
+  }
   const int block = wide ? 4 : 3;  // keys per block: 4 x 4 zmm or 3 x 4 ymm accumulators
-  for (int64_t t0 = key_begin; t0 < key_end; t0 += block) {
+  for (; t0 < key_end; t0 += block) {
     const int nk = static_cast<int>(std::min<int64_t>(block, key_end - t0));
     const uint8_t* codes[kMaxKeys];
     float ks[kMaxKeys];
