@@ -261,7 +261,15 @@ inline void Accumulate512(const float* p, int64_t n, const void* rows, int64_t d
 
 template <bool kBf16>
 void Outputs512(const float* p, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
-  for (int64_t i = 0; i < dim; i += 32) {
+  // Blocks of 16 heads x 16 columns first: one key load and conversion feeds 16 FMAs (8 x 32
+  // feeds 8 per conversion); 1.25-1.3x the 8 x 32 blocks in a same-process A/B at 16 x 512 x 512.
+  const int64_t h16 = n_heads / 16 * 16;
+  for (int64_t h = 0; h < h16; h += 16)
+    for (int64_t i = 0; i < dim; i += 16) Accumulate512<kBf16, 16, 1>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
+  p += h16 * n;
+  o += h16 * ldo;
+  n_heads -= h16;
+  for (int64_t i = 0; n_heads > 0 && i < dim; i += 32) {
     int64_t h = 0;
     for (; h + 8 <= n_heads; h += 8) Accumulate512<kBf16, 8, 2>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
     for (; h + 4 <= n_heads; h += 4) Accumulate512<kBf16, 4, 2>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
