@@ -12,6 +12,9 @@
 // Roofline: bytes a step must read (every dense weight once: attention, indexer, dense and
 // shared MLPs, router, lm_head; the routed experts the step actually ran; the KV the indexer
 // scored and attention gathered) over the read bandwidth of a STREAM-like sum measured here.
+// Compute: the step's FLOPs (engine_figures.h: linear + attention + indexer at the rows'
+// context) per second, against the fp32 FMA peak measured here: the ceiling that matters once
+// a batch reuses each weight many times.
 // Overhead: the engine's scheduler + sampling + event time as a share of step time.
 // Ratios: decode tokens/s at batch 64 over batch 1 (context 1K) and batch 16 over batch 1
 // (context 8K), from the same run.
@@ -115,6 +118,7 @@ struct Row {
   int64_t context, batch, steps;
   double seconds, tokens_per_s, step_ms, bytes_per_step, roofline_tokens_per_s, ratio, overhead_share;
   double experts_per_layer;
+  double gflops = 0, peak_share = 0;  // CountDecodeStepFlops at the step's context, per second; of the FMA peak
   nlohmann::json profile = nlohmann::json::object();  // op -> share of decode step time
   std::string load;
 };
@@ -122,7 +126,7 @@ struct Row {
 struct PrefillRow {
   int64_t tokens = 0;
   double seconds = 0, tokens_per_s = 0;
-  bench::PrefillFlops flops;
+  bench::ForwardFlops flops;
   double gflops = 0, peak_share = 0;
   nlohmann::json profile = nlohmann::json::object();
   std::string load;
@@ -339,9 +343,13 @@ int Run(int argc, char** argv) {
       r.overhead_share = over / (fwd + over);
       r.experts_per_layer = static_cast<double>(s1.routed_expert_runs - s0.routed_expert_runs) / n_steps /
                             static_cast<double>(c.num_hidden_layers - c.first_k_dense_replace);
-      std::fprintf(stderr, "ctx %5lld batch %3lld: %8.1f tok/s  step %8.1f ms  roofline %8.1f tok/s (%.0f%%)  overhead %.2f%%\n",
+      // FLOPs at the middle of the measured steps' contexts (warmup steps came first).
+      r.gflops = bench::CountDecodeStepFlops(c, ctx + warmup + steps / 2, b).total() * n_steps / secs / 1e9;
+      r.peak_share = r.gflops / peak.best();
+      std::fprintf(stderr, "ctx %5lld batch %3lld: %8.1f tok/s  step %8.1f ms  roofline %8.1f tok/s (%.0f%%)  "
+                           "%.0f GFLOP/s (%.0f%% of the FMA peak)  overhead %.2f%%\n",
                    static_cast<long long>(ctx), static_cast<long long>(b), r.tokens_per_s, r.step_ms,
-                   r.roofline_tokens_per_s, r.ratio * 100, r.overhead_share * 100);
+                   r.roofline_tokens_per_s, r.ratio * 100, r.gflops, r.peak_share * 100, r.overhead_share * 100);
       if (profile_on) {
         std::fprintf(stderr, "op profile, context %lld batch %lld:\n%s", static_cast<long long>(ctx),
                      static_cast<long long>(b), profile.Table().c_str());
@@ -459,7 +467,7 @@ int Run(int argc, char** argv) {
                             {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms}, {"bytes_per_step", r.bytes_per_step},
                             {"roofline_tokens_per_s", r.roofline_tokens_per_s}, {"roofline_ratio", r.ratio},
                             {"overhead_share", r.overhead_share}, {"routed_experts_per_layer", r.experts_per_layer},
-                            {"profile", r.profile}, {"load", r.load}});
+                            {"gflops", r.gflops}, {"peak_share", r.peak_share}, {"profile", r.profile}, {"load", r.load}});
   std::ofstream(out_dir + "/engine.json") << j.dump(2) << "\n";
   std::ostringstream md;
   char line[512];
@@ -472,13 +480,14 @@ int Run(int argc, char** argv) {
                 load_end.c_str(), fixed / 1e6, expert_bytes / 1e6);
   md << line;
   md << "## Decode\n\n";
-  md << "| context | batch | tokens/s | step ms | MB/step | roofline tokens/s | of roofline | experts/layer | sched+sample overhead | load |\n";
-  md << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  md << "| context | batch | tokens/s | step ms | MB/step | roofline tokens/s | of roofline | GFLOP/s | of FMA peak | "
+        "experts/layer | sched+sample overhead | load |\n";
+  md << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Row& r : rows) {
-    std::snprintf(line, sizeof line, "| %lld | %lld | %.1f | %.1f | %.0f | %.1f | %.0f%% | %.1f | %.2f%% | %s |\n",
+    std::snprintf(line, sizeof line, "| %lld | %lld | %.1f | %.1f | %.0f | %.1f | %.0f%% | %.0f | %.0f%% | %.1f | %.2f%% | %s |\n",
                   static_cast<long long>(r.context), static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms,
-                  r.bytes_per_step / 1e6, r.roofline_tokens_per_s, r.ratio * 100, r.experts_per_layer, r.overhead_share * 100,
-                  r.load.c_str());
+                  r.bytes_per_step / 1e6, r.roofline_tokens_per_s, r.ratio * 100, r.gflops, r.peak_share * 100,
+                  r.experts_per_layer, r.overhead_share * 100, r.load.c_str());
     md << line;
   }
   std::snprintf(line, sizeof line,

@@ -194,7 +194,7 @@ int Run(int argc, char** argv) {
                  c.token == w.token ? "equal" : "DIFFERENT", loads.back().c_str());
   }
   const double cold_med = Median(cold_s), warm_med = Median(warm_s);
-  const bench::PrefillFlops flops = bench::CountPrefillFlops(m.config(), prompt_len, chunk);
+  const bench::ForwardFlops flops = bench::CountPrefillFlops(m.config(), prompt_len, chunk);
   const double cold_gflops = flops.total() / cold_med / 1e9;
   const std::string load_end = bench::LoadAverage();
   std::fprintf(stderr,

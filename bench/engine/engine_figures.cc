@@ -10,39 +10,67 @@
 
 namespace pdserve::bench {
 
-PrefillFlops CountPrefillFlops(const model::ModelConfig& c, int64_t prompt_len, int64_t chunk) {
-  const double D = static_cast<double>(c.hidden_size), H = static_cast<double>(c.num_attention_heads);
-  const double Lq = static_cast<double>(c.q_lora_rank), Lkv = static_cast<double>(c.kv_lora_rank);
-  const double dn = static_cast<double>(c.qk_nope_head_dim), dr = static_cast<double>(c.qk_rope_head_dim);
-  const double dv = static_cast<double>(c.v_head_dim);
-  const double IH = static_cast<double>(c.index_n_heads), ID = static_cast<double>(c.index_head_dim);
-  const double L = static_cast<double>(c.num_hidden_layers), dense = static_cast<double>(c.first_k_dense_replace);
-  const double moe = L - dense, Im = static_cast<double>(c.moe_intermediate_size);
-  const int64_t K = c.index_topk;
-  PrefillFlops f;
-  // Multiply-adds per row, every layer: attention projections (q_a, q_b, kv_a, o), indexer
-  // projections (wq_b, wk, weights_proj), then the FFNs.
-  const double proj = D * Lq + Lq * H * (dn + dr) + D * (Lkv + dr) + H * dv * D + Lq * IH * ID + D * ID + D * IH;
-  const double ffn = dense * 3.0 * D * static_cast<double>(c.intermediate_size) +
-                     moe * (D * static_cast<double>(c.n_routed_experts) +
-                            3.0 * D * Im * (static_cast<double>(c.n_shared_experts) + static_cast<double>(c.num_experts_per_tok)));
+namespace {
+
+// The shapes the FLOP counts need, as doubles.
+struct Dims {
+  double D, H, Lq, Lkv, dn, dr, dv, IH, ID, L, V;
+  int64_t K;
+  // Multiply-adds of one row through every layer's projections (q_a, q_b, kv_a, o; indexer
+  // wq_b, wk, weights_proj) and FFN (dense layers, or router + top_k routed + shared experts).
+  double row_linear;
+  explicit Dims(const model::ModelConfig& c)
+      : D(static_cast<double>(c.hidden_size)), H(static_cast<double>(c.num_attention_heads)),
+        Lq(static_cast<double>(c.q_lora_rank)), Lkv(static_cast<double>(c.kv_lora_rank)),
+        dn(static_cast<double>(c.qk_nope_head_dim)), dr(static_cast<double>(c.qk_rope_head_dim)),
+        dv(static_cast<double>(c.v_head_dim)), IH(static_cast<double>(c.index_n_heads)),
+        ID(static_cast<double>(c.index_head_dim)), L(static_cast<double>(c.num_hidden_layers)),
+        V(static_cast<double>(c.vocab_size)), K(c.index_topk) {
+    const double dense = static_cast<double>(c.first_k_dense_replace), moe = L - dense;
+    const double Im = static_cast<double>(c.moe_intermediate_size);
+    const double proj = D * Lq + Lq * H * (dn + dr) + D * (Lkv + dr) + H * dv * D + Lq * IH * ID + D * ID + D * IH;
+    const double ffn = dense * 3.0 * D * static_cast<double>(c.intermediate_size) +
+                       moe * (D * static_cast<double>(c.n_routed_experts) +
+                              3.0 * D * Im * (static_cast<double>(c.n_shared_experts) + static_cast<double>(c.num_experts_per_tok)));
+    row_linear = L * proj + ffn;
+  }
+  // Absorbed attention of the row at position p: query absorption and W_uv, then scores and
+  // weighted sums over its selected keys.
+  double AbsorbedRow(int64_t p) const {
+    return 2.0 * L * (H * (dn * Lkv + Lkv * dv) + static_cast<double>(std::min<int64_t>(p + 1, K)) * H * (Lkv + dr + Lkv));
+  }
+  double IndexerRow(int64_t p) const { return p + 1 > K ? 2.0 * L * static_cast<double>(p + 1) * IH * ID : 0.0; }
+};
+
+}  // namespace
+
+ForwardFlops CountPrefillFlops(const model::ModelConfig& c, int64_t prompt_len, int64_t chunk) {
+  const Dims d(c);
+  ForwardFlops f;
   const double P = static_cast<double>(prompt_len);
-  f.linear = 2.0 * (P * (L * proj + ffn) + D * static_cast<double>(c.vocab_size));
+  f.linear = 2.0 * (P * d.row_linear + d.D * d.V);
   for (int64_t start = 0; start < prompt_len; start += chunk) {
     const int64_t end = std::min(prompt_len, start + chunk);
     if (start == 0 && end > 1) {
       // Non-absorbed: kv_b expands every key of the chunk, then each row's selected keys.
-      f.attention += 2.0 * L * static_cast<double>(end) * Lkv * H * (dn + dv);
+      f.attention += 2.0 * d.L * static_cast<double>(end) * d.Lkv * d.H * (d.dn + d.dv);
       for (int64_t p = 0; p < end; ++p)
-        f.attention += 2.0 * L * static_cast<double>(std::min<int64_t>(p + 1, K)) * H * (dn + dr + dv);
+        f.attention += 2.0 * d.L * static_cast<double>(std::min<int64_t>(p + 1, d.K)) * d.H * (d.dn + d.dr + d.dv);
     } else {
-      for (int64_t p = start; p < end; ++p)
-        f.attention += 2.0 * L * (H * (dn * Lkv + Lkv * dv) +
-                                  static_cast<double>(std::min<int64_t>(p + 1, K)) * H * (Lkv + dr + Lkv));
+      for (int64_t p = start; p < end; ++p) f.attention += d.AbsorbedRow(p);
     }
-    for (int64_t p = start; p < end; ++p)
-      if (p + 1 > K) f.indexer += 2.0 * L * static_cast<double>(p + 1) * IH * ID;
+    for (int64_t p = start; p < end; ++p) f.indexer += d.IndexerRow(p);
   }
+  return f;
+}
+
+ForwardFlops CountDecodeStepFlops(const model::ModelConfig& c, int64_t context, int64_t batch) {
+  const Dims d(c);
+  const double B = static_cast<double>(batch);
+  ForwardFlops f;
+  f.linear = 2.0 * B * (d.row_linear + d.D * d.V);
+  f.attention = B * d.AbsorbedRow(context);
+  f.indexer = B * d.IndexerRow(context);
   return f;
 }
 

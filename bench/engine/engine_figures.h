@@ -1,5 +1,5 @@
-// What bench_engine sets its timings against: the FLOPs of a prefill (linear layers, attention,
-// indexer) as this engine computes them, the machine's fp32 FMA peak measured in the same run,
+// What bench_engine sets its timings against: the FLOPs of a prefill or of a decode step (linear
+// layers, attention, indexer) as this engine computes them, the machine's fp32 FMA peak measured in the same run,
 // and the load average beside every figure.
 #pragma once
 
@@ -11,8 +11,8 @@
 
 namespace pdserve::bench {
 
-struct PrefillFlops {
-  double linear = 0;     // every projection and MLP of every prompt row (routed: top_k experts), lm_head once
+struct ForwardFlops {
+  double linear = 0;     // every projection and MLP of every row (routed: top_k experts), lm_head per sampled row
   double attention = 0;  // scores + weighted sums over the selected keys, query absorption / W_uv or kv_b expansion
   double indexer = 0;    // q8 . k8 over the causal keys of rows with more than index_topk of them
   double total() const { return linear + attention + indexer; }
@@ -20,7 +20,11 @@ struct PrefillFlops {
 
 // A prompt of `prompt_len` tokens prefilled in chunks of `chunk` (the first chunk in the
 // reference's non-absorbed form, the others absorbed, as model/model.h describes).
-PrefillFlops CountPrefillFlops(const model::ModelConfig& c, int64_t prompt_len, int64_t chunk);
+ForwardFlops CountPrefillFlops(const model::ModelConfig& c, int64_t prompt_len, int64_t chunk);
+
+// One decode step of `batch` rows at position `context` (the absorbed form over min(context + 1,
+// index_topk) keys; the indexer scores context + 1 keys when there are more than index_topk).
+ForwardFlops CountDecodeStepFlops(const model::ModelConfig& c, int64_t context, int64_t batch);
 
 // fp32 FMA peak of as many threads as `pool` has, all at once, in GFLOP/s (2 per multiply-add): 8-lane
 // (AVX2) and, where the CPU has it, 16-lane (AVX-512) vfmadd231ps; 0 for a missing width.
