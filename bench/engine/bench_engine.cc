@@ -109,7 +109,9 @@ double ReadBandwidth(ThreadPool* pool, int rounds) {
   return best;
 }
 
+// Bytes a step reads for one weight: BF16/F32 values, or W8A8 int8 codes plus a scale per row.
 int64_t Bytes(const model::Linear& w) {
+  if (w.is_int8()) return w.int8.n_out * w.int8.n_in + w.int8.n_out * static_cast<int64_t>(sizeof(float));
   return w.view.n_out * w.view.n_in * static_cast<int64_t>(DTypeSize(w.view.dtype));
 }
 int64_t Bytes(const model::MlpWeights& m) { return Bytes(m.gate) + Bytes(m.up) + Bytes(m.down); }
@@ -228,6 +230,8 @@ int Run(int argc, char** argv) {
   const model::Model& m = **loaded;
   const model::ModelConfig& c = m.config();
   const model::ModelWeights& w = m.weights();
+  // "W8A8" when the attention projections are int8 (pdserve convert --quant w8a8 / w8a8_all).
+  const std::string weight_format = w.layer(0).o.is_int8() ? "W8A8" : "BF16";
 
   // Bytes every decode step reads once whatever the batch, and one routed expert's bytes.
   int64_t fixed = Bytes(w.lm_head());
@@ -471,7 +475,8 @@ int Run(int argc, char** argv) {
   std::ofstream(out_dir + "/engine.json") << j.dump(2) << "\n";
   std::ostringstream md;
   char line[512];
-  md << "# Engine throughput (`small` preset, " << kv_format << " KV)\n\n";
+  md << "# Engine throughput (`" << std::filesystem::path(model_dir).filename().string() << "`, "
+     << weight_format << " linear weights, " << kv_format << " KV)\n\n";
   std::snprintf(line, sizeof line,
                 "- %d threads; read bandwidth %.1f GB/s (1 GiB STREAM-like sum); fp32 FMA peak %.0f GFLOP/s "
                 "(AVX2 %.0f, AVX-512 %.0f); load average %s at the start, %s at the end\n"
