@@ -11,6 +11,7 @@
 //                 the router still predicts the hit and sends the next request to it, which
 //                 recomputes the prompt -- the reply is still exact, only the predicted and
 //                 actual hit counters part, and no KV block leaks on any worker.
+#include <atomic>
 #include <csignal>
 #include <fstream>
 #include <thread>
@@ -237,13 +238,14 @@ TEST(KvRoutingE2eTest, APrefillWorkerPullsTheConversationFromTheDecodeWorker) {
 // A pull between prefill workers: p0 computed a prompt; d0 caches nothing of its own
 // (--prefix-cache false), so p0 is the only holder. A request with that prefix placed on p1
 // (round robin) has p0 write the 576 cached tokens into p1's pool; p1 computes the rest. The
-// reply equals the reference and both sides count the pull.
+// reply equals the reference, both sides count the pull, and while p1's job waits for it p1's
+// load reports the job.
 TEST(KvRoutingE2eTest, APrefillWorkerPullsFromAnotherPrefillWorker) {
   if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
   TestCluster c("worker-pullpp");
   ASSERT_OK_W(c.StartRouter({"--decode-local-prefill-tokens", "0", "--prefill-policy", "round_robin"}), Workers(&c));
   Workers w(&c);
-  ASSERT_OK_W(w.Start("p0", "prefill"), w);
+  ASSERT_OK_W(w.Start("p0", "prefill", {"--fault-slow-kv-writes", "400"}), w);
   ASSERT_OK_W(w.Start("d0", "decode", {"--prefix-cache", "false"}), w);
   ASSERT_TRUE(c.WaitForWorkers(2, 30s)) << w.Logs();
   constexpr int kMax = 5;
@@ -253,14 +255,30 @@ TEST(KvRoutingE2eTest, APrefillWorkerPullsFromAnotherPrefillWorker) {
   ASSERT_OK_W(w.Start("p1", "prefill"), w);
   ASSERT_TRUE(c.WaitForWorkers(3, 30s)) << w.Logs();
   // Round robin: requests until one is placed on p1; every one maps the 9 blocks (576 tokens),
-  // on p0 from its own cache, on p1 pulled from p0.
+  // on p0 from its own cache, on p1 pulled from p0. p0 holds each KV write batch back 400 ms,
+  // so p1's job waits for its pull long enough for p1's heartbeats (100 ms) to report it: one
+  // waiting request and the 650 - 576 + 1 tokens it still owes.
+  double p1_waiting = 0, p1_queued = 0;
   for (int k = 0; k < 4 && Placed(c.http_port(), "p1") < 1; ++k) {
     std::vector<int32_t> prompt = prefix;
     const std::vector<int32_t> more = LongPrompt(80 + k, 50);
     prompt.insert(prompt.end(), more.begin(), more.end());
+    std::atomic<bool> done{false};
+    std::thread sampler([&] {
+      while (!done.load()) {
+        const std::string m = w.Metrics("p1");
+        p1_waiting = std::max(p1_waiting, MetricValue(m, "pdserve_worker_waiting_requests"));
+        p1_queued = std::max(p1_queued, MetricValue(m, "pdserve_worker_queued_tokens"));
+        std::this_thread::sleep_for(20ms);
+      }
+    });
     EXPECT_EQ(CompleteExact(c.http_port(), prompt, kMax), 576) << "request " << k;
+    done = true;
+    sampler.join();
   }
   ASSERT_EQ(Placed(c.http_port(), "p1"), 1) << w.Logs();
+  EXPECT_EQ(p1_waiting, 1) << "a job waiting for its pull counts in the worker's load";
+  EXPECT_EQ(p1_queued, 650 - 576 + 1);
   EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_prefix_cache_pulled_tokens_total"), 576);
   EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_worker_kv_pulls_total", "outcome=\"adopted\""), 1);
   EXPECT_EQ(MetricValue(w.Metrics("p0"), "pdserve_worker_kv_pushes_total", "outcome=\"ok\""), 1);

@@ -122,6 +122,18 @@ Status PrefillWorker::SubmitLocked(Job& job) {
   return Status::Ok();
 }
 
+WorkerLoad PrefillWorker::CurrentLoad() {
+  WorkerLoad load = EngineWorker::CurrentLoad();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [rid, job] : jobs_) {
+    if (!job.pulling || job.ended) continue;
+    const uint64_t prompt = job.msg.prompt.size();
+    ++load.waiting;
+    load.queued_tokens += prompt - std::min<uint64_t>(job.msg.pull_tokens, prompt - 1) + 1;
+  }
+  return load;
+}
+
 void PrefillWorker::OnPullDone(uint64_t rid) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(rid);

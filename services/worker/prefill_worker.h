@@ -55,6 +55,9 @@ class PrefillWorker final : public EngineWorker {
   // this worker asked for (PrefixPuller).
   Status PushKv(const KvPushMsg& push) override { return pusher_->Push(push); }
   void PullFailed(const KvPushFailedMsg& failed) override;
+  // The engine's load plus the jobs waiting for their pull (not in the engine yet): each counts
+  // as waiting, with the prompt tokens left to compute once the pull lands, and its one token.
+  WorkerLoad CurrentLoad() override;
 
  private:
   struct Job {
