@@ -1,6 +1,8 @@
 // PrefixPuller (prefix_puller.h): reserve, announce, adopt or give back.
 #include "services/worker/prefix_puller.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "kvtransfer/kv_wire.h"
@@ -42,8 +44,10 @@ bool PrefixPuller::Begin(const JobMsg& job, std::function<void()> on_done) {
   Queued q;
   q.job_id = job.request_id;
   q.tag = job.request_tag;
-  q.prompt = job.prompt;
-  q.pull_tokens = job.pull_tokens;
+  // Only what a pull may cover: never the prompt's last token (its row gives the first token's
+  // logits).
+  const size_t pullable = std::min<size_t>(job.pull_tokens, job.prompt.empty() ? 0 : job.prompt.size() - 1);
+  q.prefix.assign(job.prompt.begin(), job.prompt.begin() + static_cast<std::ptrdiff_t>(pullable));
   q.holder = job.pull_worker_id;
   q.on_done = std::move(on_done);
   std::lock_guard<std::mutex> lock(mu_);
@@ -74,9 +78,9 @@ void PrefixPuller::StartLoop(std::stop_token stop) {
 bool PrefixPuller::Start(Queued& q) {
   engine::Engine& engine = host_->engine();
   const int64_t B = host_->kv_layout().tokens_per_block;
-  // Whole blocks, never the prompt's last token (its row gives the first token's logits).
-  const int64_t end_block = std::min<int64_t>(q.pull_tokens, static_cast<int64_t>(q.prompt.size()) - 1) / B;
-  std::vector<int32_t> tokens(q.prompt.begin(), q.prompt.begin() + end_block * B);
+  // Whole blocks of the pullable prefix.
+  const int64_t end_block = static_cast<int64_t>(q.prefix.size()) / B;
+  std::vector<int32_t> tokens(q.prefix.begin(), q.prefix.begin() + end_block * B);
   const int64_t first_block = engine.CachedPrefixBlocks(tokens, end_block);
   if (first_block >= end_block) return false;
   const int64_t count = end_block - first_block;

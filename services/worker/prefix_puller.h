@@ -74,8 +74,7 @@ class PrefixPuller {
   struct Queued {
     uint64_t job_id = 0;
     std::string tag;
-    std::vector<int32_t> prompt;
-    uint32_t pull_tokens = 0;
+    std::vector<int32_t> prefix;  // the prompt's first min(pullTokens, length - 1) tokens
     std::string holder;
     std::function<void()> on_done;
   };
