@@ -280,6 +280,17 @@ void ApproxBlock512(const float* q, int64_t dim, int64_t n_heads, const uint8_t*
 // order is inside the bound (the derivation above). REQUIRES dim % 32 == 0, dim <= 256.
 constexpr int64_t kLaneKeysMaxDim = 256;
 
+// a[j] = sum over d ascending of q[j * dim + d] * kt[d][:] for j < HB: HB heads' dots with the
+// 16 keys of kt ([dim][16]) in the lanes.
+template <int HB>
+inline void LaneDots512(const float* q, int64_t dim, const float* kt, __m512* a) {
+  for (int j = 0; j < HB; ++j) a[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; ++d) {
+    const __m512 kv = _mm512_load_ps(kt + d * 16);
+    for (int j = 0; j < HB; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * dim + d]), kv, a[j]);
+  }
+}
+
 void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_t* const* codes, const float* ks,
                       KvIndexFormat f, float kmul, float* approx, float* bound) {
   const int64_t dim = q.dim, H = q.n_heads;
@@ -324,26 +335,18 @@ void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_
   // 16 heads per pass: 16 independent chains hide the FMA latency with room to spare.
   for (; h + 16 <= H; h += 16) {
     __m512 a[16];
-    for (int j = 0; j < 16; ++j) a[j] = zero;
-    for (int64_t d = 0; d < dim; ++d) {
-      const __m512 kv = _mm512_load_ps(kt + d * 16);
-      for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(qv[(h + j) * dim + d]), kv, a[j]);
-    }
+    LaneDots512<16>(qv + h * dim, dim, kt, a);
     for (int j = 0; j < 16; ++j) terms(a[j], h + j);
   }
   for (; h + 8 <= H; h += 8) {
     __m512 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = zero;
-    for (int64_t d = 0; d < dim; ++d) {
-      const __m512 kv = _mm512_load_ps(kt + d * 16);
-      for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(qv[(h + j) * dim + d]), kv, a[j]);
-    }
+    LaneDots512<8>(qv + h * dim, dim, kt, a);
     for (int j = 0; j < 8; ++j) terms(a[j], h + j);
   }
   for (; h < H; ++h) {
-    __m512 a = zero;
-    for (int64_t d = 0; d < dim; ++d) a = _mm512_fmadd_ps(_mm512_set1_ps(qv[h * dim + d]), _mm512_load_ps(kt + d * 16), a);
-    terms(a, h);
+    __m512 a[1];
+    LaneDots512<1>(qv + h * dim, dim, kt, a);
+    terms(a[0], h);
   }
   // Finish, in lanes.
   const __m512 ksv = _mm512_loadu_ps(ks);
