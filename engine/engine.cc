@@ -57,9 +57,11 @@ PrefixCachePolicy PrefixPolicyFor(const EngineOptions& options, const model::Mod
     in.ep = p->plan().ep;
   }
   PrefixCachePolicy policy;
-  policy.enabled = options.prefix_cache && !options.scheduler.whole_prompts;
+  policy.enabled = options.prefix_cache;
   policy.ns = KvNamespace(in);
-  policy.first_chunk_tokens = options.scheduler.prefill_chunk;
+  // A whole prompt's positions all take one form: a hit may be any whole blocks of a prompt.
+  policy.first_chunk_tokens = options.scheduler.whole_prompts ? 1 : options.scheduler.prefill_chunk;
+  policy.prompt_blocks_only = options.scheduler.whole_prompts;
   return policy;
 }
 
@@ -396,6 +398,10 @@ int64_t Engine::CachedPrefixBlocks(std::span<const int32_t> tokens, int64_t max_
 }
 
 Result<std::vector<int32_t>> Engine::AllocatePullBlocks(int64_t count) {
+  if (!accepts_pulls())
+    return Status::FailedPrecondition(options_.group ? "a multi-rank engine takes no pulled blocks (its followers' pools "
+                                                       "would not hold them)"
+                                                     : "the prefix cache is off");
   std::vector<int32_t> ids;
   PDSERVE_RETURN_IF_ERROR(pool_->Allocate(count, &ids));
   return ids;

@@ -99,7 +99,8 @@ struct EngineOptions {
   // and a later request with the same token prefix maps them instead of computing them. Outputs
   // are bitwise those of a cold run. Costs: idle cached blocks are evicted (LRU) only when the
   // pool needs room, so the pool looks full in a heap profile but Allocate never fails because
-  // of the cache. Off (whatever this says) when prompts are scheduled whole (CP prefill).
+  // of the cache. When prompts are scheduled whole (CP prefill) only prompts' blocks are cached
+  // (decoded positions take another form there), and a hit's rest runs in the whole prompt's.
   bool prefix_cache = true;
   // The weights' identity in the cache namespace (e.g. model::WeightsFingerprint): only
   // engines with equal namespaces may exchange cached blocks. 0: Create(options) fingerprints
@@ -239,6 +240,9 @@ class Engine {
   uint64_t prefix_cache_namespace() const { return scheduler_.prefix_policy().ns; }
   // The hit rule's first-chunk size C: a hit maps at least C tokens or none (docs/prefix-cache.md).
   int64_t prefix_cache_first_chunk_tokens() const { return scheduler_.prefix_policy().first_chunk_tokens; }
+  // Whether pulled blocks may join this cache (AllocatePullBlocks): not in a multi-rank engine,
+  // whose followers' pools would never see them.
+  bool accepts_pulls() const { return prefix_cache_enabled() && !options_.group; }
   // Evicts every idle cached block (blocks of live requests stay; the disk tier keeps its
   // files). Returns how many. Any thread.
   int64_t ClearPrefixCache();
@@ -256,7 +260,8 @@ class Engine {
   // disk: PinCachedPrefix and Unpin at once (a pull asks only for what follows them).
   int64_t CachedPrefixBlocks(std::span<const int32_t> tokens, int64_t max_blocks);
   // Puller side: `count` blocks for a pull to write into, each with one reference (free blocks
-  // first, then evicting idle cached ones). Errors: ResourceExhausted.
+  // first, then evicting idle cached ones). Errors: ResourceExhausted; FailedPrecondition when
+  // !accepts_pulls().
   Result<std::vector<int32_t>> AllocatePullBlocks(int64_t count);
   // The pull's blocks now hold the KV of tokens [first_block * B, (first_block + blocks.size())
   // * B): they join the cache as the continuation of this cache's own first `first_block`

@@ -7,7 +7,8 @@
 //   * KV imported into a TP unit's leader (the followers receive the blocks with the step) and
 //     decoded from there, as a decode service does after a KV transfer;
 //   * prefix-cache hits on a TP unit (the leader maps cached blocks; the followers read their
-//     own copies of the same block ids, written when those blocks were computed).
+//     own copies of the same block ids, written when those blocks were computed), and on a CP
+//     unit (a prompt's rest after the hit split over the CP ranks, or run replicated when short).
 // Every rank makes the same tiny checkpoint; ranks stop together (the engines' stop votes).
 #include <chrono>
 #include <cstring>
@@ -304,6 +305,68 @@ TEST_F(EngineGroupTest, PrefixCacheHitsOnATensorParallelUnit) {
   ASSERT_TRUE(r.engine->prefix_cache_enabled());
   r.engine->Start();
   // The first request computes the prefix; the others, together, map its blocks.
+  EventCollector events;
+  std::vector<RequestId> ids;
+  ids.push_back(r.engine->AddRequest(prompts[0], Greedy(kMaxTokens, &events)).value());
+  ASSERT_TRUE(events.WaitFinished(1, std::chrono::seconds(120)));
+  for (size_t i = 1; i < prompts.size(); ++i) ids.push_back(r.engine->AddRequest(prompts[i], Greedy(kMaxTokens, &events)).value());
+  ASSERT_TRUE(events.WaitFinished(prompts.size(), std::chrono::seconds(120)));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(events.Tokens(ids[i]), expected[i]) << "prompt " << i;
+    EXPECT_EQ(events.Last(ids[i])->cached_prompt_tokens, i == 0 ? 0 : 64) << "prompt " << i;
+  }
+  EXPECT_TRUE(r.engine->failure().ok());
+  EXPECT_EQ(r.engine->pool().n_used(), 0);
+  r.engine.reset();
+}
+
+// A CP unit's prefix cache: whole-prompt scheduling caches prompts' blocks only, and a later
+// prompt that shares them computes its rest in the whole prompt's form (RowGrouping::
+// kPromptRest): split over the CP ranks when each gets more than 8 rows (rests of 36 and 46
+// tokens here), replicated on every rank when shorter (11 and 15). The tokens equal a cold
+// single-process whole-prompt engine's, and the hits are the first prompt's whole blocks.
+TEST_F(EngineGroupTest, PrefixCacheHitsOnAContextParallelUnit) {
+  ParallelPlan plan;
+  plan.cp = 2;
+  plan.dp = WorldSize() / 2;
+  plan.ep = WorldSize();
+  constexpr int64_t kBlock = 16;
+  const std::vector<int32_t> shared = Prompt(70, 30);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int tail : {5, 30, 9, 40}) {
+    std::vector<int32_t> p = shared;
+    for (int32_t t : Prompt(tail, 40 + tail)) p.push_back(t);
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> expected;
+  {
+    EngineOptions eo;
+    eo.model_dir = dir_->path();
+    eo.threads = 1;
+    eo.kv_cache_gib = 0.0625;
+    eo.block_tokens = kBlock;
+    eo.scheduler.whole_prompts = true;
+    eo.prefix_cache = false;
+    auto cold = Engine::Create(eo);
+    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+    for (const auto& p : prompts) {
+      EventCollector events;
+      auto id = (*cold)->AddRequest(p, Greedy(kMaxTokens, &events));
+      ASSERT_TRUE(id.ok());
+      ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
+      expected.push_back(events.Tokens(*id));
+    }
+  }
+  Rank r = Join(plan, kBlock);
+  ASSERT_TRUE(AllRanks(r.group != nullptr));
+  if (!r.group->leader()) {
+    EXPECT_TRUE(r.group->FollowerLoop().ok());
+    return;
+  }
+  ASSERT_TRUE(r.group->whole_prompts());
+  ASSERT_TRUE(r.engine->prefix_cache_enabled());
+  EXPECT_FALSE(r.engine->accepts_pulls());  // the followers' pools would not see pulled blocks
+  r.engine->Start();
   EventCollector events;
   std::vector<RequestId> ids;
   ids.push_back(r.engine->AddRequest(prompts[0], Greedy(kMaxTokens, &events)).value());

@@ -103,10 +103,47 @@ TEST(EnginePrefixTest, ShortPrefixesAndTheOffSwitchDoNotHit) {
   EXPECT_EQ(Generate(off.get(), Concat(shared, Random(&rng, 10)), Greedy(3)).cached, 0);
   EXPECT_EQ(off->Stats().prefix_cached_blocks, 0);
   EXPECT_EQ(off->Stats().prefix_lookup_tokens, 0);
-  // Whole prompts (a CP prefill) turn it off.
-  EngineOptions whole = Options(128);
-  whole.scheduler.whole_prompts = true;
-  EXPECT_FALSE(Make(whole)->prefix_cache_enabled());
+}
+
+// Whole-prompt engines (a CP prefill's scheduling; here in one process, where the model's
+// non-absorbed form is the same per row): a cold prompt is one non-absorbed call, its reply
+// absorbed decode rows. Only prompt blocks are cached, a hit maps whole blocks of an earlier
+// prompt (no first-chunk minimum), and the rest runs as a kPromptRest chunk: every turn is
+// bitwise a cold whole-prompt engine's, greedy and seeded.
+EngineOptions WholePrompts(int64_t n_blocks, bool cache = true) {
+  EngineOptions o = Options(n_blocks, cache);
+  o.scheduler.whole_prompts = true;
+  return o;
+}
+
+TEST(EnginePrefixTest, WholePromptEnginesReuseEarlierPromptsExactly) {
+  std::mt19937 rng(17);
+  auto e = Make(WholePrompts(256));
+  ASSERT_TRUE(e->prefix_cache_enabled());
+  EXPECT_EQ(e->prefix_cache_first_chunk_tokens(), 1);
+  std::vector<int32_t> history = Random(&rng, 40);
+  int64_t previous_prompt = 0;
+  for (int turn = 0; turn < 4; ++turn) {
+    const SamplingParams p = turn % 2 ? Seeded(12, 3 + turn) : Greedy(12);
+    const Output warm = Generate(e.get(), history, p);
+    auto cold_engine = Make(WholePrompts(256, false));
+    const Output cold = Generate(cold_engine.get(), history, p);
+    EXPECT_TRUE(warm == cold) << "turn " << turn;
+    // The previous prompt's whole blocks, not its reply (decoded: another form than a prompt's).
+    EXPECT_EQ(warm.cached, previous_prompt / kBlock * kBlock) << "turn " << turn;
+    previous_prompt = static_cast<int64_t>(history.size());
+    history = Concat(Concat(history, warm.tokens), Random(&rng, 9));
+  }
+  // A prompt of the same blocks as a cached one plus one token computes that token alone; a
+  // one-block hit is taken (16 tokens, under the chunked engines' 32-token first chunk).
+  const std::vector<int32_t> again = Concat(std::vector<int32_t>(history.begin(), history.begin() + 48), {history[48]});
+  EXPECT_EQ(Generate(e.get(), again, Greedy(4)).cached, 48);
+  const std::vector<int32_t> one_block = Concat(std::vector<int32_t>(history.begin(), history.begin() + 16), Random(&rng, 7));
+  const Output warm = Generate(e.get(), one_block, Greedy(4));
+  EXPECT_EQ(warm.cached, 16);
+  auto cold_engine = Make(WholePrompts(256, false));
+  EXPECT_TRUE(warm == Generate(cold_engine.get(), one_block, Greedy(4)));
+  ExpectNoLeak(e.get());
 }
 
 TEST(EnginePrefixTest, MultiTurnHitsThePreviousPromptAndReply) {

@@ -165,8 +165,10 @@ Result<GroupStepResult> RankGroup::VoteAndRun(std::span<const GroupSequence> seq
   }
   // A step that is one whole prompt is a CP prefill when the unit spans CP ranks (the leader's
   // scheduler makes such steps alone; every unit rank decides the same from the same message).
-  const bool cp_prefill = cp_ > 1 && batch_.size() == 1 && batch_[0].start == 0 &&
-                          batch_[0].grouping == model::RowGrouping::kChunk;
+  const bool cp_prefill =
+      cp_ > 1 && batch_.size() == 1 &&
+      ((batch_[0].start == 0 && batch_[0].grouping == model::RowGrouping::kChunk) ||
+       batch_[0].grouping == model::RowGrouping::kPromptRest);
   GroupStepResult result;
   auto forward = [&](const comm::DpDecision&) {
     result.ran = true;

@@ -54,7 +54,8 @@ void Scheduler::ResetChain(Request* r) {
 void Scheduler::RegisterComputed(Request* r) {
   if (!prefix_.enabled || !r->cache_kv || r->chain_ended || r->prompt_len < prefix_.first_chunk_tokens) return;
   const int64_t B = pool_->layout().tokens_per_block;
-  const int64_t full = std::min(r->num_computed / B, r->blocks.n_blocks());
+  const int64_t computed = prefix_.prompt_blocks_only ? std::min(r->num_computed, r->prompt_len) : r->num_computed;
+  const int64_t full = std::min(computed / B, r->blocks.n_blocks());
   if (full <= r->chained_blocks) return;
   ExtendChain(prefix_.ns, r->tokens, B, full, &r->block_hashes);
   CachedBlockId parent = r->chained_blocks == 0 ? PrefixCache::Root(prefix_.ns) : r->chain_tail;
@@ -75,8 +76,9 @@ void Scheduler::RegisterComputed(Request* r) {
 int64_t Scheduler::MapCachedPrefix(Request* r) {
   if (!prefix_.enabled || r->num_computed != 0 || r->blocks.n_blocks() != 0) return 0;
   const int64_t B = pool_->layout().tokens_per_block;
-  // Whole blocks only, and never the last token: its row gives the logits to sample from.
-  const int64_t max_blocks = (r->n_tokens() - 1) / B;
+  // Whole blocks only, and never the last token: its row gives the logits to sample from (nor,
+  // with prompt_blocks_only, the prompt's last token: the prompt's rest is never empty).
+  const int64_t max_blocks = ((prefix_.prompt_blocks_only ? std::min(r->n_tokens(), r->prompt_len) : r->n_tokens()) - 1) / B;
   if (max_blocks * B < prefix_.first_chunk_tokens) return 0;
   ExtendChain(prefix_.ns, r->tokens, B, max_blocks, &r->block_hashes);
   std::vector<CachedBlockId> hit;
@@ -115,7 +117,7 @@ ScheduledChunk Scheduler::NextChunk(Request* r, int64_t budget) const {
   if (c.start < r->prompt_len) {
     if (options_.whole_prompts) {
       c.n = r->prompt_len - c.start;
-      c.grouping = model::RowGrouping::kChunk;
+      c.grouping = c.start == 0 ? model::RowGrouping::kChunk : model::RowGrouping::kPromptRest;
       c.sample = c.start + c.n == total;
       return c;
     }
@@ -149,14 +151,17 @@ SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   if (options_.whole_prompts && !waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     Request* r = waiting_.front();
+    const int64_t mapped = MapCachedPrefix(r);
     ScheduledChunk c = NextChunk(r, r->prompt_len);
     if (c.n > 0 && r->blocks.EnsureCapacity(pool_, c.start + c.n).ok()) {
       waiting_.pop_front();
+      CountLookup(r, mapped);
       AddRunning(r);
       out.chunks.push_back(c);
       out.n_tokens = c.n;
       return out;
     }
+    if (mapped > 0) UnmapCachedPrefix(r);
   }
   int64_t budget = options_.max_step_tokens;
   for (size_t i = 0; i < running_.size();) {
@@ -195,13 +200,7 @@ SchedulerOutput Scheduler::Schedule() {
       if (mapped > 0) UnmapCachedPrefix(r);
       break;
     }
-    if (prefix_.enabled && !r->prefix_counted) {
-      r->prefix_counted = true;
-      r->cached_prompt_tokens = std::min(mapped, r->prompt_len);
-      counters_.lookup_tokens += r->prompt_len;
-      counters_.hit_tokens += r->cached_prompt_tokens;
-      counters_.computed_tokens += r->prompt_len - r->cached_prompt_tokens;
-    }
+    CountLookup(r, mapped);
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
     AddRunning(r);
     out.chunks.push_back(c);
@@ -209,6 +208,15 @@ SchedulerOutput Scheduler::Schedule() {
     budget -= c.n;
   }
   return out;
+}
+
+void Scheduler::CountLookup(Request* r, int64_t mapped) {
+  if (!prefix_.enabled || r->prefix_counted) return;
+  r->prefix_counted = true;
+  r->cached_prompt_tokens = std::min(mapped, r->prompt_len);
+  counters_.lookup_tokens += r->prompt_len;
+  counters_.hit_tokens += r->cached_prompt_tokens;
+  counters_.computed_tokens += r->prompt_len - r->cached_prompt_tokens;
 }
 
 bool Scheduler::WaitsForSharedPrefill(const Request* r) const {

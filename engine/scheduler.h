@@ -16,7 +16,8 @@
 //      that prompt is cached (WaitsForSharedPrefill): it then maps the shared prefix.
 // With whole_prompts (a CP prefill, engine/rank_group.h, needs the prompt in one model call), a
 // step is either one waiting request's whole prompt alone (admitted first whenever its blocks
-// and a sequence slot are there, whatever its length) or the running requests' output rows.
+// and a sequence slot are there, whatever its length; with a cached prefix, the prompt's rest)
+// or the running requests' output rows.
 // Prefix cache (PrefixCachePolicy, docs/prefix-cache.md): a request admitted with nothing
 // computed first maps the longest cached prefix of its tokens it may use (whole blocks, at
 // least first_chunk_tokens of them, never its last token) and starts computing after it (the
@@ -52,6 +53,11 @@ struct PrefixCachePolicy {
   // form, so a hit covers them all or none (hits of fewer tokens are not taken), and a request
   // whose prompt is shorter than C (its KV before C is partly decoded) registers nothing.
   int64_t first_chunk_tokens = 1;
+  // Whole-prompt engines (SchedulerOptions::whole_prompts): a cold prompt's every position is
+  // computed in the non-absorbed form, its decoded positions in the absorbed one, so only blocks
+  // wholly inside a prompt are registered and a hit stays inside the prompt (its rest then runs
+  // as a RowGrouping::kPromptRest chunk, in the whole prompt's form).
+  bool prompt_blocks_only = false;
 };
 
 // Counted at each request's first admission (a preempted request's later lookups are not).
@@ -110,6 +116,8 @@ class Scheduler {
   // tokens mapped. UnmapCachedPrefix gives them back (r not admitted after all).
   int64_t MapCachedPrefix(Request* r);
   void UnmapCachedPrefix(Request* r);
+  // Counts r's lookup (prompt tokens, `mapped` of them cached) at its first admission.
+  void CountLookup(Request* r, int64_t mapped);
   // r (waiting, nothing computed) shares its first chunk with a running request that is still
   // computing its prompt: r waits for that prompt's blocks to be cached instead of computing
   // the same chunks beside it (OpenAI `n` > 1, a burst of requests with one system prompt).

@@ -45,7 +45,8 @@ kernels::WeightView SubRows(const kernels::WeightView& w, int64_t row, int64_t n
   return {w.dtype, RowPtr(w, row), n, w.n_in, w.ld};
 }
 bool NonAbsorbed(const BatchSequence& q) {
-  return q.grouping == RowGrouping::kChunk && q.start == 0 && q.n_tokens > 1;
+  return (q.grouping == RowGrouping::kChunk && q.start == 0 && q.n_tokens > 1) ||
+         q.grouping == RowGrouping::kPromptRest;
 }
 }  // namespace
 

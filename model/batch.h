@@ -8,9 +8,14 @@
 //   RowGrouping::kChunk   the n_tokens rows are a prompt chunk (or Model::Forward);
 //   RowGrouping::kPerRow  every row is an output token (a decode token; also generated tokens
 //                         recomputed after a preemption).
-// Attention form: a kChunk at start 0 with n_tokens > 1 uses the reference's non-absorbed
-// prefill attention; everything else the absorbed form over the latent cache (so recomputed
-// output tokens write bitwise the KV the decode steps wrote).
+//   RowGrouping::kPromptRest  the rows are a prompt's positions [start, start + n_tokens) after
+//                         a cached prefix [0, start), in an engine that computes prompts whole
+//                         (a CP prefill): they take the form the whole prompt's rows take in a
+//                         cold run, so the prefix cache reuses a prefix without changing a bit.
+// Attention form: a kChunk at start 0 with n_tokens > 1, and a kPromptRest, use the reference's
+// non-absorbed prefill attention (keys expanded from the cached latents of [0, last row]);
+// everything else the absorbed form over the latent cache (so recomputed output tokens write
+// bitwise the KV the decode steps wrote).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +26,7 @@ namespace pdserve::model {
 
 struct ForwardOptions;
 
-enum class RowGrouping : uint8_t { kChunk, kPerRow };
+enum class RowGrouping : uint8_t { kChunk, kPerRow, kPromptRest };
 
 struct BatchSequence {
   const int32_t* tokens = nullptr;  // the new tokens, n_tokens of them

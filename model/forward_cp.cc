@@ -3,6 +3,10 @@
 // new KV records before the indexer scores them, so every query sees its full causal context
 // and every rank ends with the whole prompt's KV (for the decode that follows).
 //
+// A prompt's rest after a cached prefix (RowGrouping::kPromptRest, start > 0; every rank's cache
+// holds the prefix, written by the CP prefill that computed it) splits only the new positions;
+// the keys to expand are still all of [0, start + n), shared out as a whole prompt's would be.
+//
 // Bitwise contract: the GEMMs' per-row results do not depend on how many rows share a call
 // (docs/kernels-gemm.md), so a rank's rows, and the expanded keys of the reference prefill
 // attention computed from the gathered latents, are what one process computes; a CP prefill
@@ -42,12 +46,16 @@ Status Model::ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache
 }
 
 Status Model::ForwardCp(const BatchSequence& seq, const LayerKvDone& on_layer_kv) const {
-  if (seq.start != 0 || seq.grouping != RowGrouping::kChunk || (seq.options && seq.options->forced_topk))
-    return Status::InvalidArgument("a CP prefill is a whole prompt: start 0, kChunk grouping, no forced top-k");
+  const bool whole = seq.grouping == RowGrouping::kChunk && seq.start == 0;
+  const bool rest = seq.grouping == RowGrouping::kPromptRest && seq.start > 0 && !(seq.options && seq.options->trace);
+  if (!(whole || rest) || (seq.options && seq.options->forced_topk))
+    return Status::InvalidArgument(
+        "a CP prefill is a whole prompt (start 0, kChunk) or a prompt's rest after a cached prefix (start > 0, "
+        "kPromptRest, no trace), without forced top-k");
   PDSERVE_RETURN_IF_ERROR(Validate(seq));
-  if (seq.kv.capacity_tokens < seq.n_tokens)
+  if (seq.kv.capacity_tokens < seq.start + seq.n_tokens)
     return Status::InvalidArgument("KV capacity " + std::to_string(seq.kv.capacity_tokens) + " < " +
-                                   std::to_string(seq.n_tokens) + " tokens");
+                                   std::to_string(seq.start + seq.n_tokens) + " tokens");
   const int cp = parallel_ ? parallel_->plan().cp : 1;
   const comm::CpSplit split(seq.n_tokens, cp);
   // Every rank must hold > 8 rows for the split to pay (decided by S and cp alone, so every
@@ -59,12 +67,14 @@ Status Model::ForwardCp(const BatchSequence& seq, const LayerKvDone& on_layer_kv
   BatchPlan plan;
   plan.seqs = std::span<const BatchSequence>(&seq, 1);
   plan.row_pos = split.RankPositions(parallel_->coords().cp);
+  for (int64_t& pos : plan.row_pos) pos += seq.start;
   plan.n_rows = static_cast<int64_t>(plan.row_pos.size());
   plan.seq_row = {0, plan.n_rows};
   plan.row_seq.assign(static_cast<size_t>(plan.n_rows), 0);
   ParallelStep step;
   step.ctx = parallel_;
   step.cp = &split;
+  step.cp_start = seq.start;
   // The TP peers of a CP rank hold its rows identically: they share its MoE dispatch.
   if (parallel_->plan().ep > 1) step.replicas = parallel_->tp();
   PDSERVE_RETURN_IF_ERROR(RunPlan(plan.seqs, plan, step, on_layer_kv));
@@ -123,7 +133,7 @@ Status Model::GatherCpRecords(int64_t layer, const BatchPlan& plan, const Parall
     CommTimer timer(parallel_);
     PDSERVE_RETURN_IF_ERROR(gather->AllGather(*step.cp, local.data(), all.data()));
   }
-  for (int64_t pos = 0; pos < S; ++pos) copy_record(pos, &all[static_cast<size_t>(pos * rec)], true);
+  for (int64_t pos = 0; pos < S; ++pos) copy_record(step.cp_start + pos, &all[static_cast<size_t>(pos * rec)], true);
   return Status::Ok();
 }
 
@@ -132,23 +142,27 @@ Status Model::ExpandCpKeys(int64_t layer, const BatchPlan& plan, const ParallelS
   const ModelConfig& c = config();
   const LayerWeights& lw = weights_->layer(layer);
   const int64_t W = lw.kv_b.n_out(), Lkv = c.kv_lora_rank, dr = c.qk_rope_head_dim;
-  const int64_t n = plan.n_rows, S = step.cp->seq_len();
-  // Own positions' latents -> bf16(c Wkv_b^T): per row what a one-process prefill computes.
-  std::vector<int32_t> own(static_cast<size_t>(n));
-  for (int64_t r = 0; r < n; ++r) own[r] = static_cast<int32_t>(plan.row_pos[r]);
+  // The keys are every position [0, T) (a cached prefix's too), split among the CP ranks as a
+  // whole prompt of T tokens would be: each expands its share, the gather assembles them all.
+  const int64_t T = step.cp_start + step.cp->seq_len();
+  const comm::CpSplit keys(T, step.cp->cp_size());
+  const std::vector<int64_t> positions = keys.RankPositions(parallel_->coords().cp);
+  const auto n = static_cast<int64_t>(positions.size());
+  // Own keys' latents -> bf16(c Wkv_b^T): per row what a one-process prefill computes.
+  std::vector<int32_t> own(positions.begin(), positions.end());
   std::vector<float> latent(static_cast<size_t>(n * Lkv)), kpe(static_cast<size_t>(n * dr));
   std::vector<float> mine(static_cast<size_t>(n * W));
   kernels::GatherLatent(plan.seqs[0].kv.View(layer), own.data(), n, latent.data(), kpe.data());
   ApplyLinear(lw.kv_b, latent.data(), n, mine.data(), pool_);
-  std::vector<uint16_t> local(static_cast<size_t>(n * W)), all(static_cast<size_t>(S * W));
+  std::vector<uint16_t> local(static_cast<size_t>(n * W)), all(static_cast<size_t>(T * W));
   kernels::RoundToBf16InPlace(mine.data(), n * W);  // the reference's rounding point
   for (size_t i = 0; i < local.size(); ++i) local[i] = F32ToBf16Bits(mine[i]);  // exact now
   PDSERVE_ASSIGN_OR_RETURN(comm::CpRecordGather * gather, parallel_->CpGather(static_cast<size_t>(W * 2)));
   {
     CommTimer timer(parallel_);
-    PDSERVE_RETURN_IF_ERROR(gather->AllGather(*step.cp, local.data(), all.data()));
+    PDSERVE_RETURN_IF_ERROR(gather->AllGather(keys, local.data(), all.data()));
   }
-  kv->resize(static_cast<size_t>(S * W));
+  kv->resize(static_cast<size_t>(T * W));
   for (size_t i = 0; i < all.size(); ++i) (*kv)[i] = Bf16ToF32(all[i]);
   return Status::Ok();
 }

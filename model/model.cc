@@ -228,7 +228,7 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
   bool compute = true;
   if (step.cp) {
     const int64_t last = seqs[0].start + seqs[0].n_tokens - 1;
-    cp_root = step.cp->OwnerOf(last);
+    cp_root = step.cp->OwnerOf(last - step.cp_start);
     compute = cp_root == parallel_->coords().cp;
   }
   OpScope op_scope(kOpLmHead);

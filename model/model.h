@@ -109,14 +109,17 @@ class Model {
                       const LayerKvDone& on_layer_kv = {}) const;
 
   // Context-parallel prefill of a whole prompt (model/forward_cp.cc): every CP rank of the unit
-  // calls it with the same `seq` (tokens [0, S), start 0, kChunk, no forced top-k); each computes
-  // the positions comm::CpSplit gives it, every rank's KV ends up holding the full prompt, and
+  // calls it with the same `seq` (tokens [0, S), start 0, kChunk, no forced top-k; or the rest
+  // of a prompt after a cached prefix, kPromptRest at start > 0, when every rank's cache holds
+  // the prefix: then no trace); each computes the positions comm::CpSplit gives it of the new
+  // tokens, every rank's KV ends up holding the full prompt, and
   // seq.logits (when set) receives the last position's logits on every CP rank. A trace in
   // seq.options (every CP rank passes one, or none does: it is gathered collectively) receives
   // the whole prompt's trace on every CP rank. Without CP (or for prompts too short to give
   // every CP rank > 8 rows) it is ForwardBatch on every rank.
   // `on_layer_kv` as in ForwardBatch (called once every rank's records of the layer are in).
-  // Errors: those of ForwardBatch; InvalidArgument for start != 0, forced top-k or kPerRow.
+  // Errors: those of ForwardBatch; InvalidArgument for kPerRow, a kChunk at start != 0, a
+  // kPromptRest at start 0 or with a trace, or forced top-k.
   Status ForwardCp(const BatchSequence& seq, const LayerKvDone& on_layer_kv = {}) const;
   // The same for a SequenceKvCache (must be empty), like Forward.
   Status ForwardCp(const int32_t* tokens, int64_t S, SequenceKvCache* cache, float* logits,

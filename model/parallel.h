@@ -112,6 +112,9 @@ class ParallelContext {
 struct ParallelStep {
   const ParallelContext* ctx = nullptr;  // null: single process
   const comm::CpSplit* cp = nullptr;     // set: a CP prefill, rows = this CP rank's positions
+  // The split's position p is the sequence's position cp_start + p: a prompt's rest after a
+  // cached prefix of cp_start tokens (RowGrouping::kPromptRest) is split, not its prefix.
+  int64_t cp_start = 0;
   // The group whose ranks hold this call's rows identically (MoE rows are split over it):
   // the TP group in a CP prefill, the unit otherwise; null when no split (one rank, or ep = 1).
   comm::TensorParallel* replicas = nullptr;

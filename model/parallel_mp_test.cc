@@ -243,6 +243,63 @@ TEST_F(ParallelModelTest, CpPrefillMatchesSingleProcess) {
   }
 }
 
+// A prompt's rest after a cached prefix (RowGrouping::kPromptRest: how a CP unit's prefix cache
+// computes a hit's remainder): the prefix's KV from an earlier CP prefill of its own, then the
+// rest split over the CP ranks (35 tokens) or replicated (3 tokens: too short to split). Its
+// logits and every KV byte equal one CP prefill of the whole prompt, bit for bit.
+TEST_F(ParallelModelTest, CpPromptRestAfterACachedPrefixIsTheWholePromptBitwise) {
+  const int W = WorldSize();
+  const ModelConfig& c = ref_->config();
+  std::vector<ParallelPlan> plans = {{.cp = W, .dp = 1, .ep = 1, .tp = 1}, {.cp = W, .dp = 1, .ep = W, .tp = 1}};
+  if (W == 4) plans.push_back({.cp = 2, .dp = 1, .ep = 4, .tp = 2});
+  const auto prompt = Prompt(83, 7, c.vocab_size);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  for (const ParallelPlan& plan : plans) {
+    Instance in = Make(plan, dir_->path());
+    ASSERT_TRUE(AllRanks(in.model != nullptr));
+    SequenceKvCache whole(c);
+    std::vector<float> want(static_cast<size_t>(c.vocab_size));
+    ASSERT_TRUE(AllRanks(in.model->ForwardCp(prompt.data(), n, &whole, want.data()).ok()));
+    for (int64_t prefix : {int64_t{48}, int64_t{80}}) {
+      SequenceKvCache cache(c);
+      std::vector<float> prefix_logits(static_cast<size_t>(c.vocab_size)), got(static_cast<size_t>(c.vocab_size));
+      ASSERT_TRUE(AllRanks(in.model->ForwardCp(prompt.data(), prefix, &cache, prefix_logits.data()).ok()));
+      cache.Resize(n);
+      BatchSequence rest;
+      rest.tokens = prompt.data() + prefix;
+      rest.n_tokens = n - prefix;
+      rest.start = prefix;
+      rest.kv = cache.Ref();
+      rest.grouping = RowGrouping::kPromptRest;
+      rest.logits = got.data();
+      ASSERT_TRUE(AllRanks(in.model->ForwardCp(rest).ok())) << plan.ToString();
+      const std::string what = plan.ToString() + ", prefix " + std::to_string(prefix);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << what;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        const kernels::KvTokenView a = cache.View(l), b = whole.View(l);
+        const std::pair<int64_t, int64_t> fields[] = {{a.latent_offset, a.latent_stride},
+                                                      {a.latent_scale_offset, a.latent_scale_stride},
+                                                      {a.kpe_offset, a.kpe_stride},
+                                                      {a.idx_k_offset, a.idx_k_stride},
+                                                      {a.idx_scale_offset, a.idx_scale_stride}};
+        for (int64_t t = 0; t < n; ++t)
+          for (const auto& [offset, stride] : fields)
+            ASSERT_EQ(std::memcmp(a.Field(t, offset, stride), b.Field(t, offset, stride), static_cast<size_t>(stride)), 0)
+                << what << ": KV of layer " << l << " position " << t << " (field at offset " << offset << ")";
+      }
+    }
+    // A kChunk at start > 0 is no CP prefill.
+    SequenceKvCache cache(c);
+    cache.Resize(n);
+    BatchSequence chunk;
+    chunk.tokens = prompt.data() + 8;
+    chunk.n_tokens = n - 8;
+    chunk.start = 8;
+    chunk.kv = cache.Ref();
+    EXPECT_EQ(in.model->ForwardCp(chunk).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 // A traced CP prefill (what `generate --plan --dump-dir` records): every CP rank ends with the
 // whole prompt's trace in the single-process layout, each position filled by its owner rank.
 TEST_F(ParallelModelTest, CpPrefillTraceIsTheWholePromptOnEveryRank) {

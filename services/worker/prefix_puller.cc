@@ -40,7 +40,7 @@ PrefixPuller::~PrefixPuller() {
 }
 
 bool PrefixPuller::Begin(const JobMsg& job, std::function<void()> on_done) {
-  if (job.pull_tokens == 0 || !host_->engine().prefix_cache_enabled()) return false;
+  if (job.pull_tokens == 0 || !host_->engine().accepts_pulls()) return false;
   Queued q;
   q.job_id = job.request_id;
   q.tag = job.request_tag;
