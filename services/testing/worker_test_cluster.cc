@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -56,17 +58,20 @@ std::vector<int32_t> LongPrompt(int k, size_t n) {
   return p;
 }
 
-std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens, bool whole_prompts) {
   static std::mutex mu;
-  static std::unique_ptr<engine::Engine> eng;
-  static std::map<std::pair<std::vector<int32_t>, int>, std::vector<int32_t>> cache;
+  static std::unique_ptr<engine::Engine> engines[2];
+  static std::map<std::tuple<std::vector<int32_t>, int, bool>, std::vector<int32_t>> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_pair(prompt, max_tokens);
+  auto key = std::make_tuple(prompt, max_tokens, whole_prompts);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
+  std::unique_ptr<engine::Engine>& eng = engines[whole_prompts ? 1 : 0];
   if (!eng) {
     engine::EngineOptions eo;
     eo.model_dir = ModelDir();
     eo.kv_cache_gib = 0.125;
+    eo.scheduler.whole_prompts = whole_prompts;
+    eo.prefix_cache = false;  // every reply a cold one
     eng = engine::Engine::Create(eo).value();
   }
   std::vector<int32_t> out;

@@ -31,8 +31,9 @@ const std::string& ModelDir();
 std::vector<int32_t> Prompt(int k);
 // A prompt of about `n` tokens (distinct per k): long enough that its prefill takes a while.
 std::vector<int32_t> LongPrompt(int k, size_t n);
-// Single-process greedy output (the Engine with one request at a time), cached.
-std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens);
+// Single-process greedy output (the Engine with one request at a time), cached. `whole_prompts`:
+// an engine that computes each prompt in one call, as a CP prefill instance does.
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens, bool whole_prompts = false);
 std::string Text(const std::vector<int32_t>& tokens);
 // A greedy /v1/completions body with ignore_eos (streaming with usage when `stream`).
 std::string Body(const std::vector<int32_t>& prompt, int max_tokens, bool stream);

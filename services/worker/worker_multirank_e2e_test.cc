@@ -4,7 +4,8 @@
 //   * A decode instance with DP = 2 (EP over both ranks): each DP rank registers on its own, the
 //     router places every request on one rank and the prefill writes into that rank's blocks.
 //   * A prefill instance with CP = 2: prompts computed context-parallel, KV streamed from the
-//     leader's copy.
+//     leader's copy; prompts sharing a long prefix hit the instance's prefix cache and compute
+//     only their rest, split over the CP ranks.
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,6 +132,25 @@ TEST(WorkerMultiRankE2eTest, ContextParallelPrefillInstance) {
   ExpectGreedy(StreamAll(c, max_tokens), max_tokens, w);
   for (const char* id : {"p", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
   EXPECT_EQ(MetricValue(w.Metrics("p"), "pdserve_worker_kv_transfers_total", "ok"), 8);
+
+  // Prompts of a 600-token prefix and 30 more: the first is computed whole; the others map its
+  // 9 whole blocks (576 tokens, usage cached_tokens) and compute 54 tokens, 27 on each CP rank.
+  // Every reply is a cold whole-prompt engine's.
+  const std::vector<int32_t> prefix = LongPrompt(61, 600);
+  for (int k = 0; k < 3; ++k) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> more = LongPrompt(62 + k, 30);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    auto r = testing::HttpPost(c.http_port(), "/v1/completions", Body(prompt, 6, false), 120s);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, 6, /*whole_prompts=*/true)))
+        << "request " << k;
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), k == 0 ? 0 : 576) << "request " << k;
+  }
+  const std::string metrics = w.Metrics("p");
+  EXPECT_EQ(MetricValue(metrics, "pdserve_prefix_cache_hit_tokens_total", ""), 2 * 576) << metrics;
+  for (const char* id : {"p", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
