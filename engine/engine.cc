@@ -398,10 +398,7 @@ int64_t Engine::CachedPrefixBlocks(std::span<const int32_t> tokens, int64_t max_
 }
 
 Result<std::vector<int32_t>> Engine::AllocatePullBlocks(int64_t count) {
-  if (!accepts_pulls())
-    return Status::FailedPrecondition(options_.group ? "a multi-rank engine takes no pulled blocks (its followers' pools "
-                                                       "would not hold them)"
-                                                     : "the prefix cache is off");
+  if (!accepts_pulls()) return Status::FailedPrecondition("the prefix cache is off: no pulled blocks");
   std::vector<int32_t> ids;
   PDSERVE_RETURN_IF_ERROR(pool_->Allocate(count, &ids));
   return ids;
@@ -413,6 +410,12 @@ int64_t Engine::AdoptPulledBlocks(std::span<const int32_t> tokens, int64_t first
   const int64_t B = pool_->layout().tokens_per_block;
   const int64_t end_block = first_block + static_cast<int64_t>(blocks.size());
   int64_t adopted = 0;
+  if (options_.group && options_.group->unit_size() > 1) {
+    // Queued before any of them joins the cache: a step that maps one (scheduled after this)
+    // finds it queued when RunForward sends the queue to the followers, ahead of the forward.
+    std::lock_guard<std::mutex> lock(mu_);
+    pulled_for_followers_.insert(pulled_for_followers_.end(), blocks.begin(), blocks.end());
+  }
   if (policy.enabled && first_block >= 0 && end_block * B <= static_cast<int64_t>(tokens.size())) {
     std::vector<uint64_t> hashes;
     ExtendChain(policy.ns, tokens, B, end_block, &hashes);

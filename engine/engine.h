@@ -240,9 +240,9 @@ class Engine {
   uint64_t prefix_cache_namespace() const { return scheduler_.prefix_policy().ns; }
   // The hit rule's first-chunk size C: a hit maps at least C tokens or none (docs/prefix-cache.md).
   int64_t prefix_cache_first_chunk_tokens() const { return scheduler_.prefix_policy().first_chunk_tokens; }
-  // Whether pulled blocks may join this cache (AllocatePullBlocks): not in a multi-rank engine,
-  // whose followers' pools would never see them.
-  bool accepts_pulls() const { return prefix_cache_enabled() && !options_.group; }
+  // Whether pulled blocks may join this cache (AllocatePullBlocks): with the cache on. In a
+  // multi-rank engine the adopted blocks' bytes go to the followers with the next step.
+  bool accepts_pulls() const { return prefix_cache_enabled(); }
   // Evicts every idle cached block (blocks of live requests stay; the disk tier keeps its
   // files). Returns how many. Any thread.
   int64_t ClearPrefixCache();
@@ -268,6 +268,8 @@ class Engine {
   // blocks of `tokens` (which must still be cached; else nothing is adopted). Consumes the
   // blocks' references (adopted blocks become idle cached blocks, the rest go back to the free
   // list) and returns the tokens adopted, counted as pulled. REQUIRES: tokens cover the blocks.
+  // In a multi-rank engine the blocks' bytes reach the unit's followers before the first step
+  // that can read them (they are queued before they join the cache, sent after scheduling).
   int64_t AdoptPulledBlocks(std::span<const int32_t> tokens, int64_t first_block, std::span<const int32_t> blocks);
   // Whether evicted cached blocks spill to a disk tier (EngineOptions::prefix_cache_disk_dir).
   bool prefix_cache_disk_tier() const { return pool_->has_disk_tier(); }
@@ -356,7 +358,7 @@ class Engine {
   std::vector<uint8_t> mask_ok_;     // per constrained row: something is allowed
   double advance_seconds_ = 0;       // this step's matcher advances
   std::vector<Request*> exporting_;  // this step's requests with a kv_export that began
-  std::vector<int32_t> imported_;    // group: blocks of imports committed since the last step
+  std::vector<int32_t> imported_;    // group: blocks of imports (and pulls) to send with the step
   std::vector<GroupSequence> group_seqs_;  // group: this step's sequences (scratch)
   bool group_stopped_ = false;       // group: every rank voted stop (the group is done)
   int64_t next_arrival_ = 0;
@@ -372,6 +374,9 @@ class Engine {
     std::string constraint_state;
   };
   std::vector<InboxCommit> inbox_commits_;
+  // group: pulled blocks adopted since the last forward (AdoptPulledBlocks queues them before
+  // they join the cache; RunForward sends their bytes to the followers with the step).
+  std::vector<int32_t> pulled_for_followers_;
   std::unordered_set<RequestId> live_;                             // not yet finished
   std::unordered_map<RequestId, std::vector<int32_t>> held_;       // hold_kv, finished
   RequestId next_id_ = 1;

@@ -8,7 +8,8 @@
 //     decoded from there, as a decode service does after a KV transfer;
 //   * prefix-cache hits on a TP unit (the leader maps cached blocks; the followers read their
 //     own copies of the same block ids, written when those blocks were computed), and on a CP
-//     unit (a prompt's rest after the hit split over the CP ranks, or run replicated when short).
+//     unit (a prompt's rest after the hit split over the CP ranks, or run replicated when short);
+//   * pulled blocks adopted by a TP unit's leader reach its followers before a step reads them.
 // Every rank makes the same tiny checkpoint; ranks stop together (the engines' stop votes).
 #include <chrono>
 #include <cstring>
@@ -365,7 +366,7 @@ TEST_F(EngineGroupTest, PrefixCacheHitsOnAContextParallelUnit) {
   }
   ASSERT_TRUE(r.group->whole_prompts());
   ASSERT_TRUE(r.engine->prefix_cache_enabled());
-  EXPECT_FALSE(r.engine->accepts_pulls());  // the followers' pools would not see pulled blocks
+  EXPECT_TRUE(r.engine->accepts_pulls());  // pulled blocks go to the followers with the next step
   r.engine->Start();
   EventCollector events;
   std::vector<RequestId> ids;
@@ -379,6 +380,71 @@ TEST_F(EngineGroupTest, PrefixCacheHitsOnAContextParallelUnit) {
   }
   EXPECT_TRUE(r.engine->failure().ok());
   EXPECT_EQ(r.engine->pool().n_used(), 0);
+  r.engine.reset();
+}
+
+// A multi-rank puller: the leader of a TP unit adopts pulled blocks (here copied in its own pool
+// from blocks it computed, as a pull's one-sided write would fill them), then forgets the
+// originals. The followers never computed the pulled block ids: the blocks' bytes go out with
+// the next step, before the forward that maps them, and the replies equal a cold engine's.
+TEST_F(EngineGroupTest, PulledBlocksReachTheFollowers) {
+  ParallelPlan plan;
+  plan.tp = 2;
+  plan.dp = WorldSize() / 2;
+  plan.ep = WorldSize();
+  constexpr int64_t kBlock = 16, kChunk = 32;
+  const std::vector<int32_t> shared = Prompt(70, 50);
+  std::vector<int32_t> donor = shared, asker = shared;
+  for (int32_t t : Prompt(9, 51)) donor.push_back(t);
+  for (int32_t t : Prompt(13, 52)) asker.push_back(t);
+  std::vector<int32_t> expected;
+  {
+    EngineOptions eo;
+    eo.model_dir = dir_->path();
+    eo.threads = 1;
+    eo.kv_cache_gib = 0.0625;
+    eo.block_tokens = kBlock;
+    eo.scheduler.prefill_chunk = kChunk;
+    eo.prefix_cache = false;
+    auto cold = Engine::Create(eo);
+    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+    EventCollector events;
+    auto id = (*cold)->AddRequest(asker, Greedy(kMaxTokens, &events));
+    ASSERT_TRUE(id.ok());
+    ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
+    expected = events.Tokens(*id);
+  }
+  Rank r = Join(plan, kBlock, kChunk);
+  ASSERT_TRUE(AllRanks(r.group != nullptr));
+  if (!r.group->leader()) {
+    EXPECT_TRUE(r.group->FollowerLoop().ok());
+    return;
+  }
+  Engine& e = *r.engine;
+  ASSERT_TRUE(e.accepts_pulls());
+  e.Start();
+  EventCollector events;
+  e.AddRequest(donor, Greedy(kMaxTokens, &events)).value();
+  ASSERT_TRUE(events.WaitFinished(1, std::chrono::seconds(120)));
+  // The 4 whole blocks of the shared prefix, copied into 4 fresh blocks; then the cache forgets
+  // the originals and adopts the copies.
+  const std::vector<int32_t> source = e.PinCachedPrefix(asker, 4);
+  ASSERT_EQ(source.size(), 4u);
+  auto pulled = e.AllocatePullBlocks(4);
+  ASSERT_TRUE(pulled.ok()) << pulled.status().ToString();
+  const BlockPool& pool = e.pool();
+  for (size_t i = 0; i < source.size(); ++i)
+    std::memcpy(pool.base() + int64_t{(*pulled)[i]} * pool.block_bytes(), pool.base() + int64_t{source[i]} * pool.block_bytes(),
+                static_cast<size_t>(pool.block_bytes()));
+  e.UnpinBlocks(source);
+  EXPECT_EQ(e.ClearPrefixCache(), 5);  // the donor computed 79 + 11 tokens: 5 whole blocks
+  EXPECT_EQ(e.AdoptPulledBlocks(asker, 0, *pulled), 64);
+  const RequestId id = e.AddRequest(asker, Greedy(kMaxTokens, &events)).value();
+  ASSERT_TRUE(events.WaitFinished(2, std::chrono::seconds(120)));
+  EXPECT_EQ(events.Last(id)->cached_prompt_tokens, 64);
+  EXPECT_EQ(events.Tokens(id), expected);
+  EXPECT_TRUE(e.failure().ok());
+  EXPECT_EQ(e.pool().n_used(), 0);
   r.engine.reset();
 }
 

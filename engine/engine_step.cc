@@ -227,6 +227,13 @@ Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<c
     seqs.push_back({{batch[i].tokens, static_cast<size_t>(c.n)}, c.start, c.grouping,
                     {c.request->blocks.ids().data(), c.request->blocks.ids().size()}, batch[i].logits});
   }
+  {
+    // Pulled blocks adopted up to now: any this step maps is among them (AdoptPulledBlocks
+    // queues a block before it joins the cache), so its bytes reach the followers first.
+    std::lock_guard<std::mutex> lock(mu_);
+    imported_.insert(imported_.end(), pulled_for_followers_.begin(), pulled_for_followers_.end());
+    pulled_for_followers_.clear();
+  }
   Result<GroupStepResult> r = options_.group->LeaderStep(seqs, imported_, *pool_, stopping, stats, on_layer);
   imported_.clear();
   if (!r.ok()) {
