@@ -178,10 +178,13 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   const PredictHitFn predict = [&](const WorkerEntry& w) {
     return kv_index_.PredictHitTokens(w.registration, &chains);
   };
-  // Pulls: the workers that could write a cached prefix to a prefill worker (one-process prefill
-  // and decode workers with a prefix cache), with what they hold of this prompt now. A prefill
-  // worker's effective hit is the larger of its own and the best other holder's in its
-  // namespace, when the difference is worth a pull; kv_aware scores by that.
+  // Pulls: the workers that could write a cached prefix to a prefill worker (prefill and decode
+  // workers with a prefix cache and a transfer endpoint; a multi-rank instance writes from its
+  // leader's pool, which holds every block it caches), with what they hold of this prompt now.
+  // A prefill worker's effective hit is the larger of its own and the best other holder's in
+  // its namespace (namespaces name the plan: one-process workers pull from one-process
+  // workers, multi-rank instances from instances of their plan), when the difference is worth a
+  // pull; kv_aware scores by that.
   struct Holder {
     const WorkerEntry* worker;
     int64_t stored_tokens;
@@ -189,7 +192,7 @@ Result<uint32_t> RouterCore::DispatchLocked(Route& route, uint64_t job_id, const
   std::vector<Holder> holders;
   if (disaggregated && options_.pull_min_tokens > 0)
     for (const WorkerEntry* w : registry_.All())
-      if (w->role != WorkerRole::kColocated && w->instance_id.empty() && w->kv_namespace != 0 && !w->draining &&
+      if (w->role != WorkerRole::kColocated && w->kv_namespace != 0 && !w->draining &&
           !w->drain_requested && !w->transfer_address.empty())
         if (const int64_t t = kv_index_.PredictStoredTokens(w->registration, &chains); t > 0) holders.push_back({w, t});
   auto best_holder = [&](const WorkerEntry& puller, int64_t own_hit) -> const Holder* {

@@ -6,6 +6,9 @@
 //   * A prefill instance with CP = 2: prompts computed context-parallel, KV streamed from the
 //     leader's copy; prompts sharing a long prefix hit the instance's prefix cache and compute
 //     only their rest, split over the CP ranks.
+//   * Two CP = 2 prefill instances (one plan, one namespace): the second pulls a prefix the
+//     first holds over UCX, its leader sends the pulled blocks to its follower, and the reply is
+//     a cold whole-prompt engine's.
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +30,7 @@ using router::testing::PromtoolProblems;
 using router::testing::TestCluster;
 using testing::HttpGet;
 using testing::HttpPostSse;
+using testing::WaitFor;
 using namespace e2e;  // NOLINT: the shared e2e helpers
 
 // Streams request k (prompt Prompt(k), max_tokens[k]) for every k at once; returns the replies.
@@ -151,6 +155,57 @@ TEST(WorkerMultiRankE2eTest, ContextParallelPrefillInstance) {
   const std::string metrics = w.Metrics("p");
   EXPECT_EQ(MetricValue(metrics, "pdserve_prefix_cache_hit_tokens_total", ""), 2 * 576) << metrics;
   for (const char* id : {"p", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
+  if (HasFailure()) ADD_FAILURE() << w.Logs();
+}
+
+TEST(WorkerMultiRankE2eTest, AContextParallelInstancePullsFromAnother) {
+  if (!UcxTcpUsable()) GTEST_SKIP() << "no /sys/class/net here: UCX's tcp transport has no device to use";
+  TestCluster c("worker-cp-pull");
+  ASSERT_OK_W(c.StartRouter({"--decode-local-prefill-tokens", "0", "--prefill-policy", "round_robin"}), Workers(&c));
+  Workers w(&c);
+  ASSERT_OK_W(w.StartInstance("pa", "prefill", 2, "cp=2,ep=2", 1), w);
+  ASSERT_OK_W(w.Start("d0", "decode", {"--prefix-cache", "false"}), w);
+  ASSERT_TRUE(c.WaitForWorkers(2, 60s)) << w.Logs();
+  const std::vector<int32_t> prefix = LongPrompt(71, 600);
+  auto complete = [&](const std::vector<int32_t>& prompt) {
+    auto r = testing::HttpPost(c.http_port(), "/v1/completions", Body(prompt, 5, false), 120s);
+    EXPECT_EQ(r.status, 200) << r.body;
+    if (r.status != 200) return -1;
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), Text(Reference(prompt, 5, /*whole_prompts=*/true)));
+    return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  EXPECT_EQ(complete(prefix), 0);
+  // The router's index learns pa's 9 blocks from its events.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const json j = json::parse(HttpGet(c.http_port(), "/v1/workers", 5s).body, nullptr, false);
+        if (j.is_discarded() || !j.contains("data")) return false;
+        for (const json& wk : j["data"])
+          if (wk["id"] == "pa" && wk["prefix_cache"]["blocks"].get<int64_t>() >= 9) return true;
+        return false;
+      },
+      10s, 50ms))
+      << w.Logs();
+  ASSERT_OK_W(w.StartInstance("pb", "prefill", 2, "cp=2,ep=2", 1), w);
+  ASSERT_TRUE(c.WaitForWorkers(3, 60s)) << w.Logs();
+  // Round robin: requests until one is placed on pb; each maps the 9 blocks (576 tokens), on pa
+  // from its own cache, on pb pulled from pa.
+  auto placed = [&](const std::string& id) {
+    return MetricValue(HttpGet(c.http_port(), "/metrics", 5s).body, "pdserve_router_placements_total",
+                       "worker=\"" + id + "\"");
+  };
+  for (int k = 0; k < 4 && placed("pb") < 1; ++k) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> more = LongPrompt(90 + k, 50);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    EXPECT_EQ(complete(prompt), 576) << "request " << k;
+  }
+  ASSERT_EQ(placed("pb"), 1) << w.Logs();
+  EXPECT_EQ(MetricValue(w.Metrics("pb"), "pdserve_prefix_cache_pulled_tokens_total"), 576);
+  EXPECT_EQ(MetricValue(w.Metrics("pb"), "pdserve_worker_kv_pulls_total", "outcome=\"adopted\""), 1);
+  EXPECT_EQ(MetricValue(w.Metrics("pa"), "pdserve_worker_kv_pushes_total", "outcome=\"ok\""), 1);
+  for (const char* id : {"pa", "pb", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
   if (HasFailure()) ADD_FAILURE() << w.Logs();
 }
 
