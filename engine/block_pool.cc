@@ -147,6 +147,7 @@ int64_t BlockPool::RestoreLocked(CachedBlockId parent, std::span<const uint64_t>
       give_back();
       break;
     }
+    if (record_restores_) restored_.push_back(block);  // before anyone can map it
     int32_t dropped = -1;
     const std::optional<CachedBlockId> id = cache_.Register(block, hash, parent, block_tokens(k), &dropped, uid);
     if (dropped >= 0 && refs_[static_cast<size_t>(dropped)] == 0) free_.push_back(dropped);
@@ -209,6 +210,19 @@ std::optional<CachedBlockId> BlockPool::Register(int32_t block, uint64_t hash, C
   // A stale entry gave up its name: idle, it is now simply free.
   if (dropped >= 0 && refs_[static_cast<size_t>(dropped)] == 0) free_.push_back(dropped);
   return r;
+}
+
+void BlockPool::RecordRestoredBlocks(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_restores_ = on;
+  if (!on) restored_.clear();
+}
+
+std::vector<int32_t> BlockPool::TakeRestoredBlocks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int32_t> out;
+  out.swap(restored_);
+  return out;
 }
 
 int64_t BlockPool::EvictIdle() {

@@ -113,6 +113,11 @@ class BlockPool {
   // Block files the disk tier's bound admits (0 without a tier): with the pool's blocks, the
   // most names the events can claim held.
   int64_t disk_tier_capacity_blocks() const;
+  // With `on`, every block the disk tier restores is recorded, before it joins the cache, until
+  // TakeRestoredBlocks: a multi-rank engine sends those blocks' bytes to its followers, whose
+  // pools never read the tier. Off by default (nothing is recorded).
+  void RecordRestoredBlocks(bool on);
+  std::vector<int32_t> TakeRestoredBlocks();
 
  private:
   BlockPool(const KvLayout& layout, uint8_t* base, int64_t n_blocks, bool owned);
@@ -143,6 +148,8 @@ class BlockPool {
   std::vector<int32_t> refs_;  // per block id
   PrefixCache cache_;
   std::unique_ptr<DiskTier> tier_;  // null: no disk tier
+  bool record_restores_ = false;
+  std::vector<int32_t> restored_;  // RecordRestoredBlocks: restored since TakeRestoredBlocks
 };
 
 // The blocks of one sequence, in logical order: token t lives in block ids()[t / B], slot t % B.

@@ -69,10 +69,8 @@ PrefixCachePolicy PrefixPolicyFor(const EngineOptions& options, const model::Mod
 Status AttachDiskTier(const EngineOptions& options, const model::Model& model, BlockPool* pool) {
   if (options.prefix_cache_disk_dir.empty()) return Status::Ok();
   const PrefixCachePolicy policy = PrefixPolicyFor(options, model, *pool);
-  if (!policy.enabled || options.group) {
-    // A follower replays the leader's block ids over its own pool, which never read the files.
-    GetLogger("engine")->warn("prefix cache disk tier {} off: {}", options.prefix_cache_disk_dir,
-                              options.group ? "a multi-rank engine" : "the prefix cache is off");
+  if (!policy.enabled) {
+    GetLogger("engine")->warn("prefix cache disk tier {} off: the prefix cache is off", options.prefix_cache_disk_dir);
     return Status::Ok();
   }
   DiskTierOptions to;
@@ -82,6 +80,8 @@ Status AttachDiskTier(const EngineOptions& options, const model::Model& model, B
   GetLogger("engine")->info("prefix cache disk tier: {} (at most {} MiB, {} KiB per block)", to.dir,
                             to.max_bytes >> 20, tier->file_bytes() >> 10);
   pool->AttachDiskTier(std::move(tier));
+  // The leader's tier only: the followers' pools get the restored blocks' bytes with the step.
+  if (options.group && options.group->unit_size() > 1) pool->RecordRestoredBlocks(true);
   return Status::Ok();
 }
 

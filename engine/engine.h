@@ -109,7 +109,8 @@ struct EngineOptions {
   // Disk tier of the prefix cache (engine/disk_tier.h, docs/prefix-cache.md "Disk tier"):
   // evicted cached blocks are written to files in this directory (the engine's own: one tier
   // per directory) and read back when a later prompt continues their prefix. Empty: off. Off
-  // too (with a warning) when the prefix cache is off and for multi-rank engines (`group`).
+  // too (with a warning) when the prefix cache is off. In a multi-rank engine (`group`) the
+  // leader holds the tier and sends restored blocks to its followers with the next step.
   // The bytes bound the files: more keeps older prefixes at the cost of disk space. Evictions
   // and restores do synchronous file I/O on the step thread.
   std::string prefix_cache_disk_dir;

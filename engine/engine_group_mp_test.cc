@@ -9,10 +9,12 @@
 //   * prefix-cache hits on a TP unit (the leader maps cached blocks; the followers read their
 //     own copies of the same block ids, written when those blocks were computed), and on a CP
 //     unit (a prompt's rest after the hit split over the CP ranks, or run replicated when short);
-//   * pulled blocks adopted by a TP unit's leader reach its followers before a step reads them.
+//   * pulled blocks adopted by a TP unit's leader reach its followers before a step reads them,
+//     and so do blocks its disk tier restores.
 // Every rank makes the same tiny checkpoint; ranks stop together (the engines' stop votes).
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -89,7 +91,8 @@ class EngineGroupTest : public ::testing::Test {
     std::unique_ptr<RankGroup> group;
     std::unique_ptr<Engine> engine;  // unit leaders only
   };
-  static Rank Join(const ParallelPlan& plan, int64_t block_tokens = 64, int64_t prefill_chunk = 256) {
+  static Rank Join(const ParallelPlan& plan, int64_t block_tokens = 64, int64_t prefill_chunk = 256,
+                   const std::function<void(const model::ModelConfig&, EngineOptions*)>& adjust = {}) {
     Rank r;
     auto in = model::LoadParallelInstance(dir_->path(), plan, 1);
     EXPECT_TRUE(in.ok()) << in.status().ToString();
@@ -99,6 +102,7 @@ class EngineGroupTest : public ::testing::Test {
     eo.kv_cache_gib = 0.0625;
     eo.block_tokens = block_tokens;
     eo.scheduler.prefill_chunk = prefill_chunk;
+    if (adjust) adjust(r.instance.model->config(), &eo);
     const KvLayout layout = model::KvLayoutFor(r.instance.model->config(), eo.block_tokens, eo.latent_format,
                                                 eo.index_format);
     auto g = RankGroup::Create(*r.instance.model, layout);
@@ -442,6 +446,72 @@ TEST_F(EngineGroupTest, PulledBlocksReachTheFollowers) {
   const RequestId id = e.AddRequest(asker, Greedy(kMaxTokens, &events)).value();
   ASSERT_TRUE(events.WaitFinished(2, std::chrono::seconds(120)));
   EXPECT_EQ(events.Last(id)->cached_prompt_tokens, 64);
+  EXPECT_EQ(events.Tokens(id), expected);
+  EXPECT_TRUE(e.failure().ok());
+  EXPECT_EQ(e.pool().n_used(), 0);
+  r.engine.reset();
+}
+
+// The disk tier on a TP unit: only the leader has the tier. A donor's blocks are pushed out of
+// a 24-block pool by filler prompts (spilled to the tier); a query with the donor's prefix
+// restores them into block ids the followers last used for other KV, and the restored bytes
+// go out with the step before the forward that reads them.
+TEST_F(EngineGroupTest, DiskTierRestoresReachTheFollowers) {
+  ParallelPlan plan;
+  plan.tp = 2;
+  plan.dp = WorldSize() / 2;
+  plan.ep = WorldSize();
+  constexpr int64_t kBlock = 16, kChunk = 32, kPoolBlocks = 24;
+  const std::vector<int32_t> shared = Prompt(100, 60);
+  std::vector<int32_t> donor = shared, query = shared;
+  for (int32_t t : Prompt(30, 61)) donor.push_back(t);
+  for (int32_t t : Prompt(21, 62)) query.push_back(t);
+  std::vector<int32_t> expected;
+  {
+    EngineOptions eo;
+    eo.model_dir = dir_->path();
+    eo.threads = 1;
+    eo.kv_cache_gib = 0.0625;
+    eo.block_tokens = kBlock;
+    eo.scheduler.prefill_chunk = kChunk;
+    eo.prefix_cache = false;
+    auto cold = Engine::Create(eo);
+    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+    EventCollector events;
+    auto id = (*cold)->AddRequest(query, Greedy(kMaxTokens, &events));
+    ASSERT_TRUE(id.ok());
+    ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
+    expected = events.Tokens(*id);
+  }
+  model::testing::TempDir tier("engine_group_tier");
+  const std::string tier_dir = tier.path() + "/tier";
+  Rank r = Join(plan, kBlock, kChunk, [&](const model::ModelConfig& config, EngineOptions* eo) {
+    const KvLayout l = model::KvLayoutFor(config, kBlock, eo->latent_format, eo->index_format);
+    eo->kv_cache_gib = static_cast<double>(kPoolBlocks * l.BlockBytes()) / (1ull << 30);
+    eo->scheduler.max_step_tokens = 128;
+    eo->prefix_cache_disk_dir = tier_dir;
+  });
+  ASSERT_TRUE(AllRanks(r.group != nullptr));
+  if (!r.group->leader()) {
+    EXPECT_TRUE(r.group->FollowerLoop().ok());
+    return;
+  }
+  Engine& e = *r.engine;
+  ASSERT_TRUE(e.prefix_cache_disk_tier());
+  e.Start();
+  EventCollector events;
+  size_t finished = 0;
+  auto run = [&](const std::vector<int32_t>& prompt, int64_t max_tokens) {
+    const RequestId id = e.AddRequest(prompt, Greedy(max_tokens, &events)).value();
+    EXPECT_TRUE(events.WaitFinished(++finished, std::chrono::seconds(120)));
+    return id;
+  };
+  run(donor, 4);
+  for (int k = 0; k < 3; ++k) run(Prompt(150, 70 + k), 2);  // 10 blocks each: the donor's spill
+  EXPECT_GT(e.Stats().prefix_tier_stored_blocks, 0);
+  const RequestId id = run(query, kMaxTokens);
+  EXPECT_EQ(events.Last(id)->cached_prompt_tokens, 96);
+  EXPECT_GT(e.Stats().prefix_tier_restored_tokens, 0) << "the hit did not come from the tier";
   EXPECT_EQ(events.Tokens(id), expected);
   EXPECT_TRUE(e.failure().ok());
   EXPECT_EQ(e.pool().n_used(), 0);

@@ -234,6 +234,8 @@ Status Engine::RunForward(const std::vector<ScheduledChunk>& chunks, std::span<c
     imported_.insert(imported_.end(), pulled_for_followers_.begin(), pulled_for_followers_.end());
     pulled_for_followers_.clear();
   }
+  // The same for blocks the disk tier restored (recorded before they join the cache).
+  for (int32_t b : pool_->TakeRestoredBlocks()) imported_.push_back(b);
   Result<GroupStepResult> r = options_.group->LeaderStep(seqs, imported_, *pool_, stopping, stats, on_layer);
   imported_.clear();
   if (!r.ok()) {
