@@ -119,9 +119,6 @@ std::string WriteClusterConfig(const std::string& dir, const std::string& name, 
       << "\n  generate_model: {enabled: false}\n  stop_grace_ms: 8000\n  ready_timeout_ms: 90000\n"
       << "router:\n  port: 0\n  control_endpoint: tcp://127.0.0.1:" << services::testing::FreeTcpPort()
       << "\n  model_name: pdserve\n"
-      // A streaming request holds an HTTP thread: past 64 (the default) the load step's streams
-      // would queue the autoscaler's and the test's /metrics scrapes behind them.
-      << "  http_threads: 160\n"
       << "workers:\n"
       << "  - {name: prefill, role: prefill, count: 1, " << worker << "}\n"
       << "  - {name: decode, role: decode, count: 1, " << worker << "}\n";

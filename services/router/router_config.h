@@ -64,7 +64,9 @@ struct RouterConfig {
   // A stream whose worker produced no token for this long (while still heartbeating: a wedged
   // engine) is migrated as if the worker had failed. 0: off.
   std::chrono::milliseconds stall_timeout{60000};
-  int http_threads = 64;              // HTTP worker threads (a streaming request holds one)
+  // HTTP threads kept ready. A streaming request holds one; the pool starts more on demand, up to
+  // max_outstanding_requests + 64 (services/router/http_thread_pool.h).
+  int http_threads = 64;
   uint64_t compat_hash = 0;           // 0: adopt the first prefill/decode worker's hash
   std::chrono::milliseconds disconnect_poll{50};  // how often waits check for a gone client
   bool admin_api = true;              // GET /admin/workers, POST /admin/drain

@@ -782,6 +782,42 @@ TEST(RouterE2eTest, SaturationTimeoutsAndDrain) {
   EXPECT_TRUE(WaitFor([&] { return c.WorkerMetric("w1", "pdserve_worker_jobs_total", "aborted") == 1; }, 3s));
 }
 
+// Streams hold their connection's HTTP thread to the last token. With 2 threads kept ready and
+// 4 streams open, the router starts more threads: /metrics, /health and a new request answer at
+// once instead of waiting behind the streams (a fixed pool of 2 made them wait for a stream's
+// end, ~2 s here).
+TEST(RouterE2eTest, ScrapesAndNewRequestsAnswerWhileStreamsHoldEveryReadyThread) {
+  TestCluster c("threads");
+  ASSERT_OK_C(c.StartRouter({"--http-threads", "2"}), c);
+  ASSERT_OK_C(c.StartWorker("w0", "colocated", {"--max-batch", "8", "--token-delay-us", "20000"}), c);
+  ASSERT_TRUE(c.WaitForWorkers(1)) << c.Logs();
+  auto outstanding = [&] {
+    auto w = c.Workers();
+    return w.empty() ? -1 : w[0]["outstanding_requests"].get<int64_t>();
+  };
+  std::vector<std::thread> streams;
+  std::atomic<int> streamed_ok{0};
+  for (int k = 0; k < 4; ++k)
+    streams.emplace_back([&, k] {
+      const SseReply r = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(10 + k), 100, true), 30s);
+      if (r.status == 200 && r.done) ++streamed_ok;
+    });
+  ASSERT_TRUE(WaitFor([&] { return outstanding() == 4; }, 10s)) << c.Logs();
+  const auto t0 = Clock::now();
+  const auto metrics = HttpGet(c.http_port(), "/metrics", 5s);
+  const auto health = HttpGet(c.http_port(), "/health", 5s);
+  const auto reply = HttpPost(c.http_port(), "/v1/completions", CompletionBody(Prompt(20), 2));
+  const auto waited = Clock::now() - t0;
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("pdserve_router_requests_total"), std::string::npos);
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(outstanding(), 4) << "the streams ended before the check: it proved nothing";
+  EXPECT_LT(waited, 1s) << "the scrape, the health check and the request waited behind the streams";
+  for (auto& t : streams) t.join();
+  EXPECT_EQ(streamed_ok, 4);
+}
+
 TEST(RouterE2eTest, InProcessRouterServer) {
   RouterConfig config;
   config.port = 0;

@@ -25,6 +25,7 @@
 #include "services/router/request_api_server.h"
 #include "services/router/request_prep.h"
 #include "services/router/tokenize_api.h"
+#include "services/router/http_thread_pool.h"
 #include "services/router/workers_view.h"
 #include "tokenizer/tokenizer_paths.h"
 
@@ -42,6 +43,10 @@ RequestOutcome OutcomeFor(int http_status) {
   if (http_status >= 400 && http_status < 500) return RequestOutcome::kClientError;
   return RequestOutcome::kError;
 }
+
+// HTTP threads beyond max_outstanding_requests: connections that are not admitted requests
+// (scrapes, health checks, 429 replies, idle keep-alive clients).
+constexpr size_t kSpareHttpThreads = 64;
 
 // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the shared
 // library): a burst of clients overflows it and some connections are reset. Linux lets a
@@ -271,8 +276,11 @@ Result<std::unique_ptr<RouterServer>> RouterServer::Start(RouterConfig config) {
   PDSERVE_ASSIGN_OR_RETURN(s->core_, RouterCore::Start(co, s->metrics_.get()));
 
   s->http_ = std::make_unique<HttpServer>();
-  const size_t threads = static_cast<size_t>(c.http_threads);
-  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // A stream holds its connection's thread: the pool grows past the admitted requests' bound
+  // (http_thread_pool.h), so scrapes, health checks and 429 replies always find a thread.
+  const size_t warm = static_cast<size_t>(c.http_threads);
+  const size_t max = std::max(warm, size_t{c.max_outstanding_requests} + kSpareHttpThreads);
+  s->http_->new_task_queue = [warm, max] { return new HttpThreadPool(warm, max); };
   s->http_->set_payload_max_length(static_cast<size_t>(c.max_body_bytes));
   s->http_->set_tcp_nodelay(true);
   s->http_->set_read_timeout(c.http_read_timeout);
