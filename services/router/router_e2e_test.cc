@@ -795,8 +795,10 @@ TEST(RouterE2eTest, ScrapesAndNewRequestsAnswerWhileStreamsHoldEveryReadyThread)
     auto w = c.Workers();
     return w.empty() ? -1 : w[0]["outstanding_requests"].get<int64_t>();
   };
-  std::vector<std::thread> streams;
   std::atomic<int> streamed_ok{0};
+  // jthreads: a failed assertion below joins them (their streams end within 30 s) before the
+  // cluster stops; a joinable std::thread would terminate the test and leave the processes.
+  std::vector<std::jthread> streams;
   for (int k = 0; k < 4; ++k)
     streams.emplace_back([&, k] {
       const SseReply r = HttpPostSse(c.http_port(), "/v1/completions", CompletionBody(Prompt(10 + k), 100, true), 30s);
@@ -814,7 +816,7 @@ TEST(RouterE2eTest, ScrapesAndNewRequestsAnswerWhileStreamsHoldEveryReadyThread)
   EXPECT_EQ(reply.status, 200) << reply.body;
   EXPECT_EQ(outstanding(), 4) << "the streams ended before the check: it proved nothing";
   EXPECT_LT(waited, 1s) << "the scrape, the health check and the request waited behind the streams";
-  for (auto& t : streams) t.join();
+  streams.clear();  // joins
   EXPECT_EQ(streamed_ok, 4);
 }
 
