@@ -86,6 +86,33 @@ class EngineGroupTest : public ::testing::Test {
     return events.Tokens(*id);
   }
 
+  // Greedy tokens of each prompt run alone on a fresh single-process engine without a prefix
+  // cache, with blocks of `block_tokens` and prompt chunks of `prefill_chunk` (0: whole prompts,
+  // as a CP unit schedules them). Empty on failure (the caller's comparison then fails).
+  static std::vector<std::vector<int32_t>> Cold(const std::vector<std::vector<int32_t>>& prompts,
+                                                int64_t block_tokens, int64_t prefill_chunk) {
+    EngineOptions eo;
+    eo.model_dir = dir_->path();
+    eo.threads = 1;
+    eo.kv_cache_gib = 0.0625;
+    eo.block_tokens = block_tokens;
+    if (prefill_chunk > 0) eo.scheduler.prefill_chunk = prefill_chunk;
+    eo.scheduler.whole_prompts = prefill_chunk == 0;
+    eo.prefix_cache = false;
+    auto cold = Engine::Create(eo);
+    EXPECT_TRUE(cold.ok()) << cold.status().ToString();
+    if (!cold.ok()) return {};
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& p : prompts) {
+      EventCollector events;
+      auto id = (*cold)->AddRequest(p, Greedy(kMaxTokens, &events));
+      EXPECT_TRUE(id.ok());
+      EXPECT_TRUE(testing::RunUntilIdle(cold->get()));
+      out.push_back(id.ok() ? events.Tokens(*id) : std::vector<int32_t>{});
+    }
+    return out;
+  }
+
   struct Rank {
     model::ParallelInstance instance;
     std::unique_ptr<RankGroup> group;
@@ -282,25 +309,8 @@ TEST_F(EngineGroupTest, PrefixCacheHitsOnATensorParallelUnit) {
     for (int32_t t : Prompt(5 + 4 * i, 20 + i)) p.push_back(t);
     prompts.push_back(p);
   }
-  std::vector<std::vector<int32_t>> expected;
-  {
-    EngineOptions eo;
-    eo.model_dir = dir_->path();
-    eo.threads = 1;
-    eo.kv_cache_gib = 0.0625;
-    eo.block_tokens = kBlock;
-    eo.scheduler.prefill_chunk = kChunk;
-    eo.prefix_cache = false;
-    auto cold = Engine::Create(eo);
-    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
-    for (const auto& p : prompts) {
-      EventCollector events;
-      auto id = (*cold)->AddRequest(p, Greedy(kMaxTokens, &events));
-      ASSERT_TRUE(id.ok());
-      ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
-      expected.push_back(events.Tokens(*id));
-    }
-  }
+  const std::vector<std::vector<int32_t>> expected = Cold(prompts, kBlock, kChunk);
+  ASSERT_EQ(expected.size(), prompts.size());
   Rank r = Join(plan, kBlock, kChunk);
   ASSERT_TRUE(AllRanks(r.group != nullptr));
   if (!r.group->leader()) {
@@ -343,25 +353,8 @@ TEST_F(EngineGroupTest, PrefixCacheHitsOnAContextParallelUnit) {
     for (int32_t t : Prompt(tail, 40 + tail)) p.push_back(t);
     prompts.push_back(p);
   }
-  std::vector<std::vector<int32_t>> expected;
-  {
-    EngineOptions eo;
-    eo.model_dir = dir_->path();
-    eo.threads = 1;
-    eo.kv_cache_gib = 0.0625;
-    eo.block_tokens = kBlock;
-    eo.scheduler.whole_prompts = true;
-    eo.prefix_cache = false;
-    auto cold = Engine::Create(eo);
-    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
-    for (const auto& p : prompts) {
-      EventCollector events;
-      auto id = (*cold)->AddRequest(p, Greedy(kMaxTokens, &events));
-      ASSERT_TRUE(id.ok());
-      ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
-      expected.push_back(events.Tokens(*id));
-    }
-  }
+  const std::vector<std::vector<int32_t>> expected = Cold(prompts, kBlock, 0);
+  ASSERT_EQ(expected.size(), prompts.size());
   Rank r = Join(plan, kBlock);
   ASSERT_TRUE(AllRanks(r.group != nullptr));
   if (!r.group->leader()) {
@@ -401,23 +394,9 @@ TEST_F(EngineGroupTest, PulledBlocksReachTheFollowers) {
   std::vector<int32_t> donor = shared, asker = shared;
   for (int32_t t : Prompt(9, 51)) donor.push_back(t);
   for (int32_t t : Prompt(13, 52)) asker.push_back(t);
-  std::vector<int32_t> expected;
-  {
-    EngineOptions eo;
-    eo.model_dir = dir_->path();
-    eo.threads = 1;
-    eo.kv_cache_gib = 0.0625;
-    eo.block_tokens = kBlock;
-    eo.scheduler.prefill_chunk = kChunk;
-    eo.prefix_cache = false;
-    auto cold = Engine::Create(eo);
-    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
-    EventCollector events;
-    auto id = (*cold)->AddRequest(asker, Greedy(kMaxTokens, &events));
-    ASSERT_TRUE(id.ok());
-    ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
-    expected = events.Tokens(*id);
-  }
+  const std::vector<std::vector<int32_t>> cold = Cold({asker}, kBlock, kChunk);
+  ASSERT_EQ(cold.size(), 1u);
+  const std::vector<int32_t>& expected = cold[0];
   Rank r = Join(plan, kBlock, kChunk);
   ASSERT_TRUE(AllRanks(r.group != nullptr));
   if (!r.group->leader()) {
@@ -466,23 +445,9 @@ TEST_F(EngineGroupTest, DiskTierRestoresReachTheFollowers) {
   std::vector<int32_t> donor = shared, query = shared;
   for (int32_t t : Prompt(30, 61)) donor.push_back(t);
   for (int32_t t : Prompt(21, 62)) query.push_back(t);
-  std::vector<int32_t> expected;
-  {
-    EngineOptions eo;
-    eo.model_dir = dir_->path();
-    eo.threads = 1;
-    eo.kv_cache_gib = 0.0625;
-    eo.block_tokens = kBlock;
-    eo.scheduler.prefill_chunk = kChunk;
-    eo.prefix_cache = false;
-    auto cold = Engine::Create(eo);
-    ASSERT_TRUE(cold.ok()) << cold.status().ToString();
-    EventCollector events;
-    auto id = (*cold)->AddRequest(query, Greedy(kMaxTokens, &events));
-    ASSERT_TRUE(id.ok());
-    ASSERT_TRUE(testing::RunUntilIdle(cold->get()));
-    expected = events.Tokens(*id);
-  }
+  const std::vector<std::vector<int32_t>> cold = Cold({query}, kBlock, kChunk);
+  ASSERT_EQ(cold.size(), 1u);
+  const std::vector<int32_t>& expected = cold[0];
   model::testing::TempDir tier("engine_group_tier");
   const std::string tier_dir = tier.path() + "/tier";
   Rank r = Join(plan, kBlock, kChunk, [&](const model::ModelConfig& config, EngineOptions* eo) {
