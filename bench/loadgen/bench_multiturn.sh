@@ -12,9 +12,9 @@
 # cache (default): writes bench/results/multiturn_{cache_on,cache_off}.{json,md} and
 #   multiturn.md.
 # routing: two prefill workers + one decode worker, the cache on, decode-side hits off, the
-#   router's prefill policy kv_aware (the default) vs least_outstanding_tokens:
-#   multiturn_routing_<policy>.{json,md} and multiturn_routing.md (TTFT p50 / p99 per turn,
-#   cached / reusable).
+#   router's prefill policy kv_aware (the default) vs least_outstanding_tokens and round_robin:
+#   multiturn_routing_<policy>.{json,md}, multiturn_routing.md (vs least_outstanding_tokens) and
+#   multiturn_routing_rr.md (vs round_robin): TTFT p50 / p99 per turn, cached / reusable.
 # decode-local: P/D 1+1, the cache on, decode-side hits (routing.decode_local_prefill_tokens
 #   256, the default) vs off (0): multiturn_decode_local_{on,off}.{json,md} and
 #   multiturn_decode_local.md.
@@ -148,7 +148,7 @@ PY
 }
 
 if [ "$what" = routing ] || [ "$what" = all ]; then
-  for policy in kv_aware least_outstanding_tokens; do
+  for policy in kv_aware least_outstanding_tokens round_robin; do
     echo "== multiturn, 2 prefill workers, prefill policy $policy (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     start_cluster "routing_$policy" true 2 "$policy" 0 || { status=1; continue; }
     run_loadgen "routing_$policy" "multiturn_routing_$policy" "P/D 2+1, prefix cache on, prefill policy $policy"
@@ -156,6 +156,8 @@ if [ "$what" = routing ] || [ "$what" = all ]; then
   done
   compare multiturn_routing "Multi-turn chat, two prefill workers: least_outstanding_tokens (LOT) vs kv_aware routing" \
     multiturn_routing_least_outstanding_tokens LOT multiturn_routing_kv_aware kv_aware
+  compare multiturn_routing_rr "Multi-turn chat, two prefill workers: round_robin (RR) vs kv_aware routing" \
+    multiturn_routing_round_robin RR multiturn_routing_kv_aware kv_aware
 fi
 [ "$what" = routing ] && exit $status
 

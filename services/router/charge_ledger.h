@@ -12,6 +12,8 @@
 //   Release(job, side) / ReleaseAttempt(job)    worker: -1 request, -the tokens still held;
 //                                               the charge is closed, a second Release finds
 //                                               nothing and changes nothing
+//   Served(job, side)                           Release, for a job whose work on the worker
+//                                               is done (a prefill's first token came back)
 //   ForgetWorker(worker)                        the worker left the registry: its charges are
 //                                               closed without crediting anything (there is
 //                                               no entry left to credit)
@@ -28,6 +30,10 @@
 // next placement sees them gone before the worker's next heartbeat; Release does not give them
 // back, because the heartbeat that follows reports the worker's real free count (it resets the
 // estimate, worker_registry.h) and a credit on top of it would count the freed blocks twice.
+//
+// Prefill pace: prefill charges also open and close on the worker's PrefillPace
+// (prefill_pace.h), and a Served one teaches it the worker's speed, so kv_aware can tell how much
+// of a placed prompt is probably computed already.
 //
 // Thread-safety: none; RouterCore owns it (and the registry it borrows) under its mutex.
 #pragma once
@@ -58,13 +64,18 @@ class ChargeLedger {
 
   // Opens the charge of job `job_id`'s `side` on `worker`. REQUIRES: `worker` is registered in
   // the registry and no charge of (job_id, side) is open.
-  void Charge(uint64_t job_id, AttemptSide side, WorkerEntry& worker, int64_t tokens, int64_t blocks);
+  void Charge(uint64_t job_id, AttemptSide side, WorkerEntry& worker, int64_t tokens, int64_t blocks,
+              Clock::time_point now = Clock::now());
   // `n_tokens` tokens of the charge were produced: returns how many were taken off (at most
-  // what it still holds; 0 when no charge is open).
+  // what it still holds; 0 when no charge is open). REQUIRES: `side` is kOutput (a prefill
+  // charge is owed whole until its first token).
   int64_t Consume(uint64_t job_id, AttemptSide side, int64_t n_tokens);
   // Closes the charge and credits its worker (one request, the tokens still held). False when
   // no charge is open: never charged, already released, or its worker left.
-  bool Release(uint64_t job_id, AttemptSide side);
+  bool Release(uint64_t job_id, AttemptSide side, Clock::time_point now = Clock::now());
+  // Release of a charge whose work the worker finished: a prefill charge's tokens and the time
+  // they took teach the worker's pace.
+  bool Served(uint64_t job_id, AttemptSide side, Clock::time_point now = Clock::now());
   // Release of both sides of an attempt; returns how many charges were closed (0, 1 or 2).
   int ReleaseAttempt(uint64_t job_id);
   // The worker `gone` left the registry: closes its charges without crediting. Returns how many.
@@ -74,14 +85,15 @@ class ChargeLedger {
   const OpenCharge* Find(uint64_t job_id, AttemptSide side) const;
   size_t open() const { return charges_.size(); }
   // Internal (naming the first mismatch) unless every registered worker's outstanding
-  // requests and tokens equal the sum of its open charges and every open charge belongs to a
-  // registered worker.
+  // requests and tokens equal the sum of its open charges, its prefill pace holds exactly its
+  // open prefill charges, and every open charge belongs to a registered worker.
   Status Audit() const;
 
  private:
   using Key = std::pair<uint64_t, AttemptSide>;
   // The registry entry the charge was taken on, if it is still registered.
   WorkerEntry* EntryOf(const OpenCharge& charge) const;
+  bool Close(uint64_t job_id, AttemptSide side, bool served, Clock::time_point now);
 
   WorkerRegistry* const registry_;
   std::map<Key, OpenCharge> charges_;

@@ -103,6 +103,47 @@ TEST_F(ChargeLedgerTest, WorkerGoneClosesItsChargesOnly) {
   EXPECT_EQ(ledger_.ForgetWorker(*gone), 0);
 }
 
+// Prefill charges drive the worker's pace: a served prefill teaches it, and kv_aware then sees a
+// holder partway through a long prompt as that much less busy (prefill_pace.h).
+TEST_F(ChargeLedgerTest, ServedPrefillsTeachThePaceKvAwareRoutesBy) {
+  WorkerEntry& holder = Add("p0", "p0", WorkerRole::kPrefill);
+  Add("p1", "p1", WorkerRole::kPrefill);
+  const Clock::time_point t0 = Clock::now();
+  // A 1000-token prompt served in 5 s: 200 tokens/s. A failed one teaches nothing.
+  ledger_.Charge(1, AttemptSide::kPrefill, holder, 1000, 0, t0);
+  EXPECT_TRUE(ledger_.Served(1, AttemptSide::kPrefill, t0 + 5s));
+  ledger_.Charge(2, AttemptSide::kPrefill, holder, 50, 0, t0 + 6s);
+  EXPECT_TRUE(ledger_.Release(2, AttemptSide::kPrefill, t0 + 6100ms));
+  EXPECT_DOUBLE_EQ(holder.prefill_pace.tokens_per_second(), 200.0);
+  EXPECT_FALSE(ledger_.Served(2, AttemptSide::kPrefill, t0 + 7s)) << "closed twice";
+  // Output charges never touch the pace.
+  WorkerEntry& d = Add("d", "d0", WorkerRole::kDecode);
+  ledger_.Charge(3, AttemptSide::kOutput, d, 40, 1, t0);
+  EXPECT_EQ(d.prefill_pace.open_jobs(), 0);
+  // The holder starts a 900-token prompt at 10 s; the next request shares 800 tokens of it.
+  ledger_.Charge(4, AttemptSide::kPrefill, holder, 900, 0, t0 + 10s);
+  EXPECT_TRUE(ledger_.Audit().ok()) << ledger_.Audit().ToString();
+  const PredictHitFn predict = [&](const WorkerEntry& w) { return PredictedHit(&w == &holder ? 800 : 0); };
+  uint64_t cursor = 0;
+  auto choose = [&](Clock::time_point now) {
+    auto c = registry_.Choose(WorkerRole::kPrefill, RoutingPolicy::kKvAware, 900, std::nullopt, 0, false, &cursor,
+                              {}, predict, now);
+    return c.ok() ? c->worker->id : c.status().ToString();
+  };
+  // Just started (100 + 900 to wait for > 900 to compute cold): the idle worker.
+  EXPECT_EQ(choose(t0 + 10s), "p1");
+  // 3 s in, ~600 tokens done: 100 + ~300 < 900, the holder.
+  EXPECT_EQ(choose(t0 + 13s), "p0");
+  // Plain accounting still sees the whole charge.
+  EXPECT_EQ(registry_.Choose(WorkerRole::kPrefill, RoutingPolicy::kLeastOutstandingTokens, 900, std::nullopt, 0,
+                             false, &cursor, {}, predict, t0 + 13s)
+                ->worker->id,
+            "p1");
+  EXPECT_TRUE(ledger_.Served(4, AttemptSide::kPrefill, t0 + 20s));
+  EXPECT_EQ(holder.prefill_pace.open_tokens(), 0);
+  EXPECT_TRUE(ledger_.Audit().ok()) << ledger_.Audit().ToString();
+}
+
 // A worker that registers again (a restart at the same peer, or the same id elsewhere) starts
 // from zero: releasing a charge of its earlier registration must not touch the new counters.
 TEST_F(ChargeLedgerTest, ChargesBelongToOneRegistration) {

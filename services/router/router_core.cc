@@ -583,9 +583,14 @@ void RouterCore::OnPrefillEventLocked(Route& r, const std::string& peer, service
   // The prefill worker's single event: the first token of this attempt (or an error). Either
   // way the prefill worker is done with the request.
   const uint64_t id = r.attempt.job_id();
-  ledger_.Release(id, AttemptSide::kPrefill);
-  RequestEvent out_ev{std::move(ev.tokens), std::move(ev.logprobs), ev.finish, ev.error, {}};
   const bool failed = !ev.error.ok() || ev.finish == FinishReason::kError || ev.finish == FinishReason::kAbort;
+  // A first token: the prompt was computed, which teaches kv_aware the worker's pace.
+  if (failed) {
+    ledger_.Release(id, AttemptSide::kPrefill);
+  } else {
+    ledger_.Served(id, AttemptSide::kPrefill);
+  }
+  RequestEvent out_ev{std::move(ev.tokens), std::move(ev.logprobs), ev.finish, ev.error, {}};
   if (!failed && out_ev.tokens.size() != 1) {
     out_ev.error = Status::Internal(fmt::format("prefill worker sent {} tokens, expected 1", out_ev.tokens.size()));
     out_ev.finish = FinishReason::kError;

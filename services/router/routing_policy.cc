@@ -33,10 +33,11 @@ int ChooseWorker(RoutingPolicy policy, const std::vector<RoutingCandidate>& c, u
   if (policy == RoutingPolicy::kRoundRobin) return static_cast<int>(at(0));
   int best = -1;
   if (policy == RoutingPolicy::kKvAware) {
-    // The tokens the worker would compute for this prompt plus the work it already owes, plus
+    // The tokens the worker would compute for this prompt plus the work it still owes, plus
     // what pulling part of its hit costs.
     auto score = [&](size_t i) {
-      return std::max<int64_t>(c[i].prompt_tokens - c[i].predicted_hit_tokens, 0) + c[i].outstanding_tokens +
+      return std::max<int64_t>(c[i].prompt_tokens - c[i].predicted_hit_tokens, 0) +
+             std::max<int64_t>(c[i].outstanding_tokens - c[i].computed_estimate_tokens, 0) +
              c[i].pulled_tokens / kPulledTokenCostDivisor;
     };
     for (size_t k = 0; k < n; ++k) {

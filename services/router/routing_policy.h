@@ -14,9 +14,11 @@
 //                             while every cache has room this balances the work, and a cache
 //                             running short stops getting requests
 //   kv_aware                  (prefill / colocated) the eligible worker with the least work
-//                             for this request: the prompt tokens it would still compute after
-//                             its predicted prefix-cache hit (KvIndex, kv_index.h) plus its
-//                             outstanding tokens; ties go round-robin. Decode workers take the
+//                             before this request's first token: the prompt tokens it would
+//                             still compute after its predicted prefix-cache hit (KvIndex,
+//                             kv_index.h) plus its outstanding tokens, less the prompt tokens
+//                             it has probably computed of them already (PrefillPace,
+//                             prefill_pace.h); ties go round-robin. Decode workers take the
 //                             whole prompt's KV from the transfer (no lookup), so the decode
 //                             side keeps its own policy
 //
@@ -52,6 +54,9 @@ struct RoutingCandidate {
   int64_t prompt_tokens = 0;         // kv_aware: the request's prompt
   int64_t predicted_hit_tokens = 0;  // kv_aware: of those, predicted cached on this worker
   int64_t pulled_tokens = 0;         // kv_aware: of those, pulled from another worker first
+  // kv_aware: of outstanding_tokens, the prompt tokens the worker has probably computed by now
+  // (PrefillPace::TokensLeft)
+  int64_t computed_estimate_tokens = 0;
 };
 
 // kv_aware: what a pulled token costs next to a computed one. Moving a token's KV is far

@@ -82,6 +82,29 @@ TEST(RoutingPolicyTest, KvAwareChargesAPulledPrefixASixteenth) {
   EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 1);
 }
 
+TEST(RoutingPolicyTest, KvAwareWaitsForAHolderThatIsNearlyDoneRatherThanComputeItAllAgain) {
+  // Worker 0 is computing a 2304-token prompt whose 2048-token prefix this request shares
+  // (pending in the index); worker 1 is idle and would compute the whole prompt.
+  std::vector<RoutingCandidate> c(2);
+  for (auto& x : c) x.prompt_tokens = 2304;
+  c[0].predicted_hit_tokens = 2048;
+  c[0].outstanding_tokens = 2304;
+  uint64_t cursor = 0;
+  // Just placed: 256 + 2304 > 2304.
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 1);
+  // Half of it computed by now: 256 + 1152 < 2304, waiting for the holder is sooner.
+  c[0].computed_estimate_tokens = 1152;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 0);
+  // An estimate above the charge (a stale pace) never scores below zero work.
+  c[0].computed_estimate_tokens = 9999;
+  c[1].outstanding_tokens = 0;
+  c[1].predicted_hit_tokens = 2100;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kKvAware, c, &cursor), 1) << "204 < 256 + 0";
+  // least_outstanding_tokens keeps the router's plain accounting.
+  c[1].outstanding_tokens = 1;
+  EXPECT_EQ(ChooseWorker(RoutingPolicy::kLeastOutstandingTokens, c, &cursor), 1);
+}
+
 TEST(RoutingPolicyTest, KvCapacityAware) {
   std::vector<RoutingCandidate> c(3);
   for (auto& x : c) {

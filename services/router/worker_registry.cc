@@ -145,7 +145,7 @@ WorkerEntry* WorkerRegistry::FindById(const std::string& id) {
 Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy policy, uint32_t prompt_tokens,
                                             std::optional<uint32_t> max_tokens, uint32_t default_max_tokens,
                                             bool produces_output, uint64_t* cursor, const std::string& prefer,
-                                            const PredictHitFn& predict_hit) {
+                                            const PredictHitFn& predict_hit, Clock::time_point now) {
   std::vector<WorkerEntry*> eligible;
   std::vector<WorkerChoice> choices;
   std::vector<RoutingCandidate> candidates;
@@ -167,6 +167,7 @@ Result<WorkerChoice> WorkerRegistry::Choose(WorkerRole role, RoutingPolicy polic
     const uint32_t bt = e->capacity.block_tokens;
     RoutingCandidate rc;
     rc.outstanding_tokens = e->outstanding_tokens;
+    rc.computed_estimate_tokens = e->prefill_pace.open_tokens() - e->prefill_pace.TokensLeft(now);
     rc.kv_blocks_free = e->kv_free_estimate;
     rc.kv_blocks_total = e->load.kv_blocks_total;
     rc.blocks_for_prompt = BlocksFor(prompt_tokens, bt);

@@ -29,6 +29,7 @@
 
 #include "common/status.h"
 #include "services/control/control_messages.h"
+#include "services/router/prefill_pace.h"
 #include "services/router/routing_policy.h"
 
 namespace pdserve::router {
@@ -61,6 +62,8 @@ struct WorkerEntry {
   int64_t outstanding_tokens = 0;
   int64_t outstanding_requests = 0;
   int64_t kv_free_estimate = 0;
+  // How far the worker has probably got through its prefill charges (kv_aware reads it).
+  PrefillPace prefill_pace;
   // Blocks the router's prefix-cache index (kv_index.h) holds for this worker, from its KV
   // events (0: it publishes none).
   int64_t kv_index_blocks = 0;
@@ -125,11 +128,12 @@ class WorkerRegistry {
   // its free-KV estimate holds the request (prompt + max_tokens for an output worker, the prompt
   // for a prefill worker); the choices of one client request share their workers this way.
   // `predict_hit` (optional): each candidate's predicted prefix-cache hit, which kv_aware
-  // scores by and the choice reports.
+  // scores by and the choice reports. `now`: when the choice is made (kv_aware takes the
+  // prompt tokens each worker has probably computed by then off its outstanding tokens).
   Result<WorkerChoice> Choose(services::WorkerRole role, RoutingPolicy policy, uint32_t prompt_tokens,
                               std::optional<uint32_t> max_tokens, uint32_t default_max_tokens,
                               bool produces_output, uint64_t* cursor, const std::string& prefer = {},
-                              const PredictHitFn& predict_hit = {});
+                              const PredictHitFn& predict_hit = {}, Clock::time_point now = Clock::now());
 
   size_t ReadyCount(services::WorkerRole role) const;
   size_t DrainingCount(services::WorkerRole role) const;

@@ -24,7 +24,11 @@ nlohmann::json WorkersView(const std::vector<WorkerEntry>& workers, std::chrono:
           {"kv_blocks_free", w.load.kv_blocks_free},
           {"kv_blocks_total", w.load.kv_blocks_total},
           {"outstanding_requests", w.outstanding_requests},
-          {"outstanding_tokens", w.outstanding_tokens}}},
+          {"outstanding_tokens", w.outstanding_tokens},
+          // kv_aware's estimate (prefill_pace.h): prompt tokens still to compute, and the pace
+          // learned from the prefills served (0: none yet)
+          {"prefill_tokens_left_estimate", w.prefill_pace.TokensLeft(now)},
+          {"prefill_tokens_per_s", w.prefill_pace.tokens_per_second()}}},
         {"instance", w.instance_id},
         {"dp_rank", w.dp_rank},
         {"dp_ranks", w.capacity.dp_ranks},
