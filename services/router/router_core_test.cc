@@ -250,8 +250,13 @@ TEST_F(RouterCoreTest, DisaggregatedRequestWalksEveryPhase) {
   From("d", KvReservedMsg{job, "again", "transfer", 3});
   ExpectNothingSent();
 
-  // The first token: relayed to the decode worker, the prefill charge closes.
+  // The first token: relayed to the decode worker, the prefill charge closes as served, which
+  // teaches kv_aware the prefill worker's pace (prefill_pace.h).
+  EXPECT_EQ(Worker("p").prefill_pace.open_jobs(), 1);
+  EXPECT_EQ(Worker("p").prefill_pace.tokens_per_second(), 0.0);
   From("p", Tokens(job, {42}));
+  EXPECT_GT(Worker("p").prefill_pace.tokens_per_second(), 0.0);
+  EXPECT_EQ(Worker("p").prefill_pace.open_jobs(), 0);
   auto first = Take<FirstTokenMsg>("d");
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0].request_id, job);
@@ -507,6 +512,11 @@ TEST_F(RouterCoreTest, RetriableFailureMovesToAnotherWorkerAndAbortsTheOtherSide
   const auto events = Events(*req);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().error.code(), StatusCode::kInvalidArgument);
+  // Failed prefills close their charges without teaching a pace.
+  for (const std::string& p : {failed, other}) {
+    EXPECT_EQ(Worker(p).prefill_pace.open_jobs(), 0) << p;
+    EXPECT_EQ(Worker(p).prefill_pace.tokens_per_second(), 0.0) << p;
+  }
   ExpectNothingSent();
   ExpectIdle();
 }
