@@ -21,7 +21,7 @@
 #   and stops streams at ids past it, so the preset gets exactly the tokenizer's 128815 ids.
 # Knobs (environment): RATES_PD ("1.25 2.5"), RATES_COLOCATED ("1.25 2.5"), NUM_REQUESTS (12),
 #   PROBE_REQUESTS (6),
-#   INPUT_LEN (32), OUTPUT_LEN (8), TOLERANCE (0.25), ATTEMPTS (3), KEEP_WORK (unset: the work
+#   INPUT_LEN (32), OUTPUT_LEN (8), TOLERANCE (0.25), ATTEMPTS (5), KEEP_WORK (unset: the work
 #   directory is removed).
 #
 # A noisy moment can push one point past the tolerance: the whole measurement is repeated (up to
@@ -41,7 +41,7 @@ out_len=${OUTPUT_LEN:-8}
 tol=${TOLERANCE:-0.25}
 py=/usr/bin/python3  # Debian's, with python3-yaml (scripts/setup.sh)
 [ -x "$py" ] || py=python3
-attempts=${ATTEMPTS:-3}
+attempts=${ATTEMPTS:-5}
 base=$(mktemp -d "${TMPDIR:-/tmp}/pdserve-plan-validate.XXXXXX")
 work=$base
 launch_pid=""
