@@ -27,9 +27,12 @@ void Run(const KernelTable& table, const GemmGroup* groups, const int64_t* j_beg
     const GemmGroup& gr = groups[g];
     const WeightView& w = gr.w;
     PDSERVE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16, "Gemm: weight dtype");
+    const bool panels = w.layout == WeightLayout::kPanels16;
+    PDSERVE_CHECK(!panels || w.dtype == DType::kBF16, "Gemm: kPanels16 weights are BF16");
     const int64_t jb = j_begin ? j_begin[g] : 0, je = j_end ? j_end[g] : w.n_out;
     PDSERVE_DCHECK(0 <= jb && jb <= je && je <= w.n_out, "GemmRows: slice");
-    PDSERVE_DCHECK(gr.ldx >= w.n_in && gr.ldy >= je && w.ld >= w.n_in, "Gemm: strides");
+    PDSERVE_CHECK(!panels || jb % 16 == 0, "GemmRows: a kPanels16 slice starts on a panel (multiple of 16)");
+    PDSERVE_DCHECK(gr.ldx >= w.n_in && gr.ldy >= je && (panels || w.ld >= w.n_in), "Gemm: strides");
     if (gr.m <= 0 || jb >= je) continue;
     if (w.n_in <= 0) {  // empty sum
       for (int64_t i = 0; i < gr.m; ++i) {
@@ -37,7 +40,7 @@ void Run(const KernelTable& table, const GemmGroup* groups, const int64_t* j_beg
       }
       continue;
     }
-    const FloatKernels& k = w.dtype == DType::kBF16 ? table.bf16 : table.f32;
+    const FloatKernels& k = panels ? table.bf16_panels : w.dtype == DType::kBF16 ? table.bf16 : table.f32;
     // Adjacent groups reading the same x (gate and up of one expert) share its preparation.
     const bool same_x = !s.plans.empty() && s.plans.back().k == &k && g > 0 &&
                         groups[g - 1].x == gr.x && groups[g - 1].ldx == gr.ldx &&
@@ -55,6 +58,51 @@ void Run(const KernelTable& table, const GemmGroup* groups, const int64_t* j_beg
 
 }  // namespace
 }  // namespace internal
+
+int64_t Bf16PanelBytes(int64_t n_out, int64_t n_in) {
+  return (n_out + 15) / 16 * ((n_in + 1) / 2) * 64;
+}
+
+void PackedBf16Weights::Free::operator()(void* p) const { std::free(p); }
+
+PackedBf16Weights PackedBf16Weights::Pack(const WeightView& rows, ThreadPool* pool) {
+  PDSERVE_CHECK(rows.dtype == DType::kBF16 && rows.layout == WeightLayout::kRows && rows.n_out > 0 &&
+                    rows.n_in > 0 && rows.ld >= rows.n_in,
+                "PackedBf16Weights::Pack: a BF16 row-major matrix");
+  PackedBf16Weights packed;
+  packed.n_out_ = rows.n_out;
+  packed.n_in_ = rows.n_in;
+  packed.data_.reset(std::aligned_alloc(64, static_cast<size_t>(Bf16PanelBytes(rows.n_out, rows.n_in))));
+  PDSERVE_CHECK(packed.data_ != nullptr, "PackedBf16Weights::Pack: allocation");
+  const int64_t n_panels = (rows.n_out + 15) / 16, pairs = (rows.n_in + 1) / 2;
+  const uint16_t* w = static_cast<const uint16_t*>(rows.data);
+  uint32_t* dst = static_cast<uint32_t*>(packed.data_.get());
+  auto pack = [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      uint32_t* d = dst + p * pairs * 16;
+      for (int t = 0; t < 16; ++t) {
+        const int64_t r = 16 * p + t;
+        const uint16_t* row = r < rows.n_out ? w + r * rows.ld : nullptr;
+        for (int64_t q = 0; q < pairs; ++q) {
+          const uint32_t lo = row ? row[2 * q] : 0;
+          const uint32_t hi = row && 2 * q + 1 < rows.n_in ? row[2 * q + 1] : 0;
+          d[q * 16 + t] = lo | (hi << 16);
+        }
+      }
+    }
+  };
+  if (pool != nullptr && n_panels > 1) {
+    pool->ParallelFor(n_panels, pack);
+  } else {
+    pack(0, n_panels);
+  }
+  return packed;
+}
+
+WeightView PackedBf16Weights::view() const {
+  PDSERVE_CHECK(data_ != nullptr, "PackedBf16Weights::view: empty");
+  return WeightView{DType::kBF16, data_.get(), n_out_, n_in_, n_in_, WeightLayout::kPanels16};
+}
 
 void GemmRows(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,
               int64_t j_end, float* y, int64_t ldy, ThreadPool* pool) {

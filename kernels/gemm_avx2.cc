@@ -28,7 +28,8 @@
 
 namespace pdserve::kernels::internal::avx2 {
 
-// gemm_avx2_tiled.cc: outputs [j0, j1) of x rows [i0, i1) (x rows of stride ldx).
+// gemm_avx2_tiled.cc: outputs [j0, j1) of x rows [i0, i1) (x rows of stride ldx); for
+// kPanels16 weights j0 is a multiple of 16.
 void TiledTask(const float* x, int64_t ldx, const WeightView& w, int64_t i0, int64_t i1,
                int64_t j0, int64_t j1, float* y, int64_t ldy);
 
@@ -189,7 +190,86 @@ void Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t 
   }
 }
 
+// kPanels16 weights, M rows of x (1-4) x NP panels: per k pair each panel is two ymm loads of
+// 8 outputs' bf16 pairs, turned into fp32 by a shift (k) or a mask (k + 1); no transposes, and
+// every weight is read once, in order. M * NP * 2 >= 4 chains cover the FMA latency.
+template <int M, int NP>
+void PanelBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, int64_t j,
+                int64_t j1, float* y, int64_t ldy) {
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  __m256 acc[NP][2][M];
+#pragma GCC unroll 4
+  for (int q = 0; q < NP; ++q) {
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) acc[q][0][i] = acc[q][1][i] = _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < pairs; ++k) {
+#pragma GCC unroll 4
+    for (int q = 0; q < NP; ++q) {
+      const uint32_t* src = w + (q * pairs + k) * 16;
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + 8 * h));
+        const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        const __m256 up = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i) {
+          acc[q][h][i] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + i * ldx + 2 * k), lo, acc[q][h][i]);
+          acc[q][h][i] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + i * ldx + 2 * k + 1), up, acc[q][h][i]);
+        }
+      }
+    }
+  }
+  for (int q = 0; q < NP; ++q) {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = j + 16 * q + 8 * h;  // these 8 outputs' first
+      const int64_t n = j1 - c < 8 ? j1 - c : 8;
+      for (int i = 0; i < M; ++i) {
+        if (n >= 8) {
+          _mm256_storeu_ps(y + i * ldy + c, acc[q][h][i]);
+        } else if (n > 0) {
+          alignas(32) float out[8];
+          _mm256_store_ps(out, acc[q][h][i]);
+          std::memcpy(y + i * ldy + c, out, static_cast<size_t>(n) * 4);
+        }
+      }
+    }
+  }
+}
+
+// Outputs [j0, j1) (j0 a multiple of 16) of M x rows: 4 panels at a time for one row, 2 for
+// two, 1 for more (8 chains in flight where registers allow).
+template <int M>
+void PanelRows(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, int64_t j0,
+               int64_t j1, float* y, int64_t ldy) {
+  constexpr int kNp = M == 1 ? 4 : M == 2 ? 2 : 1;
+  int64_t j = j0;
+  for (; j + 16 * kNp <= j1; j += 16 * kNp) PanelBlock<M, kNp>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
+  for (; j < j1; j += 16) PanelBlock<M, 1>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
+}
+
 }  // namespace
+
+void Bf16PanelsCompute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const int64_t kp = PaddedK(p.w.n_in), pairs = (p.w.n_in + 1) / 2;
+  const float* xp = static_cast<const float*>(p.xp);
+  if (i1 - i0 >= kTiledMinRows) {
+    TiledTask(xp, kp, p.w, i0, i1, j0, j1, p.y, p.ldy);
+    return;
+  }
+  const uint32_t* w = static_cast<const uint32_t*>(p.w.data);
+  // x rows in groups of at most kMaxM; each group streams the task's panels once.
+  for (int64_t i = i0; i < i1; i += kMaxM) {
+    const float* x = xp + i * kp;
+    float* y = p.y + i * p.ldy;
+    switch (i1 - i < kMaxM ? i1 - i : kMaxM) {
+      case 1: PanelRows<1>(x, kp, w, pairs, j0, j1, y, p.ldy); break;
+      case 2: PanelRows<2>(x, kp, w, pairs, j0, j1, y, p.ldy); break;
+      case 3: PanelRows<3>(x, kp, w, pairs, j0, j1, y, p.ldy); break;
+      default: PanelRows<4>(x, kp, w, pairs, j0, j1, y, p.ldy); break;
+    }
+  }
+}
 
 int64_t F32PreparedBytes(int64_t m, int64_t n_in) { return m * PaddedK(n_in) * 4; }
 int64_t Bf16PreparedBytes(int64_t m, int64_t n_in) { return m * PaddedK(n_in) * 4; }

@@ -191,6 +191,36 @@ void PackAny(const void* w, int64_t ldw, int64_t j0, int64_t j1, int64_t k0, int
   PackPanels(static_cast<const T*>(w), ldw, j0, j1, k0, kc, dst);
 }
 
+// kPanels16 weights (w: the packed dwords, ldw: k pairs per panel): rows [j0, j1) (j0 a
+// multiple of 16, so packed and fp32 panels coincide) x columns [k0, k0 + kc) (k0 even) are
+// unpacked, not transposed: the pair's low half is k, its high half k + 1. Rows past j1 in the
+// last panel get their real values: the microkernel never stores those columns.
+void PackFromPanels(const void* w, int64_t ldw, int64_t j0, int64_t j1, int64_t k0, int64_t kc,
+                    float* dst) {
+  const uint32_t* src = static_cast<const uint32_t*>(w);
+  for (int64_t jp = j0; jp < j1; jp += kNr, dst += kc * kNr) {
+    const uint32_t* panel = src + (jp / kNr * ldw + k0 / 2) * kNr;
+    for (int64_t q = 0; 2 * q < kc; ++q) {
+#if defined(__AVX2__)
+      const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + q * kNr + 8 * h));
+        _mm256_store_ps(dst + 2 * q * kNr + 8 * h, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        if (2 * q + 1 < kc) {
+          _mm256_store_ps(dst + (2 * q + 1) * kNr + 8 * h, _mm256_castsi256_ps(_mm256_and_si256(v, hi)));
+        }
+      }
+#else
+      for (int t = 0; t < kNr; ++t) {
+        const uint32_t v = panel[q * kNr + t];
+        dst[2 * q * kNr + t] = WeightToF32(reinterpret_cast<const uint16_t*>(&v));
+        if (2 * q + 1 < kc) dst[(2 * q + 1) * kNr + t] = WeightToF32(reinterpret_cast<const uint16_t*>(&v) + 1);
+      }
+#endif
+    }
+  }
+}
+
 // Boundary `part` of [0, total) cut into `parts` near-equal pieces on multiples of `granule`.
 int64_t SplitPoint(int64_t total, int64_t parts, int64_t part, int64_t granule) {
   if (part >= parts) return total;
@@ -229,6 +259,11 @@ void RunTask(const Job& job, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
 
 void TiledTask(const float* x, int64_t ldx, const WeightView& w, int64_t i0, int64_t i1,
                int64_t j0, int64_t j1, float* y, int64_t ldy) {
+  if (w.layout == WeightLayout::kPanels16) {
+    const Job job{x, i1, ldx, w.data, (w.n_in + 1) / 2, w.n_in, j0, j1, y, ldy, 1, 1, &PackFromPanels};
+    RunTask(job, i0, i1, j0, j1);
+    return;
+  }
   const Job job{x, i1, ldx, w.data, w.ld, w.n_in, j0, j1, y, ldy, 1, 1,
                 w.dtype == DType::kBF16 ? &PackAny<uint16_t> : &PackAny<float>};
   RunTask(job, i0, i1, j0, j1);

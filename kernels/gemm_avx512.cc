@@ -152,30 +152,19 @@ struct alignas(64) PanelBuffer {
   float d[2][kKc][16];
 };
 
-// Outputs [j0, j1) of x rows [i0, i1): per 32 weight rows and kKc k, pack 2 panels, then
-// microkernels over the rows in blocks of kMr.
-template <typename T>
-void Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+// Outputs [j0, j1) of x rows [i0, i1): per 32 weight rows and kKc k, `pack` fills 2 fp32 panels
+// (pack(j, n_rows, k0, kc, buf)), then microkernels run over the rows in blocks of kMr.
+template <typename Pack>
+void TilesWith(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1, Pack pack) {
   PanelBuffer& buf = *static_cast<PanelBuffer*>(ThreadScratch(0, sizeof(PanelBuffer)));
-  const T* w = static_cast<const T*>(p.w.data);
-  const int64_t ld = p.w.ld, n_in = p.w.n_in, ldx = F32Stride(n_in);
+  const int64_t n_in = p.w.n_in, ldx = F32Stride(n_in);
   const float* x = static_cast<const float*>(p.xp);
   for (int64_t j = j0; j < j1; j += 32) {
     const int n_rows = static_cast<int>(Min(32, j1 - j));
     const int np = n_rows > 16 ? 2 : 1;
     for (int64_t k0 = 0; k0 < n_in; k0 += kKc) {
       const int64_t kc = Min(kKc, n_in - k0);
-      // The next block of the same rows (or the next rows' first block), into L2 while this
-      // one runs: 32 rows are more streams than the hardware prefetcher follows.
-      const int64_t kn = k0 + kc < n_in ? k0 + kc : 0;
-      const int64_t jn = k0 + kc < n_in ? j : j + 32;
-      const int64_t bytes = Min(kKc, n_in - kn) * static_cast<int64_t>(sizeof(T));
-      for (int t = 0; t < 32 && jn + t < p.w.n_out; ++t) {
-        const char* row = reinterpret_cast<const char*>(w + (jn + t) * ld + kn);
-        for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
-      }
-      PackPanel(w + j * ld, ld, n_in, n_rows < 16 ? n_rows : 16, k0, kc, &buf.d[0][0][0]);
-      if (np == 2) PackPanel(w + (j + 16) * ld, ld, n_in, n_rows - 16, k0, kc, &buf.d[1][0][0]);
+      pack(j, n_rows, k0, kc, buf);
       for (int64_t i = i0; i < i1; i += kMr) {
         const int mr = static_cast<int>(Min(kMr, i1 - i));
         kMicro.fn[np - 1][mr - 1](x + i * ldx + k0, ldx, &buf.d[0][0][0], kKc * 16, kc,
@@ -183,6 +172,103 @@ void Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1
       }
     }
   }
+}
+
+// Row-major weights: each block's rows are transposed into the panels.
+template <typename T>
+void Tiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const T* w = static_cast<const T*>(p.w.data);
+  const int64_t ld = p.w.ld, n_in = p.w.n_in;
+  TilesWith(p, i0, i1, j0, j1, [&](int64_t j, int n_rows, int64_t k0, int64_t kc, PanelBuffer& buf) {
+    // The next block of the same rows (or the next rows' first block), into L2 while this
+    // one runs: 32 rows are more streams than the hardware prefetcher follows.
+    const int64_t kn = k0 + kc < n_in ? k0 + kc : 0;
+    const int64_t jn = k0 + kc < n_in ? j : j + 32;
+    const int64_t bytes = Min(kKc, n_in - kn) * static_cast<int64_t>(sizeof(T));
+    for (int t = 0; t < 32 && jn + t < p.w.n_out; ++t) {
+      const char* row = reinterpret_cast<const char*>(w + (jn + t) * ld + kn);
+      for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+    }
+    PackPanel(w + j * ld, ld, n_in, n_rows < 16 ? n_rows : 16, k0, kc, &buf.d[0][0][0]);
+    if (n_rows > 16) PackPanel(w + (j + 16) * ld, ld, n_in, n_rows - 16, k0, kc, &buf.d[1][0][0]);
+  });
+}
+
+// kPanels16 weights: k pairs [k0 / 2, (k0 + kc + 1) / 2) of one packed panel into an fp32
+// panel (k = pair << 16, k + 1 = pair's high half): no transposes. An odd kc writes one more k
+// (zero: past n_in) at index kc < kKc, never read.
+void UnpackPanel(const uint32_t* panel, int64_t k0, int64_t kc, float* dst) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const uint32_t* src = panel + k0 / 2 * 16;
+  for (int64_t q = 0; q < (kc + 1) / 2; ++q) {
+    const __m512i v = _mm512_load_si512(src + q * 16);
+    _mm512_store_si512(dst + 2 * q * 16, _mm512_slli_epi32(v, 16));
+    _mm512_store_si512(dst + (2 * q + 1) * 16, _mm512_and_si512(v, hi));
+  }
+}
+
+// REQUIRES (kernel_table.h and GemmRows): j0 a multiple of 16, so blocks start on panels.
+void PanelTiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const uint32_t* w = static_cast<const uint32_t*>(p.w.data);
+  const int64_t panel_dwords = (p.w.n_in + 1) / 2 * 16;
+  TilesWith(p, i0, i1, j0, j1, [&](int64_t j, int n_rows, int64_t k0, int64_t kc, PanelBuffer& buf) {
+    UnpackPanel(w + j / 16 * panel_dwords, k0, kc, &buf.d[0][0][0]);
+    if (n_rows > 16) UnpackPanel(w + (j / 16 + 1) * panel_dwords, k0, kc, &buf.d[1][0][0]);
+  });
+}
+
+// Decode rows (M = 1-3) against kPanels16 weights, NP panels at a time: every weight is read
+// once, in order (NP contiguous streams the hardware prefetcher follows), and turned into fp32
+// by a shift (k) or a mask (k + 1); each x row keeps NP independent chains over all of k
+// (M * NP = 8 cover the FMA latency: 4 cycles x 2 pipes).
+template <int M, int NP>
+void PanelRowsBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, int64_t j,
+                    int64_t j1, float* y, int64_t ldy) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 acc[M][NP];
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 8
+    for (int q = 0; q < NP; ++q) acc[i][q] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < pairs; ++k) {
+    __m512 lo[NP], up[NP];
+#pragma GCC unroll 8
+    for (int q = 0; q < NP; ++q) {
+      const __m512i v = _mm512_load_si512(w + (q * pairs + k) * 16);
+      lo[q] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      up[q] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) {
+      const __m512 x0 = _mm512_set1_ps(x[i * ldx + 2 * k]);
+      const __m512 x1 = _mm512_set1_ps(x[i * ldx + 2 * k + 1]);
+#pragma GCC unroll 8
+      for (int q = 0; q < NP; ++q) {
+        acc[i][q] = _mm512_fmadd_ps(x0, lo[q], acc[i][q]);
+        acc[i][q] = _mm512_fmadd_ps(x1, up[q], acc[i][q]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < NP; ++q) {
+    const int64_t c = j + 16 * q;  // this panel's first output
+    const int64_t n = Min(16, j1 - c);
+    const __mmask16 mask = n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(y + i * ldy + c, mask, acc[i][q]);
+  }
+}
+
+// Outputs [j0, j1) (j0 a multiple of 16) of M x rows: 8 panels at a time for one row, 4 for
+// two, 2 for three (8 chains in flight), then the last panels one by one.
+template <int M>
+void PanelRows(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, int64_t j0,
+               int64_t j1, float* y, int64_t ldy) {
+  constexpr int kNp = M == 1 ? 8 : M == 2 ? 4 : 2;
+  int64_t j = j0;
+  for (; j + 16 * kNp <= j1; j += 16 * kNp) PanelRowsBlock<M, kNp>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
+  for (; j < j1; j += 16) PanelRowsBlock<M, 1>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
 }
 
 // Decode rows (1-3): 64 weight rows (4 panels) x kKcDecode k per pack, so each x row keeps 4
@@ -501,6 +587,22 @@ void Bf16Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int6
     DecodeTiles<uint16_t>(p, i0, i1, j0, j1);
   } else {
     Tiles<uint16_t>(p, i0, i1, j0, j1);
+  }
+}
+
+void Bf16PanelsCompute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  if (i1 - i0 >= kTilesMinRows) {
+    PanelTiles(p, i0, i1, j0, j1);
+    return;
+  }
+  const int64_t ldx = F32Stride(p.w.n_in), pairs = (p.w.n_in + 1) / 2;
+  const float* x = static_cast<const float*>(p.xp) + i0 * ldx;
+  const uint32_t* w = static_cast<const uint32_t*>(p.w.data);
+  float* y = p.y + i0 * p.ldy;
+  switch (i1 - i0) {
+    case 1: PanelRows<1>(x, ldx, w, pairs, j0, j1, y, p.ldy); break;
+    case 2: PanelRows<2>(x, ldx, w, pairs, j0, j1, y, p.ldy); break;
+    default: PanelRows<3>(x, ldx, w, pairs, j0, j1, y, p.ldy); break;
   }
 }
 

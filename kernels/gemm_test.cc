@@ -338,5 +338,87 @@ TEST(Gemm, GroupedEqualsSeparateCalls) {
   });
 }
 
+// The packed layout holds each weight where Bf16PanelBytes' contract says: a lane-by-lane
+// check of the bytes against the row-major matrix (zero past n_out and past an odd n_in).
+TEST(GemmPanels, PackPutsEveryWeightWhereTheLayoutSays) {
+  for (int64_t n_in : {1, 7, 64}) {
+    Problem p = MakeProblem(1, n_in, 37, DType::kBF16, true, 5);
+    const PackedBf16Weights packed = PackedBf16Weights::Pack(p.view(), &Pool(2));
+    ASSERT_TRUE(packed);
+    const WeightView v = packed.view();
+    EXPECT_EQ(v.layout, WeightLayout::kPanels16);
+    EXPECT_EQ(packed.bytes(), 3 * ((n_in + 1) / 2) * 64);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % 64, 0u);
+    const uint32_t* d = static_cast<const uint32_t*>(v.data);
+    const int64_t pairs = (n_in + 1) / 2;
+    for (int64_t r = 0; r < 48; ++r) {
+      for (int64_t k = 0; k < 2 * pairs; ++k) {
+        const uint32_t dword = d[(r / 16 * pairs + k / 2) * 16 + r % 16];
+        const uint16_t got = static_cast<uint16_t>(k % 2 == 0 ? dword & 0xffff : dword >> 16);
+        const uint16_t want = r < p.n_out && k < n_in ? p.w_bf16[r * p.ldw + k] : 0;
+        ASSERT_EQ(got, want) << "row " << r << " k " << k << " n_in " << n_in;
+      }
+    }
+  }
+}
+
+// Prepacked weights give every output bitwise what the row-major matrix gives, on every level,
+// for every m (both the decode kernels and the tiled ones), thread count, odd n_in and n_out,
+// and slices that start on a panel; GroupedGemm mixes both layouts. The reference check
+// (ExpectNearRef) guards against both layouts being wrong the same way.
+TEST(GemmPanels, EqualRowMajorBitwiseOnEveryLevel) {
+  for (int64_t n_in : {7, 300, 1100}) {
+    for (int64_t n_out : {5, 45, 130}) {
+      Problem p = MakeProblem(70, n_in, n_out, DType::kBF16, true, static_cast<uint32_t>(n_in + n_out));
+      for (int64_t i = 0; i < p.m; i += 2) {
+        for (int64_t k = 0; k < n_in; ++k) p.x[i * p.ldx + k] = RoundToBf16(p.x[i * p.ldx + k]);
+      }
+      const PackedBf16Weights packed = PackedBf16Weights::Pack(p.view(), nullptr);
+      ForEachIsa([&](Isa isa) {
+        for (int64_t m : {1, 2, 3, 4, 5, 12, 13, 64, 70}) {
+          for (int threads : {1, 2, 3}) {
+            std::vector<float> rows = NewY(p), panels = NewY(p);
+            internal::GemmWithIsa(isa, p.x.data(), m, p.ldx, p.view(), rows.data(), p.ldy, &Pool(threads));
+            internal::GemmWithIsa(isa, p.x.data(), m, p.ldx, packed.view(), panels.data(), p.ldy, &Pool(threads));
+            const std::string what = "n_in=" + std::to_string(n_in) + " n_out=" + std::to_string(n_out) +
+                                     " m=" + std::to_string(m) + " threads=" + std::to_string(threads);
+            ExpectBitwiseEqual(panels, rows, what);
+            if (threads == 2) {
+              Problem head = p;
+              head.m = m;
+              ExpectNearRef(head, panels, 0, n_out, what);
+            }
+          }
+        }
+        const Isa previous = internal::TEST_SetActiveIsa(isa);
+        for (int64_t m : {1, 3, 20}) {
+          for (int64_t jb = 0; jb < n_out; jb += 16) {
+            const int64_t je = std::min(n_out, jb + 21);
+            std::vector<float> rows = NewY(p), panels = NewY(p);
+            GemmRows(p.x.data(), m, p.ldx, p.view(), jb, je, rows.data(), p.ldy, &Pool(2));
+            GemmRows(p.x.data(), m, p.ldx, packed.view(), jb, je, panels.data(), p.ldy, &Pool(2));
+            ExpectBitwiseEqual(panels, rows, "slice [" + std::to_string(jb) + ", " + std::to_string(je) +
+                                                 ") m=" + std::to_string(m));
+          }
+          std::vector<float> y_rows = NewY(p), y_panels = NewY(p);
+          const GemmGroup groups[2] = {{p.view(), p.x.data(), m, p.ldx, y_rows.data(), p.ldy},
+                                       {packed.view(), p.x.data(), m, p.ldx, y_panels.data(), p.ldy}};
+          GroupedGemm(groups, 2, &Pool(2));
+          ExpectBitwiseEqual(y_panels, y_rows, "grouped m=" + std::to_string(m));
+        }
+        internal::TEST_SetActiveIsa(previous);
+      });
+    }
+  }
+}
+
+TEST(GemmPanels, SliceNotOnAPanelIsACheckedBug) {
+  Problem p = MakeProblem(1, 32, 40, DType::kBF16, false, 9);
+  const PackedBf16Weights packed = PackedBf16Weights::Pack(p.view(), nullptr);
+  std::vector<float> y = NewY(p);
+  EXPECT_DEATH(GemmRows(p.x.data(), 1, p.ldx, packed.view(), 8, 40, y.data(), p.ldy, nullptr),
+               "multiple of 16");
+}
+
 }  // namespace
 }  // namespace pdserve::kernels

@@ -25,6 +25,8 @@ namespace pdserve::kernels::internal {
 namespace avx2 {
 PDSERVE_FLOAT_KERNELS(F32)   // gemm_avx2.cc
 PDSERVE_FLOAT_KERNELS(Bf16)  // gemm_avx2.cc
+// kPanels16 BF16 weights (x prepared by Bf16Prepare).
+void Bf16PanelsCompute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1);
 PDSERVE_INT8_KERNELS(Int8)   // gemm_int8_avx2.cc
 }  // namespace avx2
 
@@ -32,6 +34,7 @@ namespace avx512 {
 // F32 / BF16 weights: x prepared by avx2's F32Prepare (fp32 rows).
 void F32Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1);
 void Bf16Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1);
+void Bf16PanelsCompute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1);
 PDSERVE_INT8_KERNELS(Int8)   // gemm_avx512.cc
 }  // namespace avx512
 

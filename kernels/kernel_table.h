@@ -72,7 +72,8 @@ struct Int8Kernels {
 struct KernelTable {
   Isa isa = Isa::kAvx2;
   FloatKernels f32;   // F32 weights
-  FloatKernels bf16;  // BF16 weights
+  FloatKernels bf16;  // BF16 weights, row-major
+  FloatKernels bf16_panels;  // BF16 weights prepacked as kPanels16
   Int8Kernels int8;
 };
 

@@ -14,6 +14,8 @@ constexpr FloatKernels kAvx2F32{1, kAvx2McMax, &avx2::F32PreparedBytes, &avx2::F
                                 &avx2::F32Compute};
 constexpr FloatKernels kAvx2Bf16{1, kAvx2McMax, &avx2::Bf16PreparedBytes, &avx2::Bf16Prepare,
                                  &avx2::Bf16Compute};
+constexpr FloatKernels kAvx2Bf16Panels{1, kAvx2McMax, &avx2::Bf16PreparedBytes, &avx2::Bf16Prepare,
+                                       &avx2::Bf16PanelsCompute};
 constexpr Int8Kernels kAvx2Int8{1, 512, &avx2::Int8PreparedBytes, &avx2::Int8Prepare,
                                 &avx2::Int8Compute};
 
@@ -23,6 +25,8 @@ constexpr FloatKernels kAvx512F32{1, 512, &avx2::F32PreparedBytes, &avx2::F32Pre
                                   &avx512::F32Compute};
 constexpr FloatKernels kAvx512Bf16{1, 512, &avx2::Bf16PreparedBytes, &avx2::Bf16Prepare,
                                    &avx512::Bf16Compute};
+constexpr FloatKernels kAvx512Bf16Panels{1, 512, &avx2::Bf16PreparedBytes, &avx2::Bf16Prepare,
+                                         &avx512::Bf16PanelsCompute};
 // Dot products over k with the task's rows in groups of 4: the weight block is re-read from
 // L1/L2 per group, so tasks keep few rows (their x stays in L2).
 constexpr Int8Kernels kAvx512Int8{1, 64, &avx512::Int8PreparedBytes, &avx512::Int8Prepare,
@@ -38,8 +42,8 @@ void* ThreadScratch(int slot, int64_t bytes) {
   return buffers[slot].Get(bytes);
 }
 
-const KernelTable kAvx2Table{Isa::kAvx2, kAvx2F32, kAvx2Bf16, kAvx2Int8};
-const KernelTable kAvx512Table{Isa::kAvx512, kAvx512F32, kAvx512Bf16, kAvx512Int8};
-const KernelTable kAmxTable{Isa::kAmx, kAvx512F32, kAvx512Bf16, kAmxInt8};
+const KernelTable kAvx2Table{Isa::kAvx2, kAvx2F32, kAvx2Bf16, kAvx2Bf16Panels, kAvx2Int8};
+const KernelTable kAvx512Table{Isa::kAvx512, kAvx512F32, kAvx512Bf16, kAvx512Bf16Panels, kAvx512Int8};
+const KernelTable kAmxTable{Isa::kAmx, kAvx512F32, kAvx512Bf16, kAvx512Bf16Panels, kAmxInt8};
 
 }  // namespace pdserve::kernels::internal

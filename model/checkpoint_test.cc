@@ -81,7 +81,9 @@ TEST(CheckpointTest, Fp8WeightsDequantizeWithBlockScales) {
   ASSERT_TRUE(t && s);
   ASSERT_EQ(t->dtype, DType::kF8E4M3);
   ASSERT_EQ(s->shape, (std::vector<int64_t>{2, 2}));
-  auto w = ModelWeights::Load(d.path());
+  LoadOptions rows;  // the row-major dequantized matrix (not prepacked for the GEMMs)
+  rows.pack_bf16 = false;
+  auto w = ModelWeights::Load(d.path(), rows);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   const auto& view = (*w)->layer(0).kv_a.view;
   ASSERT_EQ(view.dtype, DType::kBF16);

@@ -19,7 +19,7 @@ struct FloatTask {
 
 void ApplyLinear(const Linear& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
   if (!w.is_int8()) {
-    kernels::Gemm(x, m, w.n_in(), w.view, y, w.n_out(), pool);
+    kernels::Gemm(x, m, w.n_in(), w.gemm_view(), y, w.n_out(), pool);
     return;
   }
   const int64_t n_in = w.n_in();
@@ -106,7 +106,9 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
       // Output blocks of whole cache lines of weight rows; small enough that a layer's experts
       // give every thread several tasks.
       const int64_t n_out = c.w->n_out();
-      const int64_t block = std::max<int64_t>(kFloatBlockMin, (n_out + kFloatBlocksPerCall - 1) / kFloatBlocksPerCall);
+      // Blocks start on multiples of 16: packed weights (kPanels16) are sliced on panels.
+      const int64_t block = std::max<int64_t>(kFloatBlockMin, (n_out + 16 * kFloatBlocksPerCall - 1) /
+                                                                  (16 * kFloatBlocksPerCall) * 16);
       for (int64_t j = 0; j < n_out; j += block) float_tasks.push_back({i, j, std::min(n_out, j + block)});
       continue;
     }
@@ -120,7 +122,7 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
     auto run = [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const LinearCall& c = calls[tasks[static_cast<size_t>(t)].call];
-        kernels::GemmRows(c.x, c.m, c.w->n_in(), c.w->view, tasks[static_cast<size_t>(t)].j0,
+        kernels::GemmRows(c.x, c.m, c.w->n_in(), c.w->gemm_view(), tasks[static_cast<size_t>(t)].j0,
                           tasks[static_cast<size_t>(t)].j1, c.y, c.w->n_out(), nullptr);
       }
     };
@@ -128,6 +130,17 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
     else run(0, static_cast<int64_t>(tasks.size()));
   }
   kernels::GroupedGemmInt8(groups.data(), static_cast<int64_t>(groups.size()), pool);
+}
+
+void PackForGemm(Linear* w, ThreadPool* pool) {
+  if (w->is_int8() || w->packed || w->view.dtype != DType::kBF16 || w->view.data == nullptr ||
+      w->view.n_out <= 0 || w->view.n_in <= 0)
+    return;
+  w->packed = kernels::PackedBf16Weights::Pack(w->view, pool);
+  if (!w->owned_bf16.empty()) {
+    std::vector<uint16_t>().swap(w->owned_bf16);
+    w->view.data = nullptr;
+  }
 }
 
 Linear QuantizeToInt8Linear(const float* w, int64_t n_out, int64_t n_in) {

@@ -21,15 +21,27 @@
 namespace pdserve::model {
 
 struct Linear {
-  kernels::WeightView view{};        // BF16/F32 weights (into the mmap or owned_bf16)
+  kernels::WeightView view{};        // BF16/F32 weights (into the mmap or owned_bf16), row-major
   std::vector<uint16_t> owned_bf16;  // storage when the view is not into the checkpoint
+  // The same BF16 weights prepacked for the GEMM kernels (kernels/gemm.h kPanels16), made at
+  // load (PackForGemm); when present, ApplyLinear reads these and `view` only describes the
+  // shape (its data is null when the row-major copy was owned and has been freed).
+  kernels::PackedBf16Weights packed;
   kernels::Int8WeightView int8{};    // W8A8 weights; int8.data != nullptr selects this format
   std::vector<int8_t> owned_i8;      // storage when int8 is not a view into the checkpoint
   std::vector<float> owned_scales;
   bool is_int8() const { return int8.data != nullptr; }
   int64_t n_out() const { return is_int8() ? int8.n_out : view.n_out; }
   int64_t n_in() const { return is_int8() ? int8.n_in : view.n_in; }
+  // The weights the GEMM entry points get: the packed panels when made, else the view.
+  kernels::WeightView gemm_view() const { return packed ? packed.view() : view; }
 };
+
+// Prepacks a BF16 Linear's weights (kernels::PackedBf16Weights) so its GEMMs read each weight
+// once, in order, with no per-call transposes: the decode GEMV then runs at memory speed.
+// Results are bitwise unchanged (every layout keeps the kernels' one summation order).
+// Frees owned row-major storage (owned_bf16) once packed. No-op for F32, INT8 or empty weights.
+void PackForGemm(Linear* w, ThreadPool* pool);
 
 // y[m, n_out] = x[m, n_in] W^T (rows packed: ldx = n_in, ldy = n_out). BF16/F32: fp32
 // accumulation (kernels/gemm.h). INT8: dynamic per-token activation quantization, exact int32

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <vector>
 
@@ -197,6 +198,23 @@ Status SliceColumns(const std::string& name, Linear* w, int64_t begin, int64_t n
   return Status::Ok();
 }
 
+// Prepacks a projection (PackForGemm) and drops the checkpoint pages it no longer needs: only
+// a contiguous view's pages wholly inside it (neighbours may be used in place).
+void PackAndDrop(Linear* w) {
+  if (w->is_int8() || w->view.dtype != DType::kBF16 || w->view.data == nullptr) return;
+  const bool mapped = w->owned_bf16.empty();
+  const void* rows = w->view.data;
+  const size_t bytes = static_cast<size_t>(w->view.n_out * w->view.n_in) * 2;
+  const bool contiguous = w->view.ld == w->view.n_in;
+  PackForGemm(w, nullptr);
+  if (mapped && contiguous && w->packed) DropPages(rows, bytes, PagesInside(rows, bytes));
+}
+
+bool PackingWanted(const LoadOptions& opt) {
+  const char* env = std::getenv("PDSERVE_PACKED_WEIGHTS");
+  return opt.pack_bf16 && !(env != nullptr && std::string(env) == "0");
+}
+
 }  // namespace
 
 std::string EpIndexName(int64_t ep_rank, int64_t ep_size) {
@@ -302,6 +320,19 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
   PDSERVE_RETURN_IF_ERROR(ld.CheckNoneUnused(c, w->expert_begin_, w->expert_end_, rank_index, rank_label, true));
   PDSERVE_RETURN_IF_ERROR(ld.MissingSummary());
   PDSERVE_RETURN_IF_ERROR(ld.CheckNoneUnused(c, w->expert_begin_, w->expert_end_, rank_index, rank_label, false));
+  if (PackingWanted(opt)) {
+    PackAndDrop(&w->lm_head_);
+    for (LayerWeights& L : w->layers_) {
+      for (Linear* lin : {&L.q_a, &L.q_b, &L.kv_a, &L.o, &L.idx_wq_b, &L.idx_wk, &L.idx_weights_proj, &L.router})
+        PackAndDrop(lin);
+      for (MlpWeights* m : {&L.dense, &L.shared}) {
+        for (Linear* lin : {&m->gate, &m->up, &m->down}) PackAndDrop(lin);
+      }
+      for (MlpWeights& m : L.experts) {
+        for (Linear* lin : {&m.gate, &m.up, &m.down}) PackAndDrop(lin);
+      }
+    }
+  }
   return w;
 }
 

@@ -20,6 +20,8 @@
 // tensors stay whole (replicated). Shards are views into the mapping, so pages of the other
 // shards are never touched (FP8 matrices are dequantized whole, then sliced). W8A8 o_proj cannot
 // be column-sharded (its activation scale covers the whole input row): InvalidArgument.
+// Packing: BF16 projections are prepacked at load (LoadOptions::pack_bf16); embed_tokens and
+// kv_b_proj, which the forward pass reads by rows, stay row-major views.
 // Thread-safety: immutable after Load(); safe to read from any thread.
 #pragma once
 
@@ -58,6 +60,10 @@ struct LoadOptions {
   int64_t ep_size = 1;
   int64_t tp_rank = 0;
   int64_t tp_size = 1;
+  // Prepack every BF16 projection for the GEMM kernels (PackForGemm, model/linear.h): the
+  // checkpoint's pages of a packed tensor are then dropped, so the process holds one copy.
+  // The environment variable PDSERVE_PACKED_WEIGHTS=0 turns it off (side-by-side runs).
+  bool pack_bf16 = true;
 };
 
 // The per-rank index file name of an expert-parallel checkpoint.

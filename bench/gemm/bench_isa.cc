@@ -6,8 +6,9 @@
 //   * read bandwidth: streaming sums over 1 GiB on all threads (best of 1, 4 and 8 streams per
 //     thread, with and without software prefetch).
 // Sections, each per level:
-//   gemv:    m = 1, weights rotated over 1 GiB (read from DRAM, as in a decode step), BF16 and
-//            W8A8 (activation quantization included): GB/s of weights and share of the read
+//   gemv:    m = 1, weights rotated over 1 GiB (read from DRAM, as in a decode step), BF16
+//            row-major, BF16 prepacked (kPanels16, as the model loads them) and W8A8
+//            (activation quantization included): GB/s of weights and share of the read
 //            bandwidth, on the `small` and `v32-slice` layer shapes;
 //   batch:   m = 16 and 64, hot weights (cache-resident: the compute ceiling) and cold ones
 //            (DRAM: ceiling min(peak, arithmetic intensity x read bandwidth)): share of each;
@@ -277,25 +278,36 @@ int Main(int argc, char** argv) {
   // ---- gemv ----
   std::snprintf(line, sizeof(line),
                 "\n## GEMV m = 1, weights from DRAM (load average %s): GB/s of weights, share of %.1f GB/s\n\n"
-                "| shape | level | BF16 GB/s | BF16 share | W8A8 GB/s (with quant) | W8A8 share | W8A8/BF16 time |\n"
-                "|---|---|---|---|---|---|---|\n",
+                "| shape | level | BF16 GB/s | BF16 share | BF16 packed GB/s | packed share | W8A8 GB/s (with quant) | W8A8 share | W8A8/BF16 time |\n"
+                "|---|---|---|---|---|---|---|---|---|\n",
                 LoadAverage().c_str(), bw);
   add(line);
   nlohmann::json gemv = nlohmann::json::array();
   for (const Shape& s : kGemvShapes) {
     const int64_t per = s.n_out * s.n_in;
     const int64_t copies_b = std::max<int64_t>(1, rot_bytes / 2 / per), copies_q = std::max<int64_t>(1, rot_bytes / per);
+    // The same copies prepacked as the model loads them (kernels/gemm.h kPanels16).
+    std::vector<kernels::PackedBf16Weights> packed;
+    for (int64_t c = 0; c < copies_b; ++c) {
+      packed.push_back(kernels::PackedBf16Weights::Pack(
+          kernels::WeightView{DType::kBF16, d.wb.data() + c * per, s.n_out, s.n_in, s.n_in}, &pool));
+    }
     for (Isa isa : isas) {
-      int64_t cb = 0, cq = 0;
+      int64_t cb = 0, cp = 0, cq = 0;
       const double tb = Best([&] { bf16_call(isa, s, 1, cb++ % copies_b); }, quick ? 11 : 31, rounds);
+      const double tp = Best([&] {
+        kernels::internal::GemmWithIsa(isa, d.x.data(), 1, s.n_in, packed[static_cast<size_t>(cp++ % copies_b)].view(),
+                                       d.y.data(), s.n_out, &pool);
+      }, quick ? 11 : 31, rounds);
       const double tq = Best([&] { int8_call(isa, s, 1, cq++ % copies_q, true); }, quick ? 11 : 31, rounds);
-      const double gb = per * 2 / tb / 1e9, gq = per / tq / 1e9;
-      std::snprintf(line, sizeof(line), "| %lldx%lld %s | %s | %.1f | %.2f | %.1f | %.2f | %.2fx |\n",
+      const double gb = per * 2 / tb / 1e9, gp = per * 2 / tp / 1e9, gq = per / tq / 1e9;
+      std::snprintf(line, sizeof(line), "| %lldx%lld %s | %s | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %.2fx |\n",
                     static_cast<long long>(s.n_out), static_cast<long long>(s.n_in), s.what, kernels::IsaName(isa),
-                    gb, gb / bw, gq, gq / bw, tb / tq);
+                    gb, gb / bw, gp, gp / bw, gq, gq / bw, tb / tq);
       add(line);
       gemv.push_back({{"shape", s.what}, {"n_out", s.n_out}, {"n_in", s.n_in}, {"isa", kernels::IsaName(isa)},
-                      {"bf16_gbps", gb}, {"bf16_share_of_bw", gb / bw}, {"int8_gbps", gq},
+                      {"bf16_gbps", gb}, {"bf16_share_of_bw", gb / bw}, {"bf16_packed_gbps", gp},
+                      {"bf16_packed_share_of_bw", gp / bw}, {"int8_gbps", gq},
                       {"int8_share_of_bw", gq / bw}, {"int8_speedup", tb / tq}});
     }
   }

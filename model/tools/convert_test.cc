@@ -149,7 +149,10 @@ TEST(ConvertTest, ConverterBf16MatchesLoaderFp8Dequant) {
   for (int64_t l = 0; l < (*a)->config().num_hidden_layers; ++l) {
     const Linear& x = (*a)->layer(l).q_b;
     const Linear& y = (*b)->layer(l).q_b;
-    ASSERT_EQ(std::memcmp(x.view.data, y.view.data, static_cast<size_t>(x.n_out() * x.n_in() * 2)), 0) << l;
+    // Both loads prepack their BF16 projections: equal panels mean equal weights.
+    ASSERT_TRUE(x.packed && y.packed) << l;
+    ASSERT_EQ(x.packed.bytes(), y.packed.bytes()) << l;
+    ASSERT_EQ(std::memcmp(x.packed.view().data, y.packed.view().data, static_cast<size_t>(x.packed.bytes())), 0) << l;
   }
 }
 
