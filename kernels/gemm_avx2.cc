@@ -242,10 +242,16 @@ void PanelBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, i
 template <int M>
 void PanelRows(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, int64_t j0,
                int64_t j1, float* y, int64_t ldy) {
-  constexpr int kNp = M == 1 ? 4 : M == 2 ? 2 : 1;
-  int64_t j = j0;
-  for (; j + 16 * kNp <= j1; j += 16 * kNp) PanelBlock<M, kNp>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
-  for (; j < j1; j += 16) PanelBlock<M, 1>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
+  constexpr int64_t kNp = M == 1 ? 4 : M == 2 ? 2 : 1;
+  for (int64_t j = j0; j < j1;) {
+    const int64_t left = (j1 - j + 15) / 16;
+    const int64_t np = left >= kNp ? kNp : left >= 2 ? 2 : 1;
+    const uint32_t* wj = w + j / 16 * pairs * 16;
+    if (np == 4) PanelBlock<M, (M == 1 ? 4 : 1)>(x, ldx, wj, pairs, j, j1, y, ldy);
+    if (np == 2) PanelBlock<M, (M <= 2 ? 2 : 1)>(x, ldx, wj, pairs, j, j1, y, ldy);
+    if (np == 1) PanelBlock<M, 1>(x, ldx, wj, pairs, j, j1, y, ldy);
+    j += 16 * np;
+  }
 }
 
 }  // namespace

@@ -261,14 +261,22 @@ void PanelRowsBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pair
 }
 
 // Outputs [j0, j1) (j0 a multiple of 16) of M x rows: 8 panels at a time for one row, 4 for
-// two, 2 for three (8 chains in flight), then the last panels one by one.
+// two, 2 for three (8 chains in flight); the last panels in halving blocks (a task's slice
+// is often only 4-8 panels: one panel at a time would leave one chain per row).
 template <int M>
 void PanelRows(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, int64_t j0,
                int64_t j1, float* y, int64_t ldy) {
-  constexpr int kNp = M == 1 ? 8 : M == 2 ? 4 : 2;
-  int64_t j = j0;
-  for (; j + 16 * kNp <= j1; j += 16 * kNp) PanelRowsBlock<M, kNp>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
-  for (; j < j1; j += 16) PanelRowsBlock<M, 1>(x, ldx, w + j / 16 * pairs * 16, pairs, j, j1, y, ldy);
+  constexpr int64_t kNp = M == 1 ? 8 : M == 2 ? 4 : 2;
+  for (int64_t j = j0; j < j1;) {
+    const int64_t left = (j1 - j + 15) / 16;
+    const int64_t np = left >= kNp ? kNp : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    const uint32_t* wj = w + j / 16 * pairs * 16;
+    if (np == 8) PanelRowsBlock<M, (M == 1 ? 8 : 1)>(x, ldx, wj, pairs, j, j1, y, ldy);
+    if (np == 4) PanelRowsBlock<M, (M <= 2 ? 4 : 1)>(x, ldx, wj, pairs, j, j1, y, ldy);
+    if (np == 2) PanelRowsBlock<M, 2>(x, ldx, wj, pairs, j, j1, y, ldy);
+    if (np == 1) PanelRowsBlock<M, 1>(x, ldx, wj, pairs, j, j1, y, ldy);
+    j += 16 * np;
+  }
 }
 
 // Decode rows (1-3): 64 weight rows (4 panels) x kKcDecode k per pack, so each x row keeps 4

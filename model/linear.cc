@@ -11,7 +11,7 @@ namespace {
 constexpr int64_t kParallelQuantizeMin = 1 << 16;
 // Grouped BF16/F32 calls: each call's outputs go in about this many blocks of at least this
 // many outputs (a block streams its weight rows once for all of the call's rows).
-constexpr int64_t kFloatBlocksPerCall = 4, kFloatBlockMin = 64;
+constexpr int64_t kFloatBlocksPerCall = 4, kFloatBlockMin = 128;
 struct FloatTask {
   int64_t call, j0, j1;
 };
