@@ -78,16 +78,19 @@ PackedBf16Weights PackedBf16Weights::Pack(const WeightView& rows, ThreadPool* po
   const uint16_t* w = static_cast<const uint16_t*>(rows.data);
   uint32_t* dst = static_cast<uint32_t*>(packed.data_.get());
   auto pack = [&](int64_t p0, int64_t p1) {
+    // Writes in order; reads the panel's 16 rows side by side. Rows past n_out and the k past
+    // an odd n_in read from a zero row.
+    std::vector<uint16_t> zero(static_cast<size_t>(2 * pairs), 0);
     for (int64_t p = p0; p < p1; ++p) {
       uint32_t* d = dst + p * pairs * 16;
-      for (int t = 0; t < 16; ++t) {
-        const int64_t r = 16 * p + t;
-        const uint16_t* row = r < rows.n_out ? w + r * rows.ld : nullptr;
-        for (int64_t q = 0; q < pairs; ++q) {
-          const uint32_t lo = row ? row[2 * q] : 0;
-          const uint32_t hi = row && 2 * q + 1 < rows.n_in ? row[2 * q + 1] : 0;
-          d[q * 16 + t] = lo | (hi << 16);
-        }
+      const uint16_t* row[16];
+      for (int t = 0; t < 16; ++t) row[t] = 16 * p + t < rows.n_out ? w + (16 * p + t) * rows.ld : zero.data();
+      const int64_t full = rows.n_in / 2;  // pairs with both halves inside every real row
+      for (int64_t q = 0; q < full; ++q, d += 16) {
+        for (int t = 0; t < 16; ++t) d[t] = row[t][2 * q] | (static_cast<uint32_t>(row[t][2 * q + 1]) << 16);
+      }
+      for (int64_t q = full; q < pairs; ++q, d += 16) {  // odd n_in: the last k alone
+        for (int t = 0; t < 16; ++t) d[t] = row[t][2 * q];
       }
     }
   };

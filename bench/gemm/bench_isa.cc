@@ -164,7 +164,7 @@ int Main(int argc, char** argv) {
   }
   nlohmann::json j;
   std::string md = "# bench_isa\n\n";
-  char line[512];
+  char line[1024];
   auto add = [&](const std::string& s) {
     md += s;
     std::fputs(s.c_str(), stdout);
@@ -318,37 +318,51 @@ int Main(int argc, char** argv) {
                 "\n## Linear layers at batch m = 16, 64 (load average %s)\n\n"
                 "Hot: one weight copy (cache-resident): share of the level's peak, and of min(peak, intensity x %.1f GB/s "
                 "from L2). Cold: weights rotated over 1 GiB: share of min(peak, intensity x %.1f GB/s).\n\n"
-                "| shape | m | level | BF16 GFLOP/s hot | of peak | of L2 ceiling | cold | of ceiling | INT8 GOP/s hot | of peak | of L2 ceiling | cold | of ceiling |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                "| shape | m | level | BF16 GFLOP/s hot | of peak | of L2 ceiling | cold | of ceiling | BF16 packed hot | of peak | packed cold | of ceiling | INT8 GOP/s hot | of peak | of L2 ceiling | cold | of ceiling |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                 LoadAverage().c_str(), hot_bw, bw);
   add(line);
   nlohmann::json batch = nlohmann::json::array();
   for (const Shape& s : kBatchShapes) {
+    const int64_t per = s.n_out * s.n_in;
+    const int64_t copies_b = std::max<int64_t>(1, rot_bytes / 2 / per), copies_q = std::max<int64_t>(1, rot_bytes / per);
+    std::vector<kernels::PackedBf16Weights> packed;
+    for (int64_t c = 0; c < copies_b; ++c) {
+      packed.push_back(kernels::PackedBf16Weights::Pack(
+          kernels::WeightView{DType::kBF16, d.wb.data() + c * per, s.n_out, s.n_in, s.n_in}, &pool));
+    }
+    auto packed_call = [&](Isa isa, int64_t m, int64_t c) {
+      kernels::internal::GemmWithIsa(isa, d.x.data(), m, s.n_in, packed[static_cast<size_t>(c)].view(), d.y.data(),
+                                     s.n_out, &pool);
+    };
     for (int64_t m : {16, 64}) {
-      const int64_t per = s.n_out * s.n_in;
-      const int64_t copies_b = std::max<int64_t>(1, rot_bytes / 2 / per), copies_q = std::max<int64_t>(1, rot_bytes / per);
       const double flop = 2.0 * m * per;
       for (Isa isa : isas) {
         const Ceilings& c = ceil[static_cast<int>(isa)];
-        int64_t cb = 0, cq = 0;
+        int64_t cb = 0, cp = 0, cq = 0;
         const double tbh = Best([&] { bf16_call(isa, s, m, 0); }, 11, rounds);
         const double tbc = Best([&] { bf16_call(isa, s, m, cb++ % copies_b); }, 11, rounds);
+        const double tph = Best([&] { packed_call(isa, m, 0); }, 11, rounds);
+        const double tpc = Best([&] { packed_call(isa, m, cp++ % copies_b); }, 11, rounds);
         const double tqh = Best([&] { int8_call(isa, s, m, 0, false); }, 11, rounds);
         const double tqc = Best([&] { int8_call(isa, s, m, cq++ % copies_q, false); }, 11, rounds);
         const double pb = 2 * c.bf16, pq = 2 * c.int8;  // GFLOP/s (2 per MAC)
         const double rb = std::min(pb, flop / (per * 2.0) * bw), rq = std::min(pq, flop / per * bw);
         const double hb = std::min(pb, flop / (per * 2.0) * hot_bw), hq = std::min(pq, flop / per * hot_bw);
         std::snprintf(line, sizeof(line),
-                      "| %lldx%lld %s | %lld | %s | %.0f | %.2f | %.2f | %.0f | %.2f | %.0f | %.2f | %.2f | %.0f | %.2f |\n",
+                      "| %lldx%lld %s | %lld | %s | %.0f | %.2f | %.2f | %.0f | %.2f | %.0f | %.2f | %.0f | %.2f | %.0f | %.2f | %.2f | %.0f | %.2f |\n",
                       static_cast<long long>(s.n_out), static_cast<long long>(s.n_in), s.what,
                       static_cast<long long>(m), kernels::IsaName(isa), flop / tbh / 1e9, flop / tbh / 1e9 / pb,
-                      flop / tbh / 1e9 / hb, flop / tbc / 1e9, flop / tbc / 1e9 / rb, flop / tqh / 1e9,
+                      flop / tbh / 1e9 / hb, flop / tbc / 1e9, flop / tbc / 1e9 / rb, flop / tph / 1e9,
+                      flop / tph / 1e9 / pb, flop / tpc / 1e9, flop / tpc / 1e9 / rb, flop / tqh / 1e9,
                       flop / tqh / 1e9 / pq, flop / tqh / 1e9 / hq, flop / tqc / 1e9, flop / tqc / 1e9 / rq);
         add(line);
         batch.push_back({{"shape", s.what}, {"m", m}, {"isa", kernels::IsaName(isa)},
                          {"bf16_hot_gflops", flop / tbh / 1e9}, {"bf16_hot_of_peak", flop / tbh / 1e9 / pb},
                          {"bf16_hot_of_l2_ceiling", flop / tbh / 1e9 / hb}, {"int8_hot_of_l2_ceiling", flop / tqh / 1e9 / hq},
                          {"bf16_cold_gflops", flop / tbc / 1e9}, {"bf16_cold_of_ceiling", flop / tbc / 1e9 / rb},
+                         {"bf16_packed_hot_gflops", flop / tph / 1e9}, {"bf16_packed_hot_of_peak", flop / tph / 1e9 / pb},
+                         {"bf16_packed_cold_gflops", flop / tpc / 1e9}, {"bf16_packed_cold_of_ceiling", flop / tpc / 1e9 / rb},
                          {"int8_hot_gops", flop / tqh / 1e9}, {"int8_hot_of_peak", flop / tqh / 1e9 / pq},
                          {"int8_cold_gops", flop / tqc / 1e9}, {"int8_cold_of_ceiling", flop / tqc / 1e9 / rq}});
       }
@@ -359,26 +373,33 @@ int Main(int argc, char** argv) {
   // ---- prefill ----
   std::snprintf(line, sizeof(line),
                 "\n## Prefill m = 512, hot weights (load average %s): W8A8 vs BF16\n\n"
-                "| shape | level | BF16 GFLOP/s | of peak | INT8 GOP/s | of peak | INT8+quant GOP/s | INT8/BF16 | INT8+quant/BF16 |\n"
-                "|---|---|---|---|---|---|---|---|---|\n",
+                "| shape | level | BF16 GFLOP/s | of peak | BF16 packed | of peak | INT8 GOP/s | of peak | INT8+quant GOP/s | INT8/BF16 | INT8+quant/BF16 |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|\n",
                 LoadAverage().c_str());
   add(line);
   nlohmann::json prefill = nlohmann::json::array();
   for (const Shape& s : kPrefillShapes) {
     const int64_t m = 512;
     const double flop = 2.0 * m * s.n_out * s.n_in;
+    const kernels::PackedBf16Weights packed = kernels::PackedBf16Weights::Pack(
+        kernels::WeightView{DType::kBF16, d.wb.data(), s.n_out, s.n_in, s.n_in}, &pool);
     for (Isa isa : isas) {
       const Ceilings& c = ceil[static_cast<int>(isa)];
       const int reps = quick ? 3 : 5;
       const double tb = Best([&] { bf16_call(isa, s, m, 0); }, reps, rounds);
+      const double tp = Best([&] {
+        kernels::internal::GemmWithIsa(isa, d.x.data(), m, s.n_in, packed.view(), d.y.data(), s.n_out, &pool);
+      }, reps, rounds);
       const double tq = Best([&] { int8_call(isa, s, m, 0, false); }, reps, rounds);
       const double tqq = Best([&] { int8_call(isa, s, m, 0, true); }, reps, rounds);
-      std::snprintf(line, sizeof(line), "| %lldx%lld %s | %s | %.0f | %.2f | %.0f | %.2f | %.0f | %.2fx | %.2fx |\n",
+      std::snprintf(line, sizeof(line), "| %lldx%lld %s | %s | %.0f | %.2f | %.0f | %.2f | %.0f | %.2f | %.0f | %.2fx | %.2fx |\n",
                     static_cast<long long>(s.n_out), static_cast<long long>(s.n_in), s.what, kernels::IsaName(isa),
-                    flop / tb / 1e9, flop / tb / 1e9 / (2 * c.bf16), flop / tq / 1e9, flop / tq / 1e9 / (2 * c.int8),
+                    flop / tb / 1e9, flop / tb / 1e9 / (2 * c.bf16), flop / tp / 1e9, flop / tp / 1e9 / (2 * c.bf16),
+                    flop / tq / 1e9, flop / tq / 1e9 / (2 * c.int8),
                     flop / tqq / 1e9, tb / tq, tb / tqq);
       add(line);
       prefill.push_back({{"shape", s.what}, {"isa", kernels::IsaName(isa)}, {"bf16_gflops", flop / tb / 1e9},
+                         {"bf16_packed_gflops", flop / tp / 1e9},
                          {"int8_gops", flop / tq / 1e9}, {"int8_quant_gops", flop / tqq / 1e9},
                          {"int8_over_bf16", tb / tq}, {"int8_quant_over_bf16", tb / tqq}});
     }
