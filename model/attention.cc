@@ -240,8 +240,9 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
     std::vector<float> oA(static_cast<size_t>(nA * H * dv));
     pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
       for (int64_t h = hb; h < he; ++h)
-        kernels::Gemm(&olat[h * Lkv], nA, H * Lkv, SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv), &oA[h * dv], H * dv,
-                      nullptr);
+        kernels::Gemm(&olat[h * Lkv], nA, H * Lkv,
+                      lw.kv_b_uv.empty() ? SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv) : lw.kv_b_uv[h].view(), &oA[h * dv],
+                      H * dv, nullptr);
     });
     kernels::RoundToBf16InPlace(oA.data(), nA * H * dv);
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);

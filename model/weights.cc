@@ -322,9 +322,17 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
   PDSERVE_RETURN_IF_ERROR(ld.CheckNoneUnused(c, w->expert_begin_, w->expert_end_, rank_index, rank_label, false));
   if (PackingWanted(opt)) {
     PackAndDrop(&w->lm_head_);
+    const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim;
     for (LayerWeights& L : w->layers_) {
       for (Linear* lin : {&L.q_a, &L.q_b, &L.kv_a, &L.o, &L.idx_wq_b, &L.idx_wk, &L.idx_weights_proj, &L.router})
         PackAndDrop(lin);
+      if (L.kv_b.view.dtype == DType::kBF16 && L.kv_b.view.data != nullptr) {
+        const kernels::WeightView& kv_b = L.kv_b.view;
+        for (int64_t h = 0; h < w->local_heads_; ++h) {
+          const uint16_t* rows = static_cast<const uint16_t*>(kv_b.data) + (h * (dn + dv) + dn) * kv_b.ld;
+          L.kv_b_uv.push_back(kernels::PackedBf16Weights::Pack({DType::kBF16, rows, dv, kv_b.n_in, kv_b.ld}, nullptr));
+        }
+      }
       for (MlpWeights* m : {&L.dense, &L.shared}) {
         for (Linear* lin : {&m->gate, &m->up, &m->down}) PackAndDrop(lin);
       }

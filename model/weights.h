@@ -42,6 +42,10 @@ struct MlpWeights {
 struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
   Linear q_a, q_b, kv_a, kv_b, o;
+  // W_uv of each local head (kv_b_proj rows h*(dn+dv)+dn .. +dv, [dv, Lkv]) prepacked for the
+  // absorbed attention's output GEMM (empty when kv_b is not BF16 or packing is off); kv_b
+  // itself stays row-major for the query absorption, which reads it by rows.
+  std::vector<kernels::PackedBf16Weights> kv_b_uv;
   std::vector<float> q_norm, kv_norm;
   // Lightning indexer
   Linear idx_wq_b, idx_wk, idx_weights_proj;
