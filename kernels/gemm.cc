@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "kernels/gemm_driver.h"
+#include "kernels/gemm_simd.h"
 #include "kernels/kernel_table.h"
 
 namespace pdserve::kernels {
@@ -66,17 +67,26 @@ int64_t Bf16PanelBytes(int64_t n_out, int64_t n_in) {
 void PackedBf16Weights::Free::operator()(void* p) const { std::free(p); }
 
 PackedBf16Weights PackedBf16Weights::Pack(const WeightView& rows, ThreadPool* pool) {
+  std::unique_ptr<void, Free> owned(
+      std::aligned_alloc(64, static_cast<size_t>(std::max<int64_t>(64, Bf16PanelBytes(rows.n_out, rows.n_in)))));
+  PDSERVE_CHECK(owned != nullptr, "PackedBf16Weights::Pack: allocation");
+  PackedBf16Weights packed = PackInto(rows, owned.get(), pool);
+  packed.owned_ = std::move(owned);
+  return packed;
+}
+
+PackedBf16Weights PackedBf16Weights::PackInto(const WeightView& rows, void* dst_bytes, ThreadPool* pool) {
   PDSERVE_CHECK(rows.dtype == DType::kBF16 && rows.layout == WeightLayout::kRows && rows.n_out > 0 &&
                     rows.n_in > 0 && rows.ld >= rows.n_in,
                 "PackedBf16Weights::Pack: a BF16 row-major matrix");
+  PDSERVE_CHECK(reinterpret_cast<uintptr_t>(dst_bytes) % 64 == 0, "PackedBf16Weights::PackInto: 64-byte aligned memory");
   PackedBf16Weights packed;
   packed.n_out_ = rows.n_out;
   packed.n_in_ = rows.n_in;
-  packed.data_.reset(std::aligned_alloc(64, static_cast<size_t>(Bf16PanelBytes(rows.n_out, rows.n_in))));
-  PDSERVE_CHECK(packed.data_ != nullptr, "PackedBf16Weights::Pack: allocation");
+  packed.data_ = dst_bytes;
   const int64_t n_panels = (rows.n_out + 15) / 16, pairs = (rows.n_in + 1) / 2;
   const uint16_t* w = static_cast<const uint16_t*>(rows.data);
-  uint32_t* dst = static_cast<uint32_t*>(packed.data_.get());
+  uint32_t* dst = static_cast<uint32_t*>(dst_bytes);
   auto pack = [&](int64_t p0, int64_t p1) {
     // Writes in order; reads the panel's 16 rows side by side. Rows past n_out and the k past
     // an odd n_in read from a zero row.
@@ -86,7 +96,19 @@ PackedBf16Weights PackedBf16Weights::Pack(const WeightView& rows, ThreadPool* po
       const uint16_t* row[16];
       for (int t = 0; t < 16; ++t) row[t] = 16 * p + t < rows.n_out ? w + (16 * p + t) * rows.ld : zero.data();
       const int64_t full = rows.n_in / 2;  // pairs with both halves inside every real row
-      for (int64_t q = 0; q < full; ++q, d += 16) {
+      int64_t q = 0;
+      // 8 rows x 8 pairs at a time: one 8x8 dword transpose in registers.
+      for (; q + 8 <= full; q += 8, d += 8 * 16) {
+        for (int h = 0; h < 2; ++h) {
+          __m256 r[8];
+          for (int t = 0; t < 8; ++t) {
+            r[t] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[8 * h + t] + 2 * q)));
+          }
+          internal::Transpose8x8(r);
+          for (int c = 0; c < 8; ++c) _mm256_storeu_ps(reinterpret_cast<float*>(d + c * 16 + 8 * h), r[c]);
+        }
+      }
+      for (; q < full; ++q, d += 16) {
         for (int t = 0; t < 16; ++t) d[t] = row[t][2 * q] | (static_cast<uint32_t>(row[t][2 * q + 1]) << 16);
       }
       for (int64_t q = full; q < pairs; ++q, d += 16) {  // odd n_in: the last k alone
@@ -104,7 +126,7 @@ PackedBf16Weights PackedBf16Weights::Pack(const WeightView& rows, ThreadPool* po
 
 WeightView PackedBf16Weights::view() const {
   PDSERVE_CHECK(data_ != nullptr, "PackedBf16Weights::view: empty");
-  return WeightView{DType::kBF16, data_.get(), n_out_, n_in_, n_in_, WeightLayout::kPanels16};
+  return WeightView{DType::kBF16, data_, n_out_, n_in_, n_in_, WeightLayout::kPanels16};
 }
 
 void GemmRows(const float* x, int64_t m, int64_t ldx, const WeightView& w, int64_t j_begin,

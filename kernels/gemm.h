@@ -57,12 +57,17 @@ struct WeightView {
   WeightLayout layout = WeightLayout::kRows;
 };
 
-// Owner of a BF16 matrix prepacked as kPanels16 panels. Move-only; empty when default-made.
+// A BF16 matrix prepacked as kPanels16 panels, in memory it owns (Pack) or in the caller's
+// (PackInto: e.g. one populated arena for a whole model, since a page fault per 4 KiB of fresh
+// memory costs ~10 us in some VMs). Move-only; empty when default-made.
 class PackedBf16Weights {
  public:
   PackedBf16Weights() = default;
-  // Packs `rows` (BF16, layout kRows, any ld). On the pool when given (rows are independent).
+  // Packs `rows` (BF16, layout kRows, any ld) into owned memory. On the pool when given.
   static PackedBf16Weights Pack(const WeightView& rows, ThreadPool* pool);
+  // Packs into dst: Bf16PanelBytes(rows.n_out, rows.n_in) bytes, 64-byte aligned, owned by the
+  // caller and kept alive (unchanged) as long as the result is used.
+  static PackedBf16Weights PackInto(const WeightView& rows, void* dst, ThreadPool* pool);
   explicit operator bool() const { return data_ != nullptr; }
   // The packed matrix (REQUIRES: non-empty).
   WeightView view() const;
@@ -72,7 +77,8 @@ class PackedBf16Weights {
   struct Free {
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, Free> data_;
+  const void* data_ = nullptr;
+  std::unique_ptr<void, Free> owned_;
   int64_t n_out_ = 0, n_in_ = 0;
 };
 

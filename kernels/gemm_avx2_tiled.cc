@@ -31,27 +31,6 @@ constexpr int kNr = 16;   // weight rows (outputs) per microkernel: two ymm
 // and 8 other pairs at m = 16-48 by 3-10% (fewer partial-sum passes) and tied at m = 512.
 constexpr int64_t kKc = 512;
 constexpr int64_t kNcMax = 128;
-#if defined(__AVX2__)
-// In-register 8x8 transpose: r[t][c] -> r[c][t].
-inline void Transpose8x8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int p = 0; p < 4; ++p) {
-    t[2 * p] = _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]);
-    t[2 * p + 1] = _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {  // rows 0-3, rows 4-7
-    const __m256* th = t + 4 * h;
-    u[4 * h + 0] = _mm256_shuffle_ps(th[0], th[2], 0x44);
-    u[4 * h + 1] = _mm256_shuffle_ps(th[0], th[2], 0xEE);
-    u[4 * h + 2] = _mm256_shuffle_ps(th[1], th[3], 0x44);
-    u[4 * h + 3] = _mm256_shuffle_ps(th[1], th[3], 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20);
-    r[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
-  }
-}
-#endif
 
 // Weights usually come from DRAM (a layer's matrix is read once per forward pass), and packing
 // touches 8 rows x kKc at a time, too many short streams for the hardware prefetchers: it

@@ -28,6 +28,28 @@ inline void PrefetchL2(uintptr_t a) {
 #endif
 }
 
+#if defined(__AVX2__)
+// In-register 8x8 transpose of dwords viewed as floats: r[t][c] -> r[c][t].
+inline void Transpose8x8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 0-3, rows 4-7
+    const __m256* th = t + 4 * h;
+    u[4 * h + 0] = _mm256_shuffle_ps(th[0], th[2], 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(th[0], th[2], 0xEE);
+    u[4 * h + 2] = _mm256_shuffle_ps(th[1], th[3], 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(th[1], th[3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20);
+    r[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
+  }
+}
+#endif
+
 inline float WeightToF32(const float* p) { return *p; }
 inline float WeightToF32(const uint16_t* p) { return Bf16ToF32(*p); }
 

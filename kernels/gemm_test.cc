@@ -359,6 +359,12 @@ TEST(GemmPanels, PackPutsEveryWeightWhereTheLayoutSays) {
         ASSERT_EQ(got, want) << "row " << r << " k " << k << " n_in " << n_in;
       }
     }
+    // PackInto (the caller's memory, as the model's arena) writes the same bytes.
+    std::vector<uint8_t> arena(static_cast<size_t>(packed.bytes()) + 64);
+    void* dst = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
+    const PackedBf16Weights into = PackedBf16Weights::PackInto(p.view(), dst, nullptr);
+    EXPECT_EQ(into.view().data, dst);
+    EXPECT_EQ(std::memcmp(dst, v.data, static_cast<size_t>(packed.bytes())), 0) << "n_in " << n_in;
   }
 }
 

@@ -132,11 +132,12 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
   kernels::GroupedGemmInt8(groups.data(), static_cast<int64_t>(groups.size()), pool);
 }
 
-void PackForGemm(Linear* w, ThreadPool* pool) {
+void PackForGemm(Linear* w, void* dst, ThreadPool* pool) {
   if (w->is_int8() || w->packed || w->view.dtype != DType::kBF16 || w->view.data == nullptr ||
       w->view.n_out <= 0 || w->view.n_in <= 0)
     return;
-  w->packed = kernels::PackedBf16Weights::Pack(w->view, pool);
+  w->packed = dst != nullptr ? kernels::PackedBf16Weights::PackInto(w->view, dst, pool)
+                             : kernels::PackedBf16Weights::Pack(w->view, pool);
   if (!w->owned_bf16.empty()) {
     std::vector<uint16_t>().swap(w->owned_bf16);
     w->view.data = nullptr;

@@ -41,7 +41,9 @@ struct Linear {
 // once, in order, with no per-call transposes: the decode GEMV then runs at memory speed.
 // Results are bitwise unchanged (every layout keeps the kernels' one summation order).
 // Frees owned row-major storage (owned_bf16) once packed. No-op for F32, INT8 or empty weights.
-void PackForGemm(Linear* w, ThreadPool* pool);
+// With dst (kernels::Bf16PanelBytes bytes, 64-byte aligned, kept alive by the caller) the
+// panels go there; without, into memory the Linear owns.
+void PackForGemm(Linear* w, void* dst, ThreadPool* pool);
 
 // y[m, n_out] = x[m, n_in] W^T (rows packed: ldx = n_in, ldy = n_out). BF16/F32: fp32
 // accumulation (kernels/gemm.h). INT8: dynamic per-token activation quantization, exact int32

@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/status.h"
+
 namespace pdserve::model {
 
 // Page-aligned addresses [lo, hi); empty when hi <= lo.
@@ -31,5 +33,28 @@ void Extend(PageSpan* span, const PageSpan& more);
 
 // Drops this process's pages around [p, p + n) as described above, clamped to `bound`.
 void DropPages(const void* p, size_t n, const PageSpan& bound);
+
+// Maps the pages of [p, p + n) (a read-only file mapping) in one call (MADV_POPULATE_READ)
+// rather than a fault per page on first read. Best effort: older kernels ignore it.
+void PrefaultPages(const void* p, size_t n);
+
+// Anonymous read-write memory whose pages are all mapped up front (MAP_POPULATE): one call
+// instead of a page fault per 4 KiB on first touch (~10 us each in some VMs; 1.7 s against
+// 0.09 s for 512 MiB measured here). Page-aligned; unmapped in the destructor. Move-only.
+class PopulatedPages {
+ public:
+  PopulatedPages() = default;
+  // Errors: ResourceExhausted when the mapping fails (out of memory or address space).
+  static Result<PopulatedPages> Map(size_t bytes);
+  PopulatedPages(PopulatedPages&& other) noexcept;
+  PopulatedPages& operator=(PopulatedPages&& other) noexcept;
+  ~PopulatedPages();
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 }  // namespace pdserve::model

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "comm/shard.h"
 #include "common/dtype.h"
 #include "common/mapped_file.h"
+#include "common/thread_pool.h"
 #include "model/fp8_blocks.h"
 #include "model/mapped_pages.h"
 #include "model/tensor_names.h"
@@ -198,16 +200,22 @@ Status SliceColumns(const std::string& name, Linear* w, int64_t begin, int64_t n
   return Status::Ok();
 }
 
-// Prepacks a projection (PackForGemm) and drops the checkpoint pages it no longer needs: only
-// a contiguous view's pages wholly inside it (neighbours may be used in place).
-void PackAndDrop(Linear* w) {
-  if (w->is_int8() || w->view.dtype != DType::kBF16 || w->view.data == nullptr) return;
+bool Packable(const Linear& w) {
+  return !w.is_int8() && w.view.dtype == DType::kBF16 && w.view.data != nullptr && w.view.n_out > 0 &&
+         w.view.n_in > 0;
+}
+
+// Prepacks a projection into dst (PackForGemm) and drops the checkpoint pages it no longer
+// needs: only a contiguous view's pages wholly inside it (neighbours may be used in place).
+void PackAndDrop(Linear* w, void* dst) {
   const bool mapped = w->owned_bf16.empty();
   const void* rows = w->view.data;
   const size_t bytes = static_cast<size_t>(w->view.n_out * w->view.n_in) * 2;
   const bool contiguous = w->view.ld == w->view.n_in;
-  PackForGemm(w, nullptr);
-  if (mapped && contiguous && w->packed) DropPages(rows, bytes, PagesInside(rows, bytes));
+  // Map the source's pages in one call rather than a fault per page.
+  if (mapped && contiguous) PrefaultPages(rows, bytes);
+  PackForGemm(w, dst, nullptr);
+  if (mapped && contiguous) DropPages(rows, bytes, PagesInside(rows, bytes));
 }
 
 bool PackingWanted(const LoadOptions& opt) {
@@ -321,25 +329,52 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
   PDSERVE_RETURN_IF_ERROR(ld.MissingSummary());
   PDSERVE_RETURN_IF_ERROR(ld.CheckNoneUnused(c, w->expert_begin_, w->expert_end_, rank_index, rank_label, false));
   if (PackingWanted(opt)) {
-    PackAndDrop(&w->lm_head_);
-    const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim;
+    // Every projection to pack, laid out in one populated arena, then packed on a short-lived
+    // pool (one matrix per task).
+    std::vector<Linear*> todo;
+    auto add = [&](Linear* lin) {
+      if (Packable(*lin)) todo.push_back(lin);
+    };
+    add(&w->lm_head_);
+    const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim, n_heads = w->local_heads_;
     for (LayerWeights& L : w->layers_) {
-      for (Linear* lin : {&L.q_a, &L.q_b, &L.kv_a, &L.o, &L.idx_wq_b, &L.idx_wk, &L.idx_weights_proj, &L.router})
-        PackAndDrop(lin);
-      if (L.kv_b.view.dtype == DType::kBF16 && L.kv_b.view.data != nullptr) {
-        const kernels::WeightView& kv_b = L.kv_b.view;
-        for (int64_t h = 0; h < w->local_heads_; ++h) {
-          const uint16_t* rows = static_cast<const uint16_t*>(kv_b.data) + (h * (dn + dv) + dn) * kv_b.ld;
-          L.kv_b_uv.push_back(kernels::PackedBf16Weights::Pack({DType::kBF16, rows, dv, kv_b.n_in, kv_b.ld}, nullptr));
-        }
-      }
+      for (Linear* lin : {&L.q_a, &L.q_b, &L.kv_a, &L.o, &L.idx_wq_b, &L.idx_wk, &L.idx_weights_proj, &L.router}) add(lin);
       for (MlpWeights* m : {&L.dense, &L.shared}) {
-        for (Linear* lin : {&m->gate, &m->up, &m->down}) PackAndDrop(lin);
+        for (Linear* lin : {&m->gate, &m->up, &m->down}) add(lin);
       }
       for (MlpWeights& m : L.experts) {
-        for (Linear* lin : {&m.gate, &m.up, &m.down}) PackAndDrop(lin);
+        for (Linear* lin : {&m.gate, &m.up, &m.down}) add(lin);
       }
+      if (L.kv_b.view.dtype == DType::kBF16 && L.kv_b.view.data != nullptr) L.kv_b_uv.resize(static_cast<size_t>(n_heads));
     }
+    const int64_t n_linear = static_cast<int64_t>(todo.size());
+    const int64_t uv_bytes = kernels::Bf16PanelBytes(dv, c.kv_lora_rank);
+    std::vector<size_t> offset(static_cast<size_t>(n_linear) + 1, 0);
+    for (int64_t i = 0; i < n_linear; ++i) {
+      const Linear& lin = *todo[static_cast<size_t>(i)];
+      offset[static_cast<size_t>(i) + 1] = offset[static_cast<size_t>(i)] +
+                                           static_cast<size_t>(kernels::Bf16PanelBytes(lin.view.n_out, lin.view.n_in));
+    }
+    const size_t uv_begin = offset.back();
+    const size_t total = uv_begin + static_cast<size_t>(c.num_hidden_layers * n_heads * uv_bytes);
+    PDSERVE_ASSIGN_OR_RETURN(w->packed_arena_, PopulatedPages::Map(total));
+    uint8_t* arena = static_cast<uint8_t*>(w->packed_arena_.data());
+    ThreadPool pool(static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4)));
+    pool.ParallelFor(n_linear + c.num_hidden_layers * n_heads, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        if (t < n_linear) {
+          PackAndDrop(todo[static_cast<size_t>(t)], arena + offset[static_cast<size_t>(t)]);
+          continue;
+        }
+        LayerWeights& L = w->layers_[static_cast<size_t>((t - n_linear) / n_heads)];
+        if (L.kv_b_uv.empty()) continue;
+        const int64_t h = (t - n_linear) % n_heads;
+        const kernels::WeightView& kv_b = L.kv_b.view;
+        const uint16_t* rows = static_cast<const uint16_t*>(kv_b.data) + (h * (dn + dv) + dn) * kv_b.ld;
+        L.kv_b_uv[static_cast<size_t>(h)] = kernels::PackedBf16Weights::PackInto(
+            {DType::kBF16, rows, dv, kv_b.n_in, kv_b.ld}, arena + uv_begin + (t - n_linear) * uv_bytes, nullptr);
+      }
+    });
   }
   return w;
 }

@@ -32,6 +32,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/mapped_pages.h"
 
 namespace pdserve::model {
 
@@ -104,6 +105,7 @@ class ModelWeights {
  private:
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mappings the views point into
+  PopulatedPages packed_arena_;             // the prepacked BF16 weights (LoadOptions::pack_bf16)
   std::vector<LayerWeights> layers_;
   Linear embed_, lm_head_;
   std::vector<float> final_norm_;
