@@ -275,6 +275,17 @@ int Main(int argc, char** argv) {
     kernels::internal::GemmInt8WithIsa(isa, d.xq.data(), d.xs.data(), m, s.n_in, v, d.y.data(), s.n_out, &pool);
   };
 
+  // The first `copies` BF16 weight copies of a shape, prepacked as the model loads them
+  // (kernels/gemm.h kPanels16).
+  auto pack_copies = [&](const Shape& s, int64_t copies) {
+    std::vector<kernels::PackedBf16Weights> packed;
+    for (int64_t c = 0; c < copies; ++c) {
+      packed.push_back(kernels::PackedBf16Weights::Pack(
+          kernels::WeightView{DType::kBF16, d.wb.data() + c * s.n_out * s.n_in, s.n_out, s.n_in, s.n_in}, &pool));
+    }
+    return packed;
+  };
+
   // ---- gemv ----
   std::snprintf(line, sizeof(line),
                 "\n## GEMV m = 1, weights from DRAM (load average %s): GB/s of weights, share of %.1f GB/s\n\n"
@@ -286,12 +297,7 @@ int Main(int argc, char** argv) {
   for (const Shape& s : kGemvShapes) {
     const int64_t per = s.n_out * s.n_in;
     const int64_t copies_b = std::max<int64_t>(1, rot_bytes / 2 / per), copies_q = std::max<int64_t>(1, rot_bytes / per);
-    // The same copies prepacked as the model loads them (kernels/gemm.h kPanels16).
-    std::vector<kernels::PackedBf16Weights> packed;
-    for (int64_t c = 0; c < copies_b; ++c) {
-      packed.push_back(kernels::PackedBf16Weights::Pack(
-          kernels::WeightView{DType::kBF16, d.wb.data() + c * per, s.n_out, s.n_in, s.n_in}, &pool));
-    }
+    const std::vector<kernels::PackedBf16Weights> packed = pack_copies(s, copies_b);
     for (Isa isa : isas) {
       int64_t cb = 0, cp = 0, cq = 0;
       const double tb = Best([&] { bf16_call(isa, s, 1, cb++ % copies_b); }, quick ? 11 : 31, rounds);
@@ -326,11 +332,7 @@ int Main(int argc, char** argv) {
   for (const Shape& s : kBatchShapes) {
     const int64_t per = s.n_out * s.n_in;
     const int64_t copies_b = std::max<int64_t>(1, rot_bytes / 2 / per), copies_q = std::max<int64_t>(1, rot_bytes / per);
-    std::vector<kernels::PackedBf16Weights> packed;
-    for (int64_t c = 0; c < copies_b; ++c) {
-      packed.push_back(kernels::PackedBf16Weights::Pack(
-          kernels::WeightView{DType::kBF16, d.wb.data() + c * per, s.n_out, s.n_in, s.n_in}, &pool));
-    }
+    const std::vector<kernels::PackedBf16Weights> packed = pack_copies(s, copies_b);
     auto packed_call = [&](Isa isa, int64_t m, int64_t c) {
       kernels::internal::GemmWithIsa(isa, d.x.data(), m, s.n_in, packed[static_cast<size_t>(c)].view(), d.y.data(),
                                      s.n_out, &pool);
