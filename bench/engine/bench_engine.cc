@@ -41,6 +41,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/heap_policy.h"
 #include "engine/engine.h"
 #include "bench/engine/engine_figures.h"
 #include "model/tools/make_model.h"
@@ -528,4 +529,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace pdserve
 
-int main(int argc, char** argv) { return pdserve::Run(argc, argv); }
+int main(int argc, char** argv) {
+  pdserve::ApplyHeapPolicy("bench_engine");
+  return pdserve::Run(argc, argv);
+}

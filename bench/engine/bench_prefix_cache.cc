@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/heap_policy.h"
 #include "bench/engine/engine_figures.h"
 #include "engine/engine.h"
 #include "model/tools/make_model.h"
@@ -247,4 +248,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace pdserve
 
-int main(int argc, char** argv) { return pdserve::Run(argc, argv); }
+int main(int argc, char** argv) {
+  pdserve::ApplyHeapPolicy("bench_prefix_cache");
+  return pdserve::Run(argc, argv);
+}

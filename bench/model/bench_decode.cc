@@ -8,6 +8,7 @@
 
 #include "bench/common/bench_util.h"
 #include "common/cpu_features.h"
+#include "common/heap_policy.h"
 #include "model/tools/make_model.h"
 #include "model/model.h"
 
@@ -101,4 +102,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace pdserve::bench
 
-int main(int argc, char** argv) { return pdserve::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  pdserve::ApplyHeapPolicy("bench_decode");
+  return pdserve::bench::Main(argc, argv);
+}

@@ -11,6 +11,7 @@
 
 #include "bench/common/bench_util.h"
 #include "common/cpu_features.h"
+#include "common/heap_policy.h"
 #include "common/dtype.h"
 #include "common/thread_pool.h"
 #include "kernels/elementwise.h"
@@ -128,4 +129,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace pdserve::bench
 
-int main(int argc, char** argv) { return pdserve::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  pdserve::ApplyHeapPolicy("bench_sparse_attention");
+  return pdserve::bench::Main(argc, argv);
+}
