@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -52,22 +53,64 @@ void PrefaultPages(const void* p, size_t n) {
 Result<PopulatedPages> PopulatedPages::Map(size_t bytes) {
   PopulatedPages pages;
   if (bytes == 0) return pages;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED)
+  // Reserve a huge page more than asked, to start on a huge-page boundary, then give back the
+  // ends: the kernel backs a range with 2 MiB pages only where it is so aligned.
+  const size_t size = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  const size_t reserve = size + kHugePageBytes;
+  void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED)
     return Status::ResourceExhausted("cannot map " + std::to_string(bytes >> 20) + " MiB of memory for packed weights");
-  pages.data_ = p;
-  pages.size_ = bytes;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start = (lo + kHugePageBytes - 1) & ~(uintptr_t{kHugePageBytes} - 1);
+  if (start > lo) munmap(raw, start - lo);
+  if (const uintptr_t end = lo + reserve; end > start + size) munmap(reinterpret_cast<void*>(start + size), end - (start + size));
+  pages.data_ = reinterpret_cast<void*>(start);
+  pages.size_ = size;
+  // Huge pages where the kernel allows them (THP "madvise" or "always"); 4 KiB pages otherwise.
+  pages.huge_ = madvise(pages.data_, size, MADV_HUGEPAGE) == 0;
+  bool populated = false;
+#ifdef MADV_POPULATE_WRITE
+  populated = madvise(pages.data_, size, MADV_POPULATE_WRITE) == 0;
+#endif
+  if (!populated) {
+    // Older kernels: one write per page does what MADV_POPULATE_WRITE does, fault by fault.
+    const uintptr_t page = PageSize();
+    for (uintptr_t a = start; a < start + size; a += page) *reinterpret_cast<volatile char*>(a) = 0;
+  }
   return pages;
 }
 
+size_t PopulatedPages::HugeBytes() const {
+  if (data_ == nullptr) return 0;
+  // Sum AnonHugePages over this mapping's smaps entries (the kernel may split it in several).
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return 0;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  size_t huge_kib = 0;
+  bool inside = false;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long a = 0, b = 0;
+    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2) {
+      inside = a >= lo && b <= hi;
+      continue;
+    }
+    size_t kib = 0;
+    if (inside && std::sscanf(line, "AnonHugePages: %zu kB", &kib) == 1) huge_kib += kib;
+  }
+  std::fclose(f);
+  return huge_kib << 10;
+}
+
 PopulatedPages::PopulatedPages(PopulatedPages&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), huge_(other.huge_) {}
 
 PopulatedPages& PopulatedPages::operator=(PopulatedPages&& other) noexcept {
   if (this != &other) {
     if (data_ != nullptr) munmap(data_, size_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    huge_ = other.huge_;
   }
   return *this;
 }

@@ -38,9 +38,17 @@ void DropPages(const void* p, size_t n, const PageSpan& bound);
 // rather than a fault per page on first read. Best effort: older kernels ignore it.
 void PrefaultPages(const void* p, size_t n);
 
-// Anonymous read-write memory whose pages are all mapped up front (MAP_POPULATE): one call
+// Anonymous read-write memory whose pages are all mapped up front (MADV_POPULATE_WRITE): one call
 // instead of a page fault per 4 KiB on first touch (~10 us each in some VMs; 1.7 s against
-// 0.09 s for 512 MiB measured here). Page-aligned; unmapped in the destructor. Move-only.
+// 0.09 s for 512 MiB measured here). Aligned to, and a multiple of, 2 MiB, and advised as
+// huge-page memory (MADV_HUGEPAGE): weights read once per step or per request then cost a TLB
+// entry per 2 MiB instead of per 4 KiB. On a VM with shadow page tables a 4 KiB weight page
+// that went unread for a while costs a hypervisor exit on its next read; a prefill worker,
+// whose lm_head and experts go cold between requests, spent 400-900 ms of a 32-token
+// prefill on that (docs/engine.md "Huge pages for the weights"). Unmapped in the destructor.
+// Move-only.
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+
 class PopulatedPages {
  public:
   PopulatedPages() = default;
@@ -50,11 +58,17 @@ class PopulatedPages {
   PopulatedPages& operator=(PopulatedPages&& other) noexcept;
   ~PopulatedPages();
   void* data() const { return data_; }
-  size_t size() const { return size_; }
+  size_t size() const { return size_; }  // bytes asked for, rounded up to 2 MiB
+  // Whether the kernel took the huge-page advice (THP "never" refuses it).
+  bool huge_advised() const { return huge_; }
+  // The bytes of this mapping the kernel backs with huge pages now (/proc/self/smaps), for logs
+  // and tests; 0 when unknown.
+  size_t HugeBytes() const;
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
+  bool huge_ = false;
 };
 
 }  // namespace pdserve::model

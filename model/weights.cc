@@ -379,6 +379,12 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
   return w;
 }
 
+std::string ModelWeights::PackedSummary() const {
+  if (packed_arena_.size() == 0) return "weights not packed";
+  return "packed BF16 weights " + std::to_string(packed_arena_.size() >> 20) + " MiB, " +
+         std::to_string(packed_arena_.HugeBytes() >> 20) + " MiB of it in huge pages";
+}
+
 void ModelWeights::EmbedRow(int64_t token, float* out) const {
   const int64_t D = embed_.n_in();
   if (embed_.view.dtype == DType::kF32) {

@@ -101,6 +101,9 @@ class ModelWeights {
   // Writes embedding row `token` (a row of the held shard) as fp32 into out[D].
   // REQUIRES 0 <= token < embed().n_out().
   void EmbedRow(int64_t token, float* out) const;
+  // For start-up logs: "packed BF16 weights N MiB, M MiB of it in huge pages", or "weights not
+  // packed".
+  std::string PackedSummary() const;
 
  private:
   ModelConfig config_;

@@ -31,10 +31,11 @@ Result<std::unique_ptr<EngineWorker>> EngineWorker::Create(const WorkerServiceCo
   }
   worker->kv_events_hook_ = hooks.kv_events;
   const KvLayout& layout = h->engine().pool().layout();
-  GetLogger("worker")->info("{} worker {}: model {} ({}), KV {} blocks of {} tokens, compat hash {:016x}{}; {}",
+  GetLogger("worker")->info("{} worker {}: model {} ({}), KV {} blocks of {} tokens, compat hash {:016x}{}; {}; {}",
                             WorkerRoleName(config.role), config.worker_id, config.model_dir, layout.ToString(),
                             h->engine().pool().n_blocks(), layout.tokens_per_block, h->compat_hash(),
-                            h->transport() ? ", KV transfer over UCX" : "", instance->Describe());
+                            h->transport() ? ", KV transfer over UCX" : "", instance->Describe(),
+                            instance->model().weights().PackedSummary());
   return worker;
 }
 
