@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -57,7 +59,7 @@ Result<PopulatedPages> PopulatedPages::Map(size_t bytes) {
   // ends: the kernel backs a range with 2 MiB pages only where it is so aligned.
   const size_t size = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
   const size_t reserve = size + kHugePageBytes;
-  void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED)
     return Status::ResourceExhausted("cannot map " + std::to_string(bytes >> 20) + " MiB of memory for packed weights");
   const uintptr_t lo = reinterpret_cast<uintptr_t>(raw);
@@ -71,6 +73,10 @@ Result<PopulatedPages> PopulatedPages::Map(size_t bytes) {
   bool populated = false;
 #ifdef MADV_POPULATE_WRITE
   populated = madvise(pages.data_, size, MADV_POPULATE_WRITE) == 0;
+  // Out of memory is an error here, not a crash later; EINVAL is a kernel without the advice.
+  if (!populated && errno != EINVAL)
+    return Status::ResourceExhausted("cannot populate " + std::to_string(size >> 20) + " MiB for packed weights: " +
+                                     std::strerror(errno));
 #endif
   if (!populated) {
     // Older kernels: one write per page does what MADV_POPULATE_WRITE does, fault by fault.
