@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -356,9 +357,29 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
                                            static_cast<size_t>(kernels::Bf16PanelBytes(lin.view.n_out, lin.view.n_in));
     }
     const size_t uv_begin = offset.back();
-    const size_t total = uv_begin + static_cast<size_t>(c.num_hidden_layers * n_heads * uv_bytes);
+    // kv_b stays row-major (the query absorption reads W_uk rows) but moves into the arena too:
+    // a prefill reads all of it, and in the checkpoint's 4 KiB file pages it goes cold between
+    // requests (mapped_pages.h). embed_tokens stays in the file: one row per token.
+    const size_t kv_b_begin = uv_begin + static_cast<size_t>(c.num_hidden_layers * n_heads * uv_bytes);
+    std::vector<Linear*> kv_b_moves;
+    std::vector<size_t> kv_b_offset(1, kv_b_begin);
+    for (LayerWeights& L : w->layers_) {
+      const kernels::WeightView& v = L.kv_b.view;
+      if (!Packable(L.kv_b) || !L.kv_b.owned_bf16.empty() || v.ld != v.n_in) continue;
+      kv_b_moves.push_back(&L.kv_b);
+      kv_b_offset.push_back(kv_b_offset.back() + static_cast<size_t>(v.n_out * v.n_in) * 2);
+    }
+    const size_t total = kv_b_offset.back();
     PDSERVE_ASSIGN_OR_RETURN(w->packed_arena_, PopulatedPages::Map(total));
     uint8_t* arena = static_cast<uint8_t*>(w->packed_arena_.data());
+    for (size_t i = 0; i < kv_b_moves.size(); ++i) {
+      kernels::WeightView& v = kv_b_moves[i]->view;
+      const size_t bytes = static_cast<size_t>(v.n_out * v.n_in) * 2;
+      PrefaultPages(v.data, bytes);
+      std::memcpy(arena + kv_b_offset[i], v.data, bytes);
+      DropPages(v.data, bytes, PagesInside(v.data, bytes));
+      v.data = arena + kv_b_offset[i];
+    }
     ThreadPool pool(static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4)));
     pool.ParallelFor(n_linear + c.num_hidden_layers * n_heads, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
@@ -381,7 +402,7 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
 
 std::string ModelWeights::PackedSummary() const {
   if (packed_arena_.size() == 0) return "weights not packed";
-  return "packed BF16 weights " + std::to_string(packed_arena_.size() >> 20) + " MiB, " +
+  return "BF16 weights arena (packed projections, kv_b) " + std::to_string(packed_arena_.size() >> 20) + " MiB, " +
          std::to_string(packed_arena_.HugeBytes() >> 20) + " MiB of it in huge pages";
 }
 

@@ -101,14 +101,14 @@ class ModelWeights {
   // Writes embedding row `token` (a row of the held shard) as fp32 into out[D].
   // REQUIRES 0 <= token < embed().n_out().
   void EmbedRow(int64_t token, float* out) const;
-  // For start-up logs: "packed BF16 weights N MiB, M MiB of it in huge pages", or "weights not
-  // packed".
+  // For start-up logs: "BF16 weights arena (packed projections, kv_b) N MiB, M MiB of it in
+  // huge pages", or "weights not packed".
   std::string PackedSummary() const;
 
  private:
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mappings the views point into
-  PopulatedPages packed_arena_;             // the prepacked BF16 weights (LoadOptions::pack_bf16)
+  PopulatedPages packed_arena_;             // the prepacked BF16 weights and kv_b (LoadOptions::pack_bf16)
   std::vector<LayerWeights> layers_;
   Linear embed_, lm_head_;
   std::vector<float> final_norm_;
