@@ -16,6 +16,7 @@
 
 #include "common/check.h"
 #include "kernels/gemm_int8_internal.h"
+#include "kernels/gemm_simd.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -50,29 +51,6 @@ class PanelScratch {
   std::unique_ptr<int16_t, Free> data_;
   int64_t capacity_ = 0;
 };
-
-#if defined(__AVX2__)
-// 8x8 transpose of 32-bit elements: r[t][c] -> r[c][t].
-inline void Transpose8x8(__m256i ri[8]) {
-  __m256 r[8], t[8], u[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_castsi256_ps(ri[i]);
-  for (int p = 0; p < 4; ++p) {
-    t[2 * p] = _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]);
-    t[2 * p + 1] = _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {
-    const __m256* th = t + 4 * h;
-    u[4 * h + 0] = _mm256_shuffle_ps(th[0], th[2], 0x44);
-    u[4 * h + 1] = _mm256_shuffle_ps(th[0], th[2], 0xEE);
-    u[4 * h + 2] = _mm256_shuffle_ps(th[1], th[3], 0x44);
-    u[4 * h + 3] = _mm256_shuffle_ps(th[1], th[3], 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    ri[c] = _mm256_castps_si256(_mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
-    ri[c + 4] = _mm256_castps_si256(_mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
-  }
-}
-#endif
 
 // Packs weight rows [j0, j1) x k in [k0, k0 + kc) (kc even) into panels of kNr rows:
 // dst[pn * kc * kNr + (kp * kNr + r) * 2 + e] = W[j0 + pn * kNr + r, k0 + 2 * kp + e], zero for

@@ -48,6 +48,13 @@ inline void Transpose8x8(__m256 r[8]) {
     r[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
   }
 }
+// The same on integer lanes (the int8 tiled path's pairs of int16).
+inline void Transpose8x8(__m256i ri[8]) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_castsi256_ps(ri[i]);
+  Transpose8x8(r);
+  for (int i = 0; i < 8; ++i) ri[i] = _mm256_castps_si256(r[i]);
+}
 #endif
 
 inline float WeightToF32(const float* p) { return *p; }
