@@ -99,6 +99,11 @@ Status EngineHost::ApplyConstraint(const JobMsg& job, engine::RequestOptions* ro
   return Status::Ok();
 }
 
+Status EngineHost::PrepareConstraint(const JobMsg& job) {
+  if (!job.constraint.active()) return Status::Ok();
+  return grammars_->Compile(job.constraint).status();
+}
+
 EngineHost::~EngineHost() {
   SetAgent(nullptr);
   DestroyEngine();

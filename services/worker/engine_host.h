@@ -103,6 +103,10 @@ class EngineHost {
   // Sets `ro->constraint` from the job's constraint (nothing when it has none), compiled over
   // this model's vocabulary. Errors: WorkerGrammars::Compile's (InvalidArgument: the client's).
   Status ApplyConstraint(const JobMsg& job, engine::RequestOptions* ro);
+  // Compiles the job's constraint into the grammar cache ahead of StartJob (the agent's
+  // preparer thread runs it: WorkerHandler::PrepareJob), so ApplyConstraint then finds it there.
+  // OK for a job without a constraint. Errors: WorkerGrammars::Compile's. Thread-safe.
+  Status PrepareConstraint(const JobMsg& job);
   // The engine options every role starts a job with: EngineSampling, ApplyConstraint, and
   // `on_event` for the job's engine events. Errors: ApplyConstraint's.
   Result<engine::RequestOptions> JobOptions(const JobMsg& job, std::function<void(const engine::TokenEvent&)> on_event);

@@ -62,6 +62,10 @@ class EngineWorker : public WorkerHandler {
 
   WorkerLoad CurrentLoad() override { return host_->Load(QuarantinedBlocks()); }
   Status Health() override { return host_->Health(); }
+  // A constrained job's grammar is compiled off the agent's thread (the first one also builds
+  // the vocabulary: about a second).
+  bool NeedsPreparation(const JobMsg& job) override { return job.constraint.active(); }
+  Status PrepareJob(const JobMsg& job) override { return host_->PrepareConstraint(job); }
   // The engine's prefix-cache events with its hit rule (block size, first chunk); nullopt with
   // the cache off.
   std::optional<KvEventsMsg> TakeKvEvents(bool full) override;

@@ -4,7 +4,9 @@
 //
 // The vocabulary (every token id's bytes, from the tokenizer the router also uses) is built on
 // the first constrained job, not at start-up: it costs about a second of CPU, which workers
-// that never see a constrained request (and the many short-lived test clusters) never pay.
+// that never see a constrained request (and the many short-lived test clusters) never pay. The
+// agent calls Compile first from its preparer thread (WorkerHandler::PrepareJob), never from
+// the thread that sends its heartbeats.
 // Compiled grammars are cached by constraint (grammar::GrammarCache), so a schema repeated by
 // many requests compiles once.
 //

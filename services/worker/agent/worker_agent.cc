@@ -38,6 +38,11 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, WorkerHandler* handler)
       router_timeout_(options_.router_timeout) {
   if (options_.metrics_registry)
     metrics_ = std::make_unique<WorkerMetrics>(*options_.metrics_registry, options_.role, options_.worker_id);
+  preparer_ = std::make_unique<JobPreparer>([this](const JobMsg& job) { return handler_->PrepareJob(job); },
+                                            [this] {
+                                              std::lock_guard<std::mutex> lock(mu_);
+                                              if (channel_) channel_->Wake();
+                                            });
 }
 
 Result<std::unique_ptr<WorkerAgent>> WorkerAgent::Start(WorkerAgentOptions options, WorkerHandler* handler) {
@@ -54,6 +59,7 @@ Result<std::unique_ptr<WorkerAgent>> WorkerAgent::Start(WorkerAgentOptions optio
   co.endpoint = self->options_.router_address;
   co.tick_interval = self->options_.tick;
   co.name = "agent " + self->options_.worker_id;
+  co.on_wake = [self] { self->StartPreparedJobs(); };
   // The callbacks only run on the channel thread, which channel_'s destruction joins first.
   // Until channel_ is set, OnTick does nothing, and no message can arrive before the first
   // Register goes out from a tick.
@@ -83,7 +89,8 @@ WorkerAgent::~WorkerAgent() {
     auto bytes = EncodeControlMessage(DeregisterMsg{"shutdown"});
     if (bytes.ok()) channel->Send("", std::move(bytes).value());
   }
-  channel.reset();  // joins the owner thread: no handler call after this
+  channel.reset();  // joins the owner thread: nothing is submitted to the preparer after this
+  preparer_.reset();  // joins the preparer: no handler call after this
 }
 
 void WorkerAgent::Send(const ControlMessage& message) {
@@ -201,7 +208,8 @@ std::vector<uint64_t> WorkerAgent::AbortAll(std::string_view reason) {
   cv_.notify_all();
   if (ids.empty()) return ids;
   GetLogger("worker")->warn("worker {}: aborting {} live jobs: {}", options_.worker_id, ids.size(), reason);
-  for (uint64_t id : ids) handler_->AbortJob(id, reason);
+  for (uint64_t id : ids)
+    if (preparing_.erase(id) == 0) handler_->AbortJob(id, reason);  // a preparing job: dropped when ready
   if (metrics_) metrics_->jobs_aborted.Increment(static_cast<double>(ids.size()));
   return ids;
 }
@@ -378,7 +386,8 @@ void WorkerAgent::MaybeFinishDrain(Clock::time_point now) {
     if (!drain_aborted_) {
       drain_aborted_ = true;
       GetLogger("worker")->warn("worker {}: drain timeout, aborting {} jobs", options_.worker_id, ids.size());
-      for (uint64_t id : ids) handler_->AbortJob(id, "drain timeout");
+      for (uint64_t id : ids)
+        if (!AbortPreparing(id, "drain timeout")) handler_->AbortJob(id, "drain timeout");
       return;
     }
     if (now < drain_deadline_ + kDrainAbortGrace) return;
@@ -406,6 +415,47 @@ void WorkerAgent::OnJob(JobMsg job) {
   RequestLog("worker", job.request_tag)
       .Debug("job {} phase {} prompt {} tokens, max_tokens {}", job.request_id, JobPhaseName(job.phase),
              job.prompt.size(), job.sampling.max_tokens);
+  if (handler_->NeedsPreparation(job)) {
+    preparing_[job.request_id] = static_cast<uint32_t>(job.prompt.size());
+    preparer_->Submit(std::move(job));
+    return;
+  }
+  StartLiveJob(job);
+}
+
+void WorkerAgent::StartPreparedJobs() {
+  for (JobPreparer::Prepared& prepared : preparer_->TakeReady()) {
+    const uint64_t id = prepared.job.request_id;
+    // Not there: aborted while it was prepared (its abort event went out then), or forgotten
+    // with a lost router.
+    if (preparing_.erase(id) == 0) continue;
+    if (!prepared.status.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        live_.erase(id);
+      }
+      RequestLog("worker", prepared.job.request_tag).Warn("job refused: {}", prepared.status.ToString());
+      RejectJob(id, prepared.status);
+      continue;
+    }
+    StartLiveJob(prepared.job);
+  }
+}
+
+bool WorkerAgent::AbortPreparing(uint64_t request_id, std::string_view reason) {
+  auto it = preparing_.find(request_id);
+  if (it == preparing_.end()) return false;
+  TokenEventMsg ev;
+  ev.request_id = request_id;
+  ev.finish = FinishReason::kAbort;
+  ev.prompt_tokens = it->second;
+  preparing_.erase(it);
+  GetLogger("worker")->info("worker {}: job {} aborted before it started: {}", options_.worker_id, request_id, reason);
+  SendTokenEvent(std::move(ev));  // ends it in live_ too
+  return true;
+}
+
+void WorkerAgent::StartLiveJob(const JobMsg& job) {
   const uint64_t id = job.request_id;
   const std::string tag = job.request_tag;
   Status status = handler_->StartJob(job);
@@ -529,7 +579,7 @@ void WorkerAgent::OnMessage(std::string_view payload) {
       std::lock_guard<std::mutex> lock(mu_);
       live = live_.count(abort->request_id) > 0;
     }
-    if (live) handler_->AbortJob(abort->request_id, abort->reason);
+    if (live && !AbortPreparing(abort->request_id, abort->reason)) handler_->AbortJob(abort->request_id, abort->reason);
   } else if (auto* push = std::get_if<KvPushMsg>(&msg)) {
     last_router_contact_ = now;
     if (state() != State::kRegistered && state() != State::kDraining) {

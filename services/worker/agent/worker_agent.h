@@ -40,6 +40,7 @@
 #include "common/status.h"
 #include "services/control/control_channel.h"
 #include "services/control/control_messages.h"
+#include "services/worker/agent/job_preparer.h"
 #include "services/worker/agent/listening_clock.h"
 #include "services/worker/agent/worker_metrics.h"
 
@@ -62,6 +63,14 @@ class WorkerHandler {
   // then SendKvReserved (or fail the job), wait for CommitFirstToken. Phase kPrefill: compute
   // the prompt, write its KV through job.kv_descriptor, then send the first token (index 0).
   virtual Status StartJob(const JobMsg& job) = 0;
+
+  // Set-up a job needs before StartJob that may take long (building a grammar for its
+  // constraint): when NeedsPreparation says so, the agent runs PrepareJob on its preparer
+  // thread (job_preparer.h), not on its own, and calls StartJob once it returned OK -- unless the
+  // job was aborted meanwhile; an error refuses the job as StartJob's would. Both are
+  // thread-safe; NeedsPreparation runs on the agent's thread and must be quick.
+  virtual bool NeedsPreparation(const JobMsg& job) { return false; }
+  virtual Status PrepareJob(const JobMsg& job) { return Status::Ok(); }
 
   // Decode phase: the prefill worker's first token (relayed by the router). The handler starts
   // decoding from output index 1 once the KV transfer has completed too. An error fails the job
@@ -174,6 +183,13 @@ class WorkerAgent {
   void OnMessage(std::string_view payload);
   void OnTick(std::chrono::steady_clock::time_point now);
   void OnJob(JobMsg job);
+  // Hands a live job to the handler (OnJob's end, or once prepared).
+  void StartLiveJob(const JobMsg& job);
+  // Starts (or refuses) the jobs the preparer has finished with.
+  void StartPreparedJobs();
+  // A job still being prepared (the handler has not seen it) ends here with an abort event.
+  // False when `request_id` is not being prepared.
+  bool AbortPreparing(uint64_t request_id, std::string_view reason);
   void SendRegister();
   void SendHeartbeat();
   // The handler's KV events (the whole set when kv_resync_), split to the control-plane limits.
@@ -233,7 +249,10 @@ class WorkerAgent {
   // set. Set by every registration.
   bool kv_resync_ = true;
   std::chrono::steady_clock::time_point next_kv_events_{};
+  // Live jobs with the preparer (request id -> its prompt length, for an abort event).
+  std::unordered_map<uint64_t, uint32_t> preparing_;
 
+  std::unique_ptr<JobPreparer> preparer_;    // before channel_: the owner thread submits to it
   std::unique_ptr<ControlChannel> channel_;  // last: its thread stops before the rest goes
 };
 

@@ -1,6 +1,7 @@
 #include "services/worker/agent/worker_agent.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -193,6 +194,72 @@ TEST(WorkerAgentTest, RegistersHeartbeatsAndRunsJobs) {
   EXPECT_EQ(handler.Aborted()[0], 9u);
   agent->reset();  // deregisters
   ASSERT_TRUE(WaitFor([&] { return router.Received<DeregisterMsg>().size() == 1; }, 5s));
+}
+
+// A job's slow set-up (the first constrained job builds the structured-output vocabulary: a
+// second or more of CPU) runs on the preparer thread: while it runs, heartbeats keep going out
+// (on the agent's thread they stopped, and the router removed the worker with every request on
+// it). A job aborted while it is prepared ends with an abort event and never reaches StartJob;
+// a failed preparation refuses its job; a prepared job starts.
+TEST(WorkerAgentTest, SlowPreparationDoesNotHoldHeartbeats) {
+  FakeRouter router("tcp://127.0.0.1:*");  // router timeout 400 ms
+  class Preparing : public RecordingHandler {
+   public:
+    bool NeedsPreparation(const JobMsg& job) override { return job.prompt.size() >= 5; }
+    Status PrepareJob(const JobMsg& job) override {
+      ++preparing;
+      std::unique_lock<std::mutex> l(gate_mu);
+      gate_cv.wait(l, [&] { return open; });
+      if (job.prompt.size() == 6) return Status::InvalidArgument("bad grammar");
+      return Status::Ok();
+    }
+    void Open() {
+      {
+        std::lock_guard<std::mutex> l(gate_mu);
+        open = true;
+      }
+      gate_cv.notify_all();
+    }
+    std::atomic<int> preparing{0};
+    std::mutex gate_mu;
+    std::condition_variable gate_cv;
+    bool open = false;
+  };
+  Preparing handler;
+  auto agent = WorkerAgent::Start(Options(router.endpoint()), &handler);
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return (*agent)->registered(); }, 5s));
+
+  router.Send(Job(1, 5));  // prepared, then started
+  router.Send(Job(2, 5));  // aborted while it waits for the preparer
+  router.Send(Job(3, 6));  // its preparation fails
+  router.Send(Job(4));     // needs none: starts at once, beside the preparation
+  ASSERT_TRUE(WaitFor([&] { return handler.preparing.load() == 1; }, 5s)) << "the preparation never began";
+  ASSERT_TRUE(WaitFor([&] { return handler.Started().size() == 1; }, 5s));
+  EXPECT_EQ(handler.Started()[0], 4u);
+  // The preparation holds for 3x the router timeout; the heartbeats go on meanwhile.
+  const size_t heartbeats_before = router.Received<HeartbeatMsg>().size();
+  std::this_thread::sleep_for(1200ms);
+  EXPECT_GE(router.Received<HeartbeatMsg>().size(), heartbeats_before + 8) << "heartbeats stopped during a preparation";
+  EXPECT_TRUE((*agent)->registered());
+  router.Send(AbortMsg{2, "client gone"});
+  ASSERT_TRUE(WaitFor([&] { return router.Received<TokenEventMsg>().size() == 1; }, 5s));
+  EXPECT_EQ(router.Received<TokenEventMsg>()[0].request_id, 2u);
+  EXPECT_EQ(router.Received<TokenEventMsg>()[0].finish, FinishReason::kAbort);
+  EXPECT_EQ((*agent)->live_jobs(), 3u);  // 1 and 3 preparing, 4 started
+
+  handler.Open();
+  ASSERT_TRUE(WaitFor([&] { return handler.Started().size() == 2; }, 5s));
+  EXPECT_EQ(handler.Started()[1], 1u);
+  ASSERT_TRUE(WaitFor([&] { return router.Received<TokenEventMsg>().size() == 2; }, 5s));
+  const TokenEventMsg refused = router.Received<TokenEventMsg>()[1];
+  EXPECT_EQ(refused.request_id, 3u);
+  EXPECT_EQ(refused.error.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(handler.preparing.load(), 3);  // 2 was prepared too, then dropped
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(handler.Started().size(), 2u) << "an aborted job was started";
+  EXPECT_TRUE(handler.Aborted().empty()) << "the handler never saw job 2";
+  EXPECT_EQ((*agent)->live_jobs(), 2u);
 }
 
 TEST(WorkerAgentTest, WorkerStartsBeforeTheRouterAndSurvivesItsRestart) {
