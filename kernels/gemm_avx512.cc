@@ -1,5 +1,5 @@
 // The avx512 level's kernels (also the amx level's BF16 ones): compiled with -mavx512f/dq/bw/vl
-// -mavx512vnni -mavx512bf16 (kernels/CMakeLists.txt) and run only where DetectedIsa() allows.
+// -mavx512vnni (kernels/CMakeLists.txt; not -mavx512bf16: the level does not require it) and run only where DetectedIsa() allows.
 // This file uses nothing but intrinsics and its own functions (no inline code shared with
 // baseline files, which the linker could otherwise pick from here; the kernels_isa_objects
 // test checks the object file).
@@ -29,9 +29,11 @@
 #include "kernels/avx512_transpose.h"
 #include "kernels/isa_kernels.h"
 
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__) || \
-    !defined(__AVX512BF16__)
-#error "gemm_avx512.cc needs -mavx512f -mavx512bw -mavx512vnni -mavx512bf16"
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
+#error "gemm_avx512.cc needs -mavx512f -mavx512bw -mavx512vnni"
+#endif
+#if defined(__AVX512BF16__)
+#error "gemm_avx512.cc must not be built with -mavx512bf16: the avx512 level does not require it"
 #endif
 
 namespace pdserve::kernels::internal::avx512 {

@@ -80,7 +80,6 @@ std::string Missing(Isa isa, const Features& f) {
     need(f.avx512bw, "avx512bw");
     need(f.avx512vl, "avx512vl");
     need(f.avx512vnni, "avx512_vnni");
-    need(f.avx512bf16, "avx512_bf16");
     need(f.os_zmm, "OS support for zmm state (XCR0)");
   }
   if (isa >= Isa::kAmx) {
@@ -141,8 +140,8 @@ const char* IsaName(Isa isa) {
 const char* IsaFeatures(Isa isa) {
   switch (isa) {
     case Isa::kAvx2: return "AVX2+FMA+F16C";
-    case Isa::kAvx512: return "AVX-512 F/DQ/BW/VL + VNNI + BF16";
-    case Isa::kAmx: return "AVX-512 F/DQ/BW/VL + VNNI + BF16, AMX-TILE/INT8/BF16";
+    case Isa::kAvx512: return "AVX-512 F/DQ/BW/VL + VNNI";
+    case Isa::kAmx: return "AVX-512 F/DQ/BW/VL + VNNI, AMX-TILE/INT8/BF16";
   }
   return "?";
 }
@@ -165,6 +164,8 @@ Isa DetectedIsa() {
 }
 
 std::string MissingFeatures(Isa isa) { return Missing(isa, Cpu()); }
+
+bool HasAvx512Bf16() { return Cpu().avx512bf16 && Cpu().os_zmm; }
 
 Result<Isa> SelectIsa() { return Selected().isa; }
 

@@ -6,9 +6,11 @@
 // caller ever holds an #ifdef or runs an instruction its CPU lacks.
 //
 //   kAvx2    AVX2 + FMA + F16C: the baseline.
-//   kAvx512  AVX-512 F/DQ/BW/VL + AVX512_VNNI + AVX512_BF16 (Zen 4/5, Sapphire Rapids and
-//            later, Cooper Lake), with the OS saving the zmm/opmask state (XCR0 bits 5-7).
-//            A CPU with AVX-512 but without VNNI or BF16 (Skylake-X, Ice Lake) runs kAvx2.
+//   kAvx512  AVX-512 F/DQ/BW/VL + AVX512_VNNI (Ice Lake, Zen 4/5, Sapphire Rapids and later),
+//            with the OS saving the zmm/opmask state (XCR0 bits 5-7). AVX512_BF16 is not
+//            needed: no kernel uses its instructions (vdpbf16ps would break the one summation
+//            order, docs/kernels-gemm.md), and hypervisors often hide it (an Emerald Rapids guest
+//            here showed VNNI without BF16 or AMX). A CPU without VNNI (Skylake-X) runs kAvx2.
 //   kAmx     kAvx512 + AMX-TILE/INT8/BF16, with the OS saving tile state (XCR0 bits 17-18)
 //            and granting this process the tile data (Linux arch_prctl(ARCH_REQ_XCOMP_PERM,
 //            XFEATURE_XTILEDATA), requested once here).
@@ -34,7 +36,7 @@ inline constexpr int kNumIsas = 3;
 
 // "avx2", "avx512", "amx".
 const char* IsaName(Isa isa);
-// The features a level stands for, e.g. "AVX-512 F/DQ/BW/VL + VNNI + BF16".
+// The features a level stands for, e.g. "AVX-512 F/DQ/BW/VL + VNNI".
 const char* IsaFeatures(Isa isa);
 // Parses an IsaName (exact, lower case).
 std::optional<Isa> ParseIsa(std::string_view name);
@@ -45,6 +47,8 @@ Isa DetectedIsa();
 // For a level above DetectedIsa(): which of its features are missing, e.g. "amx-tile amx-int8";
 // empty when the level is supported.
 std::string MissingFeatures(Isa isa);
+// Whether the CPU and OS run AVX512_BF16 (vdpbf16ps). No kernel uses it; bench_isa measures it.
+bool HasAvx512Bf16();
 
 // The level chosen for this process: DetectedIsa(), or PDSERVE_ISA when set. Errors
 // (InvalidArgument): PDSERVE_ISA is not a level name, or names a level the machine lacks
