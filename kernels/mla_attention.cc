@@ -454,4 +454,92 @@ void IndexerScores(const KvTokenView& kv, const double* q_decoded, const float* 
   }
 }
 
+namespace {
+
+// DotF32's reduction of its two ymm accumulators (kernels/elementwise.cc).
+inline float ReduceLikeDotF32Pair(__m256 acc0, __m256 acc1) {
+  acc0 = _mm256_add_ps(acc0, acc1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// out[k] = DotF32(a, b[k], n) for KB rows b[k], bit for bit. REQUIRES n % 16 == 0.
+template <int KB>
+inline void DotsLikeDotF32(const float* a, const float* const* b, int64_t n, float* out) {
+  __m256 acc0[KB], acc1[KB];
+  for (int k = 0; k < KB; ++k) acc0[k] = acc1[k] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+    for (int k = 0; k < KB; ++k) {
+      acc0[k] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b[k] + i), acc0[k]);
+      acc1[k] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b[k] + i + 8), acc1[k]);
+    }
+  }
+  for (int k = 0; k < KB; ++k) out[k] = ReduceLikeDotF32Pair(acc0[k], acc1[k]);
+}
+
+// o[i0, i0 + 8V) = sum_j p[j] * v_j[i0, ...), one fma chain per element from zero.
+template <int V>
+inline void AccumulateExpanded(const float* p, const float* kv, int64_t kv_stride, const int32_t* sel, int64_t n,
+                               int64_t i0, float* o) {
+  __m256 acc[V];
+  for (int v = 0; v < V; ++v) acc[v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* row = kv + sel[j] * kv_stride + i0;
+    const __m256 w = _mm256_broadcast_ss(p + j);
+    for (int v = 0; v < V; ++v) acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * v), acc[v]);
+  }
+  for (int v = 0; v < V; ++v) _mm256_storeu_ps(o + i0 + 8 * v, acc[v]);
+}
+
+}  // namespace
+
+void ExpandedAttentionHead(const float* q, const float* kv, int64_t kv_stride, const float* kpe, const int32_t* sel,
+                           int64_t n, int64_t dn, int64_t dr, int64_t dv, float scale, float* o, float* scratch) {
+  float* p = scratch;
+  if (dn % 16 != 0 || dr % 16 != 0 || dv % 8 != 0) {
+    // Odd sizes: the plain loop (what the blocked code below reproduces).
+    for (int64_t j = 0; j < n; ++j) {
+      const float dot = DotF32(q, kv + sel[j] * kv_stride, dn) + DotF32(q + dn, kpe + sel[j] * dr, dr);
+      p[j] = RoundToBf16(RoundToBf16(dot) * scale);
+    }
+  } else {
+    constexpr int KB = 4;
+    int64_t j = 0;
+    float nope[KB], rope[KB];
+    for (; j + KB <= n; j += KB) {
+      const float* k[KB];
+      const float* r[KB];
+      for (int b = 0; b < KB; ++b) {
+        k[b] = kv + sel[j + b] * kv_stride;
+        r[b] = kpe + sel[j + b] * dr;
+      }
+      DotsLikeDotF32<KB>(q, k, dn, nope);
+      DotsLikeDotF32<KB>(q + dn, r, dr, rope);
+      for (int b = 0; b < KB; ++b) p[j + b] = RoundToBf16(RoundToBf16(nope[b] + rope[b]) * scale);
+    }
+    for (; j < n; ++j) {
+      const float* k[1] = {kv + sel[j] * kv_stride};
+      const float* r[1] = {kpe + sel[j] * dr};
+      DotsLikeDotF32<1>(q, k, dn, nope);
+      DotsLikeDotF32<1>(q + dn, r, dr, rope);
+      p[j] = RoundToBf16(RoundToBf16(nope[0] + rope[0]) * scale);
+    }
+  }
+  Softmax(p, n);
+  RoundToBf16InPlace(p, n);
+  const float* v = kv + dn;
+  if (dv % 8 != 0) {
+    std::fill(o, o + dv, 0.0f);
+    for (int64_t j = 0; j < n; ++j) Axpy(p[j], v + sel[j] * kv_stride, dv, o);
+  } else {
+    int64_t i = 0;
+    for (; i + 64 <= dv; i += 64) AccumulateExpanded<8>(p, v, kv_stride, sel, n, i, o);
+    for (; i < dv; i += 8) AccumulateExpanded<1>(p, v, kv_stride, sel, n, i, o);
+  }
+  RoundToBf16InPlace(o, dv);
+}
+
 }  // namespace pdserve::kernels

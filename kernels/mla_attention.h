@@ -72,6 +72,17 @@ void AbsorbedAttentionHead(const float* q_lat, const float* q_pe, const float* c
                            int64_t n, int64_t latent_dim, int64_t rope_dim, float scale,
                            float* o_lat, float* scratch);
 
+// One head of the reference's expanded (non-absorbed) prefill attention for one query, over
+// the selected keys sel[0..n) of a cache expanded per head:
+//   s_j = bf16(bf16(DotF32(q, k_j, dn) + DotF32(q + dn, kpe_j, dr)) * scale);  P = bf16(softmax(s))
+//   o = bf16(sum_j P_j v_j)   (one fma chain per element over the keys in order, from zero)
+// where k_j = kv + sel[j] * kv_stride (dn values, then v_j's dv values) and
+// kpe_j = kpe + sel[j] * dr. Bit for bit the DotF32 / Softmax / Axpy loop it replaces, but four
+// keys' dot chains run side by side (one DotF32 alone waits on its fma latency) and the output
+// stays in registers across the keys. scratch holds n floats. n == 0 gives o = 0.
+void ExpandedAttentionHead(const float* q, const float* kv, int64_t kv_stride, const float* kpe, const int32_t* sel,
+                           int64_t n, int64_t dn, int64_t dr, int64_t dv, float scale, float* o, float* scratch);
+
 // Query absorption for several queries: out[r][:] = sum_d q_rows[r][d] * W[d][:] over
 // d < n_d, for r < n_rows, with W rows of `dim` bf16 (w_bf16) or f32 values, w_ld elements
 // apart. Bitwise what zero-filling out[r] and calling AxpyRow(q_rows[r][d], W[d], ...) for

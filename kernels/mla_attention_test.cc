@@ -218,6 +218,46 @@ TEST(MlaAttentionTest, AbsorbedHeadMatchesScalarLoop) {
 }
 
 // The vector fp8 decode agrees with the decode table on every code the quantizers write.
+// The expanded (non-absorbed) head kernel against the loop it replaced in the model, bit for
+// bit: every dot is DotF32's, every output one Axpy chain from zero; the blocked sizes and the
+// fallback for odd ones, key counts around the block of 4, keys in any order.
+TEST(MlaAttentionTest, ExpandedHeadEqualsDotAxpyLoopBitwise) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto bf16 = [&] { return RoundToBf16(nd(rng)); };
+  for (auto [dn, dr, dv] : {std::tuple<int64_t, int64_t, int64_t>{128, 64, 128}, {32, 16, 72}, {40, 8, 12}}) {
+    const int64_t T = 700, H = 3, stride = H * (dn + dv);
+    std::vector<float> kv(static_cast<size_t>(T * stride)), kpe(static_cast<size_t>(T * dr)), q(static_cast<size_t>(dn + dr));
+    for (float& x : kv) x = bf16();
+    for (float& x : kpe) x = bf16();
+    for (float& x : q) x = bf16();
+    std::vector<int32_t> all(static_cast<size_t>(T));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    const float scale = 0.0883883f;
+    for (int64_t n : {0, 1, 3, 4, 5, 8, 513}) {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* kvh = kv.data() + h * (dn + dv);
+        std::vector<float> p(static_cast<size_t>(n) + 1), want(static_cast<size_t>(dv)), got(static_cast<size_t>(dv), -1.0f);
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t t = all[j];
+          const float dot = DotF32(q.data(), kvh + t * stride, dn) + DotF32(q.data() + dn, &kpe[t * dr], dr);
+          p[j] = RoundToBf16(RoundToBf16(dot) * scale);
+        }
+        Softmax(p.data(), n);
+        RoundToBf16InPlace(p.data(), n);
+        for (int64_t j = 0; j < n; ++j) Axpy(p[j], kvh + all[j] * stride + dn, dv, want.data());
+        RoundToBf16InPlace(want.data(), dv);
+        std::vector<float> scratch(static_cast<size_t>(n) + 1);
+        ExpandedAttentionHead(q.data(), kvh, stride, kpe.data(), all.data(), n, dn, dr, dv, scale, got.data(),
+                              scratch.data());
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+            << "dims " << dn << "/" << dr << "/" << dv << ", " << n << " keys, head " << h;
+      }
+    }
+  }
+}
+
 TEST(MlaAttentionTest, Fp8DecodeMatchesTableForEveryCode) {
   const Fields f = FieldsFor(KvLatentFormat::kFp8Blockwise);
   std::vector<uint8_t> rec(static_cast<size_t>(f.Record()), 0);

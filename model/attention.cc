@@ -154,20 +154,11 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
       for (int64_t qh = b; qh < e; ++qh) {
         const int64_t i = qh / H, h = qh % H;
         const int32_t* sel = &topk[(r0 + i) * K];
-        const float* qv = &q[((r0 + i) * H + h) * dqk];
         int64_t n = 0;
-        for (int64_t j = 0; j < K && sel[j] >= 0; ++j, ++n) {
-          const int64_t t = sel[j];
-          const float* kn = &kv[(t * H + h) * (dn + dv)];
-          float dot = kernels::DotF32(qv, kn, dn) + kernels::DotF32(qv + dn, &kpe_all[t * dr], dr);
-          p[j] = RoundToBf16(RoundToBf16(dot) * scale);
-        }
-        kernels::Softmax(p.data(), n);
-        kernels::RoundToBf16InPlace(p.data(), n);
-        float* ov = &o[((r0 + i) * H + h) * dv];
-        std::fill(ov, ov + dv, 0.0f);
-        for (int64_t j = 0; j < n; ++j) kernels::Axpy(p[j], &kv[(sel[j] * H + h) * (dn + dv) + dn], dv, ov);
-        kernels::RoundToBf16InPlace(ov, dv);
+        while (n < K && sel[n] >= 0) ++n;
+        // Key t of head h: kv[(t * H + h) * (dn + dv)], so the head's keys are H * (dn + dv) apart.
+        kernels::ExpandedAttentionHead(&q[((r0 + i) * H + h) * dqk], &kv[h * (dn + dv)], H * (dn + dv), kpe_all.data(),
+                                       sel, n, dn, dr, dv, scale, &o[((r0 + i) * H + h) * dv], p.data());
       }
     });
   }
