@@ -19,10 +19,12 @@
 //   * publishes the handler's prefix-cache events (TakeKvEvents) every kv_events_interval while
 //     registered, the first time after each registration with the whole set (reset).
 //
-// Threading: one owner thread (the ControlChannel's) runs every WorkerHandler call. The
-// Send* and BeginDrain methods may be called from any thread (e.g. the engine step thread).
-// Ownership: the handler must outlive the agent. Destroying the agent sends Deregister (best
-// effort) and joins its thread; no handler call happens after the destructor returns.
+// Threading: one owner thread (the ControlChannel's) runs every WorkerHandler call except
+// PrepareJob, which runs on the agent's JobPreparer thread (job_preparer.h) so that slow set-up
+// never holds the heartbeats. The Send* and BeginDrain methods may be called from any thread
+// (e.g. the engine step thread). Ownership: the handler must outlive the agent. Destroying the
+// agent sends Deregister (best effort) and joins both threads; no handler call happens after
+// the destructor returns.
 #pragma once
 
 #include <chrono>
