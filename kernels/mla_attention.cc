@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/gemm_simd.h"
 
 namespace pdserve::kernels {
 
@@ -456,15 +457,6 @@ void IndexerScores(const KvTokenView& kv, const double* q_decoded, const float* 
 
 namespace {
 
-// DotF32's reduction of its two ymm accumulators (kernels/elementwise.cc).
-inline float ReduceLikeDotF32Pair(__m256 acc0, __m256 acc1) {
-  acc0 = _mm256_add_ps(acc0, acc1);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
 // out[k] = DotF32(a, b[k], n) for KB rows b[k], bit for bit. REQUIRES n % 16 == 0.
 template <int KB>
 inline void DotsLikeDotF32(const float* a, const float* const* b, int64_t n, float* out) {
@@ -477,7 +469,8 @@ inline void DotsLikeDotF32(const float* a, const float* const* b, int64_t n, flo
       acc1[k] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b[k] + i + 8), acc1[k]);
     }
   }
-  for (int k = 0; k < KB; ++k) out[k] = ReduceLikeDotF32Pair(acc0[k], acc1[k]);
+  // DotF32's reduction: the two accumulators added, then internal::Hsum8's tree.
+  for (int k = 0; k < KB; ++k) out[k] = internal::Hsum8(_mm256_add_ps(acc0[k], acc1[k]));
 }
 
 // o[i0, i0 + 8V) = sum_j p[j] * v_j[i0, ...), one fma chain per element from zero.
@@ -499,7 +492,7 @@ inline void AccumulateExpanded(const float* p, const float* kv, int64_t kv_strid
 void ExpandedAttentionHead(const float* q, const float* kv, int64_t kv_stride, const float* kpe, const int32_t* sel,
                            int64_t n, int64_t dn, int64_t dr, int64_t dv, float scale, float* o, float* scratch) {
   float* p = scratch;
-  if (dn % 16 != 0 || dr % 16 != 0 || dv % 8 != 0) {
+  if (dn % 16 != 0 || dr % 16 != 0) {
     // Odd sizes: the plain loop (what the blocked code below reproduces).
     for (int64_t j = 0; j < n; ++j) {
       const float dot = DotF32(q, kv + sel[j] * kv_stride, dn) + DotF32(q + dn, kpe + sel[j] * dr, dr);

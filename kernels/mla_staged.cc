@@ -20,6 +20,7 @@
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/gemm_simd.h"
 #include "kernels/isa.h"
 #include "kernels/mla_attention.h"
 
@@ -58,13 +59,8 @@ inline __m256 Load8(const void* row, int64_t i) {
   }
 }
 
-inline float ReduceLikeDotF32(__m256 acc0, __m256 acc1) {
-  acc0 = _mm256_add_ps(acc0, acc1);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
+// DotF32's reduction: the two accumulators added, then internal::Hsum8's tree.
+inline float ReduceLikeDotF32(__m256 acc0, __m256 acc1) { return internal::Hsum8(_mm256_add_ps(acc0, acc1)); }
 
 // out[h * ldo + k] = DotF32(q + h * ldq, key k, dim) for HB heads and KB keys (rows of the
 // stage, `ldk` elements apart). REQUIRES dim % 16 == 0.
