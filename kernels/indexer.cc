@@ -13,6 +13,7 @@
 #include "common/dtype.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/isa.h"
+#include "kernels/kernel_table.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
@@ -191,12 +192,9 @@ void ApproxBlockAvx2(const float* q, int64_t dim, int64_t n_heads, const uint8_t
   else ApproxDotsAllHeads<1>(q, dim, kd, n_heads, dots);
 }
 
-// The AVX-512 variants run when the process's ISA level (kernels/isa.h: the CPU, or PDSERVE_ISA
-// forced lower) includes AVX-512.
-bool UseAvx512() {
-  static const bool ok = ActiveIsa() >= Isa::kAvx512;
-  return ok;
-}
+// The AVX-512 variants run when the active kernel table's level (kernels/isa.h: the CPU, or
+// PDSERVE_ISA forced lower; tests switch it with TEST_SetActiveIsa) includes AVX-512.
+bool UseAvx512() { return internal::ActiveTable().isa >= Isa::kAvx512; }
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")

@@ -46,10 +46,19 @@ struct KvTokenView {
   KvLatentFormat latent_format = KvLatentFormat::kFp8Blockwise;
   KvIndexFormat index_format = KvIndexFormat::kFp8;
 
-  const uint8_t* Field(int64_t t, int64_t offset, int64_t stride) const {
+  const uint8_t* Field(int64_t t, int64_t offset, int64_t stride) const { return At(Locate(t), offset, stride); }
+
+  // Token t's block start and slot, found once for all of its fields (Field divides by
+  // block_tokens on every call).
+  struct Slot {
+    const uint8_t* block;
+    int64_t slot;
+  };
+  Slot Locate(int64_t t) const {
     const int64_t block = block_table ? block_table[t / block_tokens] : t / block_tokens;
-    return base + block * block_stride + offset + (t % block_tokens) * stride;
+    return {base + block * block_stride, t % block_tokens};
   }
+  const uint8_t* At(const Slot& s, int64_t offset, int64_t stride) const { return s.block + offset + s.slot * stride; }
 };
 
 // Quantize-on-write of one token's latent x[dim] (bf16 values) in format f: codes get

@@ -17,6 +17,8 @@
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/isa_test_util.h"
+#include "kernels/kernel_table.h"
 
 namespace pdserve::kernels {
 namespace {
@@ -343,37 +345,79 @@ TEST(MlaAttentionTest, AllHeadsKernelEqualsPerHeadBitwise) {
 
 // The staged kernel reads each format's stage and computes bitwise what the fp32 gather
 // path computes (every format, head tails, odd key counts, the unstaged fallback's sizes).
-TEST(MlaAttentionTest, StagedEqualsGatheredBitwise) {
-  std::mt19937 rng(21);
-  std::normal_distribution<float> nd;
-  for (auto lf : {KvLatentFormat::kFp8Blockwise, KvLatentFormat::kBf16, KvLatentFormat::kInt8PerToken}) {
-    const int64_t n_tokens = 700;
-    const Fields f = FieldsFor(lf);
-    std::vector<uint8_t> records(static_cast<size_t>(n_tokens * f.Record()));
-    for (int64_t t = 0; t < n_tokens; ++t) FillRecord(&records[t * f.Record()], lf, KvIndexFormat::kFp8, rng);
-    const KvTokenView view = RecordView(records.data(), lf, KvIndexFormat::kFp8, n_tokens);
-    for (int64_t H : {24, 16, 9, 3, 1})
-      for (int64_t n : {1, 5, 37, 512}) {
-        std::vector<int32_t> sel;
-        for (int64_t j = 0; j < n; ++j) sel.push_back(static_cast<int32_t>((j * 7919) % n_tokens));
-        const int64_t q_stride = kLatent + 5, pe_stride = kRope + 3, o_stride = kLatent + 2;
-        std::vector<float> q_lat(H * q_stride), q_pe(H * pe_stride);
-        for (auto& v : q_lat) v = RoundToBf16(nd(rng) * 0.2f);
-        for (auto& v : q_pe) v = RoundToBf16(nd(rng) * 0.2f);
-        std::vector<float> c(n * kLatent), kpe(n * kRope), scratch(2 * H * n);
-        GatherLatent(view, sel.data(), n, c.data(), kpe.data());
-        std::vector<float> want(H * o_stride, 0.0f), got(H * o_stride, 0.0f);
-        AbsorbedAttentionHeads(q_lat.data(), q_stride, q_pe.data(), pe_stride, H, c.data(), kpe.data(), n, kLatent, kRope,
-                               0.07f, want.data(), o_stride, scratch.data());
-        LatentStage stage;
-        PrepareLatentStage(view, n, &stage);
-        StageLatent(view, sel.data(), 0, n / 2, &stage);  // in two ranges, as threads would
-        StageLatent(view, sel.data(), n / 2, n, &stage);
-        StagedAttentionHeads(stage, q_lat.data(), q_stride, q_pe.data(), pe_stride, H, 0.07f, got.data(), o_stride,
-                             scratch.data());
-        ASSERT_EQ(got, want) << "format " << static_cast<int>(lf) << " H " << H << " n " << n;
+// Staging decodes every fp8 code (subnormals, zeros of both signs, the largest) to the bf16 of
+// table[code] * scale, with power-of-two scales from tiny to large, on every level.
+TEST(MlaAttentionTest, StagingDecodesEveryFp8CodeOnEveryIsa) {
+  const Fields f = FieldsFor(KvLatentFormat::kFp8Blockwise);
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7f) != 0x7f) codes.push_back(static_cast<uint8_t>(c));  // 0x7f / 0xff: NaN
+  const std::vector<std::pair<float, float>> scale_pairs = {{0.015625f, 1024.0f}, {std::ldexp(1.0f, -100), std::ldexp(1.0f, 90)}};
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    for (const auto& [s0, s1] : scale_pairs) {
+      const int64_t n_tokens = static_cast<int64_t>((codes.size() + kLatent - 1) / kLatent) + 1;
+      std::vector<uint8_t> records(static_cast<size_t>(n_tokens * f.Record()), 0);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        uint8_t* rec = &records[static_cast<size_t>(t * f.Record())];
+        for (int64_t i = 0; i < kLatent; ++i) rec[i] = codes[static_cast<size_t>(t * kLatent + i) % codes.size()];
+        const float scales[2] = {s0, s1};
+        std::memcpy(&rec[f.code], scales, 8);
       }
-  }
+      const KvTokenView v = RecordView(records.data(), KvLatentFormat::kFp8Blockwise, KvIndexFormat::kFp8, n_tokens);
+      std::vector<int32_t> sel(static_cast<size_t>(n_tokens));
+      std::iota(sel.rbegin(), sel.rend(), 0);  // any order
+      LatentStage stage;
+      PrepareLatentStage(v, n_tokens, &stage);
+      StageLatent(v, sel.data(), 0, n_tokens, &stage);
+      for (int64_t j = 0; j < n_tokens; ++j) {
+        const uint8_t* rec = &records[static_cast<size_t>(sel[j] * f.Record())];
+        for (int64_t i = 0; i < kLatent; ++i) {
+          const float want = Fp8E4M3ToF32(rec[i]) * (i < 128 ? s0 : s1);
+          ASSERT_EQ(stage.c16[static_cast<size_t>(j * kLatent + i)], F32ToBf16Bits(want))
+              << "code " << int{rec[i]} << " scale " << (i < 128 ? s0 : s1);
+        }
+      }
+    }
+    internal::TEST_SetActiveIsa(previous);
+  });
+}
+
+TEST(MlaAttentionTest, StagedEqualsGatheredBitwise) {
+  ForEachIsa([](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    std::mt19937 rng(21);
+    std::normal_distribution<float> nd;
+    for (auto lf : {KvLatentFormat::kFp8Blockwise, KvLatentFormat::kBf16, KvLatentFormat::kInt8PerToken}) {
+      const int64_t n_tokens = 700;
+      const Fields f = FieldsFor(lf);
+      std::vector<uint8_t> records(static_cast<size_t>(n_tokens * f.Record()));
+      for (int64_t t = 0; t < n_tokens; ++t) FillRecord(&records[t * f.Record()], lf, KvIndexFormat::kFp8, rng);
+      const KvTokenView view = RecordView(records.data(), lf, KvIndexFormat::kFp8, n_tokens);
+      for (int64_t H : {24, 16, 9, 3, 1})
+        for (int64_t n : {1, 5, 37, 512}) {
+          std::vector<int32_t> sel;
+          for (int64_t j = 0; j < n; ++j) sel.push_back(static_cast<int32_t>((j * 7919) % n_tokens));
+          const int64_t q_stride = kLatent + 5, pe_stride = kRope + 3, o_stride = kLatent + 2;
+          std::vector<float> q_lat(H * q_stride), q_pe(H * pe_stride);
+          for (auto& v : q_lat) v = RoundToBf16(nd(rng) * 0.2f);
+          for (auto& v : q_pe) v = RoundToBf16(nd(rng) * 0.2f);
+          std::vector<float> c(n * kLatent), kpe(n * kRope), scratch(2 * H * n);
+          GatherLatent(view, sel.data(), n, c.data(), kpe.data());
+          std::vector<float> want(H * o_stride, 0.0f), got(H * o_stride, 0.0f);
+          AbsorbedAttentionHeads(q_lat.data(), q_stride, q_pe.data(), pe_stride, H, c.data(), kpe.data(), n, kLatent, kRope,
+                                 0.07f, want.data(), o_stride, scratch.data());
+          LatentStage stage;
+          PrepareLatentStage(view, n, &stage);
+          StageLatent(view, sel.data(), 0, n / 2, &stage);  // in two ranges, as threads would
+          StageLatent(view, sel.data(), n / 2, n, &stage);
+          StagedAttentionHeads(stage, q_lat.data(), q_stride, q_pe.data(), pe_stride, H, 0.07f, got.data(), o_stride,
+                               scratch.data());
+          ASSERT_EQ(got, want) << "format " << static_cast<int>(lf) << " H " << H << " n " << n;
+        }
+    }
+    internal::TEST_SetActiveIsa(previous);
+  });
 }
 
 }  // namespace

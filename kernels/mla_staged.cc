@@ -22,6 +22,7 @@
 #include "kernels/fp8_quant.h"
 #include "kernels/gemm_simd.h"
 #include "kernels/isa.h"
+#include "kernels/kernel_table.h"
 #include "kernels/mla_attention.h"
 
 // GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
@@ -39,12 +40,9 @@ float LoadF32(const uint8_t* p) {
   return v;
 }
 
-// The AVX-512 variants run when the process's ISA level (kernels/isa.h: the CPU, or PDSERVE_ISA
-// forced lower) includes AVX-512.
-bool UseAvx512() {
-  static const bool ok = ActiveIsa() >= Isa::kAvx512;
-  return ok;
-}
+// The AVX-512 variants run when the active kernel table's level (kernels/isa.h: the CPU, or
+// PDSERVE_ISA forced lower; tests switch it with TEST_SetActiveIsa) includes AVX-512.
+bool UseAvx512() { return internal::ActiveTable().isa >= Isa::kAvx512; }
 
 // ---- AVX2 -----------------------------------------------------------------------------------
 
@@ -306,6 +304,51 @@ void CombineScores(float* x, const float* y, int64_t n, float scale) {
   for (; i < n; ++i) x[i] = RoundToBf16(RoundToBf16(RoundToBf16(x[i]) + RoundToBf16(y[i])) * scale);
 }
 
+// ---- Staging ----------------------------------------------------------------------------------
+
+// One fp8 block (kFp8BlockSize e4m3 codes, scale s: a power of two) as bf16 bits. table[code] * s
+// is an fp8 value times a power of two: exact in fp32 and in bf16, so its top 16 bits are the
+// bf16. Computed as (code / 256) via its fp16 bit pattern, times s * 256 (see GatherLatent).
+void Fp8BlockToBf16Avx2(const uint8_t* codes, float s, uint16_t* out) {
+  const __m256i x16 = _mm256_set1_epi16(0x7f), s16 = _mm256_set1_epi16(static_cast<short>(0x80));
+  const __m256 vs = _mm256_set1_ps(s * 256.0f);
+  for (int64_t i = 0; i < kFp8BlockSize; i += 16) {
+    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, s16), 8),
+                                      _mm256_slli_epi16(_mm256_and_si256(x, x16), 7));
+    const __m256 lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), vs);
+    const __m256 hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), vs);
+    // Top halves of the 16 fp32 values, in order.
+    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(lo), 16),
+                                               _mm256_srli_epi32(_mm256_castps_si256(hi), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(packed, 0xd8));
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+// Fp8BlockToBf16Avx2's arithmetic, 32 codes at a time.
+void Fp8BlockToBf16Avx512(const uint8_t* codes, float s, uint16_t* out) {
+  const __m512i x16 = _mm512_set1_epi16(0x7f), s16 = _mm512_set1_epi16(static_cast<short>(0x80));
+  const __m512 vs = _mm512_set1_ps(s * 256.0f);
+  static_assert(kFp8BlockSize % 32 == 0);
+  for (int64_t i = 0; i < kFp8BlockSize; i += 32) {
+    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)));
+    const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(x, s16), 8),
+                                      _mm512_slli_epi16(_mm512_and_si512(x, x16), 7));
+    const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), vs);
+    const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), vs);
+    // Top halves of the 32 fp32 values: packus interleaves 128-bit lanes (lo0 hi0 lo1 hi1 ...),
+    // the permute puts them back in order.
+    const __m512i packed = _mm512_packus_epi32(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
+                                               _mm512_srli_epi32(_mm512_castps_si512(hi), 16));
+    _mm512_storeu_si512(out + i, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed));
+  }
+}
+
+#pragma GCC pop_options
+
 }  // namespace
 
 void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage) {
@@ -324,38 +367,20 @@ void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage) {
 
 void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64_t end, LatentStage* stage) {
   const int64_t dim = kv.latent_dim, dr = kv.rope_dim;
-  const float* table = Fp8E4M3DecodeTable();
+  const bool avx512 = UseAvx512();
   for (int64_t j = begin; j < end; ++j) {
-    const int64_t t = sel[j];
-    const uint8_t* codes = kv.Field(t, kv.latent_offset, kv.latent_stride);
-    std::memcpy(&stage->kpe[static_cast<size_t>(j * dr)], kv.Field(t, kv.kpe_offset, kv.kpe_stride),
+    const KvTokenView::Slot at = kv.Locate(sel[j]);
+    const uint8_t* codes = kv.At(at, kv.latent_offset, kv.latent_stride);
+    std::memcpy(&stage->kpe[static_cast<size_t>(j * dr)], kv.At(at, kv.kpe_offset, kv.kpe_stride),
                 static_cast<size_t>(dr) * 2);
     switch (kv.latent_format) {
       case KvLatentFormat::kFp8Blockwise: {
-        // table[code] * s is an fp8 value times a power of two: exact in fp32 and in bf16, so
-        // its top 16 bits are the bf16.
         uint16_t* c = &stage->c16[static_cast<size_t>(j * dim)];
-        const uint8_t* scales = kv.Field(t, kv.latent_scale_offset, kv.latent_scale_stride);
+        const uint8_t* scales = kv.At(at, kv.latent_scale_offset, kv.latent_scale_stride);
         for (int64_t b = 0; b < dim / kFp8BlockSize; ++b) {
           const float s = LoadF32(scales + 4 * b);
-          const uint8_t* cb = codes + b * kFp8BlockSize;
-          uint16_t* ob = c + b * kFp8BlockSize;
-          int64_t i = 0;
-          const __m256i x16 = _mm256_set1_epi16(0x7f), s16 = _mm256_set1_epi16(static_cast<short>(0x80));
-          const __m256 vs = _mm256_set1_ps(s * 256.0f);
-          for (; i + 16 <= kFp8BlockSize; i += 16) {
-            // (code / 256) via its fp16 bit pattern, times s * 256 (see GatherLatent).
-            const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(cb + i)));
-            const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, s16), 8),
-                                              _mm256_slli_epi16(_mm256_and_si256(x, x16), 7));
-            const __m256 lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), vs);
-            const __m256 hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), vs);
-            // Top halves of the 16 fp32 values, in order.
-            const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(lo), 16),
-                                                       _mm256_srli_epi32(_mm256_castps_si256(hi), 16));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(ob + i), _mm256_permute4x64_epi64(packed, 0xd8));
-          }
-          for (; i < kFp8BlockSize; ++i) ob[i] = F32ToBf16Bits(table[cb[i]] * s);
+          if (avx512) Fp8BlockToBf16Avx512(codes + b * kFp8BlockSize, s, c + b * kFp8BlockSize);
+          else Fp8BlockToBf16Avx2(codes + b * kFp8BlockSize, s, c + b * kFp8BlockSize);
         }
         break;
       }
@@ -363,7 +388,7 @@ void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64
         std::memcpy(&stage->c16[static_cast<size_t>(j * dim)], codes, static_cast<size_t>(dim) * 2);
         break;
       case KvLatentFormat::kInt8PerToken: {
-        const float s = LoadF32(kv.Field(t, kv.latent_scale_offset, kv.latent_scale_stride));
+        const float s = LoadF32(kv.At(at, kv.latent_scale_offset, kv.latent_scale_stride));
         float* c = &stage->c32[static_cast<size_t>(j * dim)];
         for (int64_t i = 0; i < dim; ++i) c[i] = static_cast<float>(static_cast<int8_t>(codes[i])) * s;
         break;
