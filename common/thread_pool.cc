@@ -60,7 +60,16 @@ void ThreadPool::RunChunks(uint64_t gen) {
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                              int64_t min_chunk) {
   if (n <= 0) return;
-  int64_t chunk = std::max<int64_t>(std::max<int64_t>(1, min_chunk), (n + n_threads_ * 4 - 1) / (n_threads_ * 4));
+  Run(n, std::max<int64_t>(std::max<int64_t>(1, min_chunk), (n + n_threads_ * 4 - 1) / (n_threads_ * 4)), fn);
+}
+
+void ThreadPool::ParallelForChunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  Run(n, std::max<int64_t>(1, chunk), fn);
+}
+
+void ThreadPool::Run(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+  // The claim word holds at most kChunkMask chunks.
   chunk = std::max<int64_t>(chunk, (n + static_cast<int64_t>(kChunkMask) - 1) / static_cast<int64_t>(kChunkMask));
   bool expected = false;
   if (n_threads_ == 1 || n <= chunk || !in_job_.compare_exchange_strong(expected, true)) {
