@@ -289,10 +289,16 @@ inline void LaneDots512(const float* q, int64_t dim, const float* kt, __m512* a)
   }
 }
 
-void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_t* const* codes, const float* ks,
-                      KvIndexFormat f, float kmul, float* approx, float* bound) {
-  const int64_t dim = q.dim, H = q.n_heads;
-  alignas(64) float kt[kLaneKeysMaxDim * 16];  // [d][key]
+// 16 keys decoded once for any number of queries: their values transposed to kt [d][key]
+// (value * kmul, exact), their norms in true key units and their scales, in lanes.
+struct KeyBlock16 {
+  alignas(64) float kt[kLaneKeysMaxDim * 16];
+  __m512 kn;  // ||k|| * slack per key
+  __m512 ks;  // the keys' fp32 scales
+};
+
+void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim, KvIndexFormat f, float kmul,
+                      KeyBlock16* kb) {
   __m512 ss = _mm512_setzero_ps();
   for (int64_t i = 0; i < dim; i += 32) {
     __m512i lo[16], hi[16];
@@ -306,14 +312,23 @@ void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_
     Transpose16(hi);
     for (int d = 0; d < 16; ++d) {
       const __m512 a = _mm512_castsi512_ps(lo[d]), b = _mm512_castsi512_ps(hi[d]);
-      _mm512_store_ps(kt + (i + d) * 16, a);
-      _mm512_store_ps(kt + (i + 16 + d) * 16, b);
+      _mm512_store_ps(kb->kt + (i + d) * 16, a);
+      _mm512_store_ps(kb->kt + (i + 16 + d) * 16, b);
       ss = _mm512_fmadd_ps(a, a, ss);
       ss = _mm512_fmadd_ps(b, b, ss);
     }
   }
   // kn = ||k|| * slack, in true key units (the decoded values are value * kmul).
-  const __m512 kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(ss), _mm512_set1_ps(kNormSlack)), _mm512_set1_ps(kmul));
+  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(ss), _mm512_set1_ps(kNormSlack)), _mm512_set1_ps(kmul));
+  kb->ks = _mm512_loadu_ps(ks);
+}
+
+// One query's approximations and bounds of a decoded block of 16 keys.
+void ScoreKeyBlock16(const IndexerQuery& q, const QueryConsts& qc, const KeyBlock16& kb, float kmul, float* approx,
+                     float* bound) {
+  const int64_t dim = q.dim, H = q.n_heads;
+  const float* kt = kb.kt;
+  const __m512 kn = kb.kn;
   const __m512 zero = _mm512_setzero_ps(), u = _mm512_set1_ps(kU), back = _mm512_set1_ps(1.0f / kmul);
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   __m512 acc = zero, m = zero, sd = zero;  // KeyTerms of the 16 keys
@@ -347,13 +362,42 @@ void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_
     terms(a[0], h);
   }
   // Finish, in lanes.
-  const __m512 ksv = _mm512_loadu_ps(ks);
+  const __m512 ksv = kb.ks;
   const __m512 diff = _mm512_add_ps(_mm512_mul_ps(sd, _mm512_set1_ps(1.0f + 1.01f * qc.h_u)),
                                     _mm512_mul_ps(_mm512_set1_ps(2.02f * qc.h_u), m));
   _mm512_storeu_ps(approx, _mm512_mul_ps(acc, ksv));
   const __m512 inner = _mm512_add_ps(_mm512_mul_ps(diff, _mm512_set1_ps(1.0f + kU)),
                                      _mm512_mul_ps(_mm512_set1_ps(2.0f * kU), _mm512_and_ps(acc, abs_mask)));
   _mm512_storeu_ps(bound, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(1.02f), _mm512_and_ps(ksv, abs_mask)), inner));
+}
+
+void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_t* const* codes, const float* ks,
+                      KvIndexFormat f, float kmul, float* approx, float* bound) {
+  KeyBlock16 kb;
+  DecodeKeyBlock16(codes, ks, q.dim, f, kmul, &kb);
+  ScoreKeyBlock16(q, qc, kb, kmul, approx, bound);
+}
+
+// IndexerScoresApproxRows' 16-key blocks from key_begin (while whole): each decoded once, then
+// scored for every query. Returns where the blocks end.
+int64_t ApproxRows512(const KvTokenView& kv, const IndexerQuery* const* queries, const QueryConsts* qc, int64_t n_queries,
+                      int64_t key_begin, int64_t key_end, float* const* approx, float* const* bound) {
+  const float kmul = kv.index_format == KvIndexFormat::kFp8 ? 1.0f / 256 : 1.0f;
+  KeyBlock16 kb;
+  int64_t t0 = key_begin;
+  for (; t0 + 16 <= key_end; t0 += 16) {
+    const uint8_t* codes[16];
+    float ks[16];
+    for (int k = 0; k < 16; ++k) {
+      const KvTokenView::Slot at = kv.Locate(t0 + k);
+      codes[k] = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
+      ks[k] = LoadF32(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride));
+    }
+    DecodeKeyBlock16(codes, ks, kv.index_dim, kv.index_format, kmul, &kb);
+    for (int64_t r = 0; r < n_queries; ++r)
+      ScoreKeyBlock16(*queries[r], qc[r], kb, kmul, approx[r] + (t0 - key_begin), bound[r] + (t0 - key_begin));
+  }
+  return t0;
 }
 
 #pragma GCC pop_options
@@ -427,6 +471,27 @@ void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t k
       Finish(HeadTerms(dots + k * H, kmul, q.w.data(), qc.g, kn, H), qc.h_u, ks[k], approx + (t - key_begin),
              bound + (t - key_begin));
     }
+  }
+}
+
+void IndexerScoresApproxRows(const KvTokenView& kv, const IndexerQuery* const* queries, int64_t n_queries,
+                             int64_t key_begin, int64_t key_end, float* const* approx, float* const* bound) {
+  const int64_t dim = kv.index_dim;
+  int64_t t0 = key_begin;
+  if (n_queries > 1 && UseAvx512() && dim % 32 == 0 && dim <= kLaneKeysMaxDim) {
+    thread_local std::vector<QueryConsts> qc;
+    qc.resize(static_cast<size_t>(n_queries));
+    for (int64_t r = 0; r < n_queries; ++r) {
+      PDSERVE_DCHECK(queries[r]->dim == dim);
+      qc[static_cast<size_t>(r)] = Consts(*queries[r]);
+    }
+    t0 = ApproxRows512(kv, queries, qc.data(), n_queries, key_begin, key_end, approx, bound);
+  }
+  // The rest (fewer than 16 keys, or every key where the lane kernel does not apply), query by
+  // query: the blocks IndexerScoresApprox over [key_begin, key_end) would use there too.
+  if (t0 < key_end) {
+    for (int64_t r = 0; r < n_queries; ++r)
+      IndexerScoresApprox(kv, *queries[r], t0, key_end, approx[r] + (t0 - key_begin), bound[r] + (t0 - key_begin));
   }
 }
 

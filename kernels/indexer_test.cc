@@ -9,9 +9,12 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/fp8_quant.h"
+#include "kernels/isa_test_util.h"
+#include "kernels/kernel_table.h"
 #include "kernels/ref/indexer_ref.h"
 
 namespace pdserve::kernels {
@@ -112,6 +115,50 @@ TEST(IndexerTest, ApproxScoresStayWithinTheirBounds) {
           EXPECT_LT(worst, 1e-3) << heads;
         }
       }
+}
+
+// Several queries over one key range give, bit for bit, what each query's own
+// IndexerScoresApprox call gives: whole 16-key blocks, a tail, one query, odd head counts,
+// both key formats, on every ISA level.
+TEST(IndexerTest, RowsCallEqualsOneCallPerQuery) {
+  std::mt19937 rng(19);
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
+      for (int64_t heads : {16, 3})
+        for (int64_t n_queries : {1, 5}) {
+          const int64_t n = 203, dim = 128;
+          Keys keys = MakeKeys(n, dim, f, KeyKind::kNormal, rng);
+          std::vector<IndexerQuery> iq(static_cast<size_t>(n_queries));
+          std::vector<const IndexerQuery*> qp;
+          for (auto& q : iq) {
+            Query raw = MakeQuery(heads, dim, KeyKind::kNormal, rng);
+            PrepareIndexerQuery(raw.q8.data(), raw.w.data(), heads, dim, &q);
+            qp.push_back(&q);
+          }
+          for (auto [b, e] : {std::pair<int64_t, int64_t>{0, n}, {7, 7 + 48}, {40, 50}}) {
+            std::vector<std::vector<float>> want_a, want_b, got_a, got_b;
+            std::vector<float*> ap, bp;
+            for (int64_t r = 0; r < n_queries; ++r) {
+              want_a.emplace_back(e - b);
+              want_b.emplace_back(e - b);
+              IndexerScoresApprox(keys.view, iq[r], b, e, want_a.back().data(), want_b.back().data());
+              got_a.emplace_back(e - b, -1.0f);
+              got_b.emplace_back(e - b, -1.0f);
+            }
+            for (int64_t r = 0; r < n_queries; ++r) {
+              ap.push_back(got_a[r].data());
+              bp.push_back(got_b[r].data());
+            }
+            IndexerScoresApproxRows(keys.view, qp.data(), n_queries, b, e, ap.data(), bp.data());
+            for (int64_t r = 0; r < n_queries; ++r) {
+              ASSERT_EQ(got_a[r], want_a[r]) << "query " << r << " keys [" << b << ", " << e << ") heads " << heads;
+              ASSERT_EQ(got_b[r], want_b[r]) << "query " << r << " keys [" << b << ", " << e << ") heads " << heads;
+            }
+          }
+        }
+    internal::TEST_SetActiveIsa(previous);
+  });
 }
 
 TEST(IndexerTest, TopKEqualsTheExactScoresTopK) {

@@ -37,6 +37,10 @@ void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs) {
 namespace {
 constexpr float kNormEps = 1e-6f;
 constexpr int64_t kIndexerKeysPerTask = 1024;  // keys scored per parallel work item
+// Rows of one sequence scored together over a run of keys (each key block decoded once for
+// them all: kernels::IndexerScoresApproxRows); their prepared queries, 8 KiB of floats each
+// at 16 x 128, stay in L2.
+constexpr int64_t kIndexerRowsPerTask = 16;
 // Keys scored per wave of rows (8 bytes each: score and bound): 128 MiB at most.
 constexpr int64_t kIndexerWaveKeys = int64_t{1} << 24;
 
@@ -322,8 +326,9 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   // with at most K causal keys selects them all. A traced row scores every key exactly (the
   // trace records the scores); the others take the fp32 scores with certified bounds and
   // rescore exactly only the keys near the cut (kernels/indexer.h): the same selection.
-  // Work items are (row, run of keys) so one long row still uses every thread; rows go in
-  // waves of at most kIndexerWaveKeys keys, which bounds the score buffers of a long prefill.
+  // Work items are (rows, run of keys) so one long row still uses every thread, and a prefill
+  // chunk's rows decode each key block once between them; rows go in waves of at most
+  // kIndexerWaveKeys keys, which bounds the score buffers of a long prefill.
   enum class Mode : uint8_t { kSkip, kAll, kExact, kApprox };
   std::vector<Mode> mode(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) {
@@ -333,10 +338,13 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
     const int64_t n_keys = plan.row_pos[i] + 1;
     mode[i] = traced ? Mode::kExact : forced ? Mode::kSkip : n_keys <= K ? Mode::kAll : Mode::kApprox;
   }
-  struct Task { int64_t row, begin, end; };
+  // A task scores keys [begin, end) for rows [row_begin, row_end): one row, or rows of one
+  // sequence that all cover those keys (a prefill chunk's rows share their keys).
+  struct Task { int64_t row_begin, row_end, begin, end; };
   std::vector<Task> tasks;
   std::vector<int64_t> score_off;
   std::vector<float> scores, bounds;
+  std::vector<kernels::IndexerQuery> queries;  // the wave's kApprox rows, prepared once
   int64_t row0 = 0;
   while (row0 < S) {
     // One wave: rows [row0, row1).
@@ -346,37 +354,73 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
     while (row1 < S && (row1 == row0 || total < kIndexerWaveKeys)) {
       const Mode m = mode[row1];
       const int64_t n_keys = m == Mode::kExact || m == Mode::kApprox ? plan.row_pos[row1] + 1 : 0;
-      for (int64_t b = 0; b < n_keys; b += kIndexerKeysPerTask)
-        tasks.push_back({row1, b, std::min(n_keys, b + kIndexerKeysPerTask)});
       total += n_keys;
       score_off.push_back(total);
       ++row1;
+    }
+    // Runs of kApprox rows of one sequence with ascending positions (so the rows covering a
+    // key block are a suffix of the run) share tasks; every other scored row has its own.
+    for (int64_t r = row0; r < row1;) {
+      int64_t run_end = r + 1;
+      if (mode[r] == Mode::kApprox) {
+        while (run_end < row1 && mode[run_end] == Mode::kApprox && plan.row_seq[run_end] == plan.row_seq[r] &&
+               plan.row_pos[run_end] > plan.row_pos[run_end - 1])
+          ++run_end;
+      }
+      if (mode[r] != Mode::kExact && mode[r] != Mode::kApprox) {
+        r = run_end;
+        continue;
+      }
+      const int64_t max_keys = plan.row_pos[run_end - 1] + 1;
+      for (int64_t b = 0; b < max_keys; b += kIndexerKeysPerTask) {
+        const int64_t e = b + kIndexerKeysPerTask;
+        int64_t full = run_end;  // the rows [full, run_end) cover all of [b, e)
+        while (full > r && plan.row_pos[full - 1] + 1 >= e) --full;
+        for (int64_t i = r; i < full; ++i) {
+          const int64_t n_keys = plan.row_pos[i] + 1;
+          if (n_keys > b) tasks.push_back({i, i + 1, b, std::min(n_keys, e)});
+        }
+        for (int64_t i = full; i < run_end; i += kIndexerRowsPerTask)
+          tasks.push_back({i, std::min(run_end, i + kIndexerRowsPerTask), b, e});
+      }
+      r = run_end;
     }
     scores.resize(static_cast<size_t>(total));
     bounds.resize(static_cast<size_t>(total));
     if (plan.stats) plan.stats->kv_bytes_read += total * (ID + 4);
     op_scope.Switch(kOpIndexer);
+    queries.resize(static_cast<size_t>(row1 - row0));
+    pool_->ParallelFor(row1 - row0, [&](int64_t b, int64_t e) {
+      for (int64_t i = row0 + b; i < row0 + e; ++i)
+        if (mode[i] == Mode::kApprox || mode[i] == Mode::kExact)
+          kernels::PrepareIndexerQuery(&q8[i * IH * ID], &wts[i * IH], IH, ID, &queries[i - row0]);
+    }, 8);
     pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
-      thread_local kernels::IndexerQuery iq;
-      int64_t prepared = -1;
+      std::vector<const kernels::IndexerQuery*> qs;
+      std::vector<float*> approx, bound;
       for (int64_t j = b; j < e; ++j) {
         const Task& t = tasks[j];
-        if (t.row != prepared) {
-          kernels::PrepareIndexerQuery(&q8[t.row * IH * ID], &wts[t.row * IH], IH, ID, &iq);
-          prepared = t.row;
+        const kernels::KvTokenView view = plan.seqs[plan.row_seq[t.row_begin]].kv.View(layer);
+        if (mode[t.row_begin] == Mode::kExact) {
+          const kernels::IndexerQuery& iq = queries[t.row_begin - row0];
+          kernels::IndexerScores(view, iq.qd.data(), iq.w.data(), IH, t.begin, t.end, &scores[score_off[t.row_begin - row0]]);
+          continue;
         }
-        const kernels::KvTokenView view = plan.seqs[plan.row_seq[t.row]].kv.View(layer);
-        const int64_t off = score_off[t.row - row0];
-        if (mode[t.row] == Mode::kExact) {
-          kernels::IndexerScores(view, iq.qd.data(), iq.w.data(), IH, t.begin, t.end, &scores[off]);
-        } else {
-          kernels::IndexerScoresApprox(view, iq, t.begin, t.end, &scores[off + t.begin], &bounds[off + t.begin]);
+        qs.clear();
+        approx.clear();
+        bound.clear();
+        for (int64_t i = t.row_begin; i < t.row_end; ++i) {
+          const int64_t off = score_off[i - row0];
+          qs.push_back(&queries[i - row0]);
+          approx.push_back(&scores[off + t.begin]);
+          bound.push_back(&bounds[off + t.begin]);
         }
+        kernels::IndexerScoresApproxRows(view, qs.data(), t.row_end - t.row_begin, t.begin, t.end, approx.data(),
+                                         bound.data());
       }
     });
     op_scope.Switch(kOpIndexerTopk);
     pool_->ParallelFor(row1 - row0, [&](int64_t b, int64_t e) {
-      thread_local kernels::IndexerQuery iq;
       std::vector<int32_t> scratch;
       for (int64_t i = row0 + b; i < row0 + e; ++i) {
         int32_t* out = &(*topk)[i * K];
@@ -392,9 +436,8 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
             kernels::TopKIndices(&scores[off], n_keys, K, out, scratch.data());
             break;
           case Mode::kApprox:
-            kernels::PrepareIndexerQuery(&q8[i * IH * ID], &wts[i * IH], IH, ID, &iq);
-            kernels::IndexerTopK(plan.seqs[plan.row_seq[i]].kv.View(layer), iq, &scores[off], &bounds[off], n_keys, K,
-                                 out);
+            kernels::IndexerTopK(plan.seqs[plan.row_seq[i]].kv.View(layer), queries[i - row0], &scores[off], &bounds[off],
+                                 n_keys, K, out);
             break;
         }
       }
