@@ -124,6 +124,7 @@ TEST(SchedulerTest, PreemptsLatestWhenBlocksRunOutAndRecomputesOutputs) {
   SchedulerOptions o;
   o.max_step_tokens = 64;
   o.prefill_chunk = 64;
+  o.twin_prompts = false;  // the two prompts are equal: both must compute it here
   Scheduler s(o, pool->get());
   std::vector<Request> rs = {MakeRequest(0, 8), MakeRequest(1, 8)};
   for (auto& r : rs) s.AddWaiting(&r);

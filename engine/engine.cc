@@ -40,6 +40,8 @@ Result<std::unique_ptr<BlockPool>> MakePool(const EngineOptions& options, const 
 
 EngineOptions Effective(EngineOptions options) {
   if (options.group && options.group->whole_prompts()) options.scheduler.whole_prompts = true;
+  // A twin's KV is copied within this process's pool; a group's ranks hold theirs elsewhere.
+  if (options.group) options.scheduler.twin_prompts = false;
   return options;
 }
 

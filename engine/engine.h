@@ -319,7 +319,11 @@ class Engine {
   struct ConstraintStep {
     int64_t rows = 0;
     double seconds = 0;
+    int64_t twin_tokens = 0;  // first tokens of twin prompts (scheduler.h), beside the batch's rows
   };
+  // The waiting twins of the prompts that complete in this step: each gets blocks holding a
+  // copy of its twin's KV and joins the running set; returned with the twin's logits row.
+  std::vector<std::pair<Request*, int64_t>> AdoptTwins(const std::vector<ScheduledChunk>& chunks);
   ConstraintStep SampleAndEmit(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>* events);
   // A failed forward ends every request of the step with an error event.
   void FailChunks(const std::vector<ScheduledChunk>& chunks, const Status& why, std::vector<TokenEvent>* events);

@@ -256,13 +256,14 @@ TEST(EnginePrefixTest, ConcurrentRequestsWithOnePrefixComputeItOnce) {
   ASSERT_TRUE(RunUntilIdle(e.get()));
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Output warm = Collect(ev, reqs[i].first);
-    // The first computes all; the rest map the 6 whole blocks of the shared 100 tokens (for
-    // the copy of the prompt: 6 blocks = 96 tokens, never its last token).
-    EXPECT_EQ(warm.cached, i == 0 ? 0 : 96) << i;
+    // The first computes all; request 1, its twin (the same prompt), copies the whole
+    // prompt's KV (scheduler.h: twin prompts); the others map the 6 whole blocks (96 tokens)
+    // of the shared 100.
+    EXPECT_EQ(warm.cached, i == 0 ? 0 : i == 1 ? 100 : 96) << i;
     const SamplingParams p = i % 2 ? Seeded(10, 300 + static_cast<int>(i)) : Greedy(10);
     EXPECT_TRUE(warm == Cold(reqs[i].second, p)) << "request " << i;
   }
-  EXPECT_EQ(e->Stats().prefix_hit_tokens, 3 * 96);
+  EXPECT_EQ(e->Stats().prefix_hit_tokens, 100 + 2 * 96);
   ExpectNoLeak(e.get());
 }
 

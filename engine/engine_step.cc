@@ -2,6 +2,8 @@
 // checks, finishing requests and delivering events.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <utility>
 
 #include "common/logging.h"
 #include "engine/engine.h"
@@ -345,9 +347,45 @@ model::LayerKvDone Engine::BeginKvExports(const std::vector<ScheduledChunk>& chu
   };
 }
 
+std::vector<std::pair<Request*, int64_t>> Engine::AdoptTwins(const std::vector<ScheduledChunk>& chunks) {
+  std::vector<std::pair<Request*, int64_t>> twins;
+  const int64_t bb = pool_->block_bytes();
+  for (int64_t k = 0; const ScheduledChunk& c : chunks) {
+    if (!c.sample) continue;
+    const int64_t row = k++;
+    const Request* r = c.request;
+    if (c.start + c.n != r->prompt_len || r->n_output() != 0) continue;  // not a prompt's last chunk
+    for (Request* t : scheduler_.TakeTwins(*r)) {
+      if (!t->blocks.EnsureCapacity(pool_.get(), r->prompt_len).ok()) {
+        scheduler_.RequeueTwin(t);  // computes its prompt itself, when blocks free up
+        continue;
+      }
+      // Whole blocks, every layer (the last one's slots past the prompt are never read before
+      // they are written).
+      for (int64_t b = 0; b < t->blocks.n_blocks(); ++b)
+        std::memcpy(pool_->base() + t->blocks.ids()[static_cast<size_t>(b)] * bb,
+                    pool_->base() + r->blocks.ids()[static_cast<size_t>(b)] * bb, static_cast<size_t>(bb));
+      t->num_computed = r->prompt_len;
+      scheduler_.AdmitTwin(t);
+      if (!t->scheduled_once) {
+        t->scheduled_once = true;
+        t->pending_queue_seconds = std::max(0.0, Seconds(t->queued_at, Clock::now()));
+      }
+      twins.emplace_back(t, row);
+    }
+  }
+  return twins;
+}
+
 Engine::ConstraintStep Engine::SampleAndEmit(const std::vector<ScheduledChunk>& chunks,
                                              std::vector<TokenEvent>* events) {
   const int64_t V = model_->config().vocab_size;
+  // Twins first, while the requests whose KV they copy still hold it (one may finish below);
+  // each samples from a copy of its twin's logits row (sampling works in place).
+  const std::vector<std::pair<Request*, int64_t>> twins = AdoptTwins(chunks);
+  std::vector<float> twin_logits(twins.size() * static_cast<size_t>(V));
+  for (size_t i = 0; i < twins.size(); ++i)
+    std::copy_n(&logits_[static_cast<size_t>(twins[i].second * V)], V, &twin_logits[i * static_cast<size_t>(V)]);
   // Sampling reads only its own logits row and request: rows run in parallel; appending
   // tokens, stop checks and finishing stay sequential.
   std::vector<Request*> to_sample;
@@ -370,6 +408,19 @@ Engine::ConstraintStep Engine::SampleAndEmit(const std::vector<ScheduledChunk>& 
   }, 4);
   for (size_t k = 0; k < to_sample.size(); ++k)
     if (to_sample[k]) events->push_back(Emit(to_sample[k], sampled[k]));
+  // The twins' first tokens: each as if it had computed the prompt itself (same logits, its
+  // own parameters, penalties and seed).
+  std::vector<SampleResult> twin_sampled(twins.size());
+  model_->pool()->ParallelFor(static_cast<int64_t>(twins.size()), [&](int64_t b, int64_t e) {
+    Sampler sampler;
+    for (int64_t i = b; i < e; ++i) {
+      const Request* t = twins[static_cast<size_t>(i)].first;
+      twin_sampled[static_cast<size_t>(i)] = sampler.Sample(&twin_logits[static_cast<size_t>(i * V)], V, t->params,
+                                                            t->penalties, t->seed, t->n_output());
+    }
+  }, 4);
+  for (size_t i = 0; i < twins.size(); ++i) events->push_back(Emit(twins[i].first, twin_sampled[i]));
+  constrained.twin_tokens = static_cast<int64_t>(twins.size());
   return constrained;
 }
 
@@ -398,7 +449,7 @@ void Engine::PublishStepStats(const StepBatch& batch, const model::BatchStats& b
   stats_.awaiting_kv = static_cast<int64_t>(requests_.size()) - stats_.running - stats_.waiting;
   stats_.prompt_rows += batch.prompt_rows;
   stats_.output_rows += batch.output_rows;
-  stats_.generated_tokens += batch.n_sample;
+  stats_.generated_tokens += batch.n_sample + constrained.twin_tokens;
   stats_.routed_expert_runs += bstats.routed_expert_runs;
   stats_.kv_bytes_read += bstats.kv_bytes_read;
   stats_.schedule_seconds += times.schedule;

@@ -45,7 +45,8 @@ struct TokenEvent {
   int64_t prompt_tokens = 0, output_tokens = 0;  // set on the finishing event
   // Set on the finishing event: prompt tokens whose KV came from the prefix cache when the
   // request was first admitted (0 with the cache off, on a miss, or for an import that was
-  // never preempted: its prompt KV came with the transfer).
+  // never preempted: its prompt KV came with the transfer), or all of them for a twin prompt
+  // that copied another request's KV (engine/scheduler.h).
   int64_t cached_prompt_tokens = 0;
   // The finishing event of a constrained request with RequestConstraint::export_state: its
   // grammar matcher state after every output token (GrammarMatcher::Serialize). The prefill

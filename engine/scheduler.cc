@@ -190,8 +190,8 @@ SchedulerOutput Scheduler::Schedule() {
   if (!out.preempted.empty() || options_.whole_prompts) return out;
   for (size_t i = 0; i < waiting_.size() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs;) {
     Request* r = waiting_[i];
-    if (WaitsForSharedPrefill(r)) {
-      ++i;  // admitted once the running request has cached the first chunk they share
+    if (WaitsForTwin(r) || WaitsForSharedPrefill(r)) {
+      ++i;  // a twin's KV, or the first chunk they share once cached, will be there for it
       continue;
     }
     const int64_t mapped = MapCachedPrefix(r);
@@ -238,6 +238,57 @@ bool Scheduler::WaitsForSharedPrefill(const Request* r) const {
     if (l->num_computed < shared_blocks * B) return true;
   }
   return false;
+}
+
+bool Scheduler::Twinnable(const Request& r) {
+  return r.n_output() == 0 && !r.matcher && !r.kv_export.enabled() && !r.hold_kv;
+}
+
+namespace {
+bool SamePrompt(const Request& a, const Request& b) {
+  return a.prompt_len == b.prompt_len &&
+         std::equal(a.tokens.begin(), a.tokens.begin() + a.prompt_len, b.tokens.begin());
+}
+}  // namespace
+
+bool Scheduler::WaitsForTwin(const Request* r) const {
+  if (!options_.twin_prompts || options_.whole_prompts || r->num_computed != 0 || r->blocks.n_blocks() != 0 ||
+      !Twinnable(*r))
+    return false;
+  for (const Request* l : running_)
+    if (!l->prefill_done() && Twinnable(*l) && SamePrompt(*l, *r)) return true;
+  return false;
+}
+
+std::vector<Request*> Scheduler::TakeTwins(const Request& r) {
+  std::vector<Request*> twins;
+  if (!options_.twin_prompts || options_.whole_prompts || !Twinnable(r)) return twins;
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    Request* t = *it;
+    if (t != &r && t->num_computed == 0 && t->blocks.n_blocks() == 0 && Twinnable(*t) && SamePrompt(r, *t)) {
+      twins.push_back(t);
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return twins;
+}
+
+void Scheduler::AdmitTwin(Request* t) {
+  // Its blocks are copies, not computed here: they never join the cache's chains (the twin's
+  // own blocks do, with the same content). Its lookup counts the whole prompt as found: none
+  // of it is computed (TokenEvent::cached_prompt_tokens, the usage's cached tokens).
+  t->chain_ended = true;
+  CountLookup(t, t->prompt_len);
+  AddRunning(t);
+}
+
+void Scheduler::RequeueTwin(Request* t) {
+  // Back at its place in arrival order.
+  t->state = RequestState::kWaiting;
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [t](const Request* w) { return w->arrival > t->arrival; });
+  waiting_.insert(it, t);
 }
 
 }  // namespace pdserve::engine

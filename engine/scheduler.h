@@ -13,7 +13,12 @@
 //      while a sequence slot, budget and blocks for their first chunk remain (the head of the
 //      queue blocks the rest: no overtaking). With the prefix cache on, a waiting request whose
 //      first chunk is the prompt of a running request still in prefill is passed over until
-//      that prompt is cached (WaitsForSharedPrefill): it then maps the shared prefix.
+//      that prompt is cached (WaitsForSharedPrefill): it then maps the shared prefix. With
+//      twin_prompts, a waiting request whose whole prompt is that of a running request still in
+//      prefill (its "twin": `n` > 1 choices, copies of one prompt) is passed over too: when the
+//      twin's prompt completes, the engine copies the twin's KV into the request's own blocks
+//      and samples its first token from the twin's logits (TakeTwins / AdmitTwin), so no prompt
+//      is computed twice, whatever its length (the prefix cache needs a whole first chunk).
 // With whole_prompts (a CP prefill, engine/rank_group.h, needs the prompt in one model call), a
 // step is either one waiting request's whole prompt alone (admitted first whenever its blocks
 // and a sequence slot are there, whatever its length; with a cached prefix, the prompt's rest)
@@ -41,6 +46,10 @@ struct SchedulerOptions {
   int64_t max_step_tokens = 512;  // token budget per step (prefill chunks + decode tokens)
   int64_t prefill_chunk = 256;    // C; REQUIRES 1 <= C <= max_step_tokens
   bool whole_prompts = false;     // a prompt is one chunk, in a step of its own (see above)
+  // Twin prompts (below): a waiting request whose prompt is token for token that of a running
+  // request still computing it waits, and then takes a copy of its KV (Engine). Off where the
+  // KV does not all live in this process's pool (a rank group).
+  bool twin_prompts = true;
   Status Validate() const;
 };
 
@@ -101,6 +110,17 @@ class Scheduler {
 
   SchedulerOutput Schedule();
 
+  // Twin prompts (SchedulerOptions::twin_prompts). Whether a request can take part: fresh (no
+  // output, nothing computed), unconstrained, no KV export or held blocks.
+  static bool Twinnable(const Request& r);
+  // The waiting twins of r (whose prompt is complete in this step), removed from the queue.
+  std::vector<Request*> TakeTwins(const Request& r);
+  // t, a twin from TakeTwins whose blocks now hold its whole prompt's KV, joins the running set
+  // (num_computed = prompt_len; its lookup counts the whole prompt as found); or goes back to
+  // its place in the queue (RequeueTwin) to compute its prompt itself when it got no blocks.
+  void AdmitTwin(Request* t);
+  void RequeueTwin(Request* t);
+
   int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t total_preemptions() const { return preemptions_; }
@@ -122,6 +142,8 @@ class Scheduler {
   // computing its prompt: r waits for that prompt's blocks to be cached instead of computing
   // the same chunks beside it (OpenAI `n` > 1, a burst of requests with one system prompt).
   bool WaitsForSharedPrefill(const Request* r) const;
+  // r (waiting, twinnable) has a twin running that has not computed its prompt yet.
+  bool WaitsForTwin(const Request* r) const;
   // Forgets r's place in the cache's chains (its blocks were released).
   static void ResetChain(Request* r);
 
