@@ -6,6 +6,7 @@
 // requests never share: Scheduler::Twinnable.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -120,6 +121,36 @@ TEST(EngineTwinsTest, CopiesWithoutBlocksComputeThemselves) {
   const RunResult tight = RunAll(requests, true, 12, true);  // 12 blocks of 16 tokens: 3-4 sequences
   EXPECT_EQ(tight.tokens, alone.tokens);
   EXPECT_GT(tight.stats.prompt_rows, 40);  // some copies computed the prompt themselves
+}
+
+// More copies than sequence slots: the running set never exceeds max_num_seqs, and every copy
+// still gets its run-alone output.
+TEST(EngineTwinsTest, NoMoreTwinsRunThanSequenceSlots) {
+  EngineOptions o = Options(512);
+  o.scheduler.max_num_seqs = 4;
+  auto engine = Engine::Create(o, &TinyModel());
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  EventCollector events;
+  std::mt19937 rng(11);
+  const std::vector<int32_t> prompt = RandomPrompt(&rng, 12);
+  std::vector<RequestId> ids;
+  for (uint64_t i = 0; i < 10; ++i) ids.push_back(e.AddRequest(prompt, Sampling(400 + i, 5, &events)).value());
+  int64_t most_running = 0;
+  for (int step = 0; step < 1000 && !e.Idle(); ++step) {
+    e.Step();
+    most_running = std::max(most_running, e.Stats().running);
+  }
+  ASSERT_TRUE(e.Idle());
+  EXPECT_LE(most_running, 4);
+  for (uint64_t i = 0; i < 10; ++i) {
+    auto alone = Engine::Create(Options(512), &TinyModel());
+    ASSERT_TRUE(alone.ok());
+    EventCollector ev;
+    const RequestId id = (*alone)->AddRequest(prompt, Sampling(400 + i, 5, &ev)).value();
+    ASSERT_TRUE(RunUntilIdle(alone->get()));
+    EXPECT_EQ(events.Tokens(ids[i]), ev.Tokens(id)) << i;
+  }
 }
 
 // Aborting a waiting twin leaves the others whole, and the prompt is still computed once.

@@ -263,7 +263,10 @@ bool Scheduler::WaitsForTwin(const Request* r) const {
 std::vector<Request*> Scheduler::TakeTwins(const Request& r) {
   std::vector<Request*> twins;
   if (!options_.twin_prompts || options_.whole_prompts || !Twinnable(r)) return twins;
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
+  // At most as many as there are free sequence slots; the rest are admitted as usual later
+  // (and compute the prompt themselves).
+  const int64_t room = options_.max_num_seqs - static_cast<int64_t>(running_.size());
+  for (auto it = waiting_.begin(); it != waiting_.end() && static_cast<int64_t>(twins.size()) < room;) {
     Request* t = *it;
     if (t != &r && t->num_computed == 0 && t->blocks.n_blocks() == 0 && Twinnable(*t) && SamePrompt(r, *t)) {
       twins.push_back(t);

@@ -113,7 +113,8 @@ class Scheduler {
   // Twin prompts (SchedulerOptions::twin_prompts). Whether a request can take part: fresh (no
   // output, nothing computed), unconstrained, no KV export or held blocks.
   static bool Twinnable(const Request& r);
-  // The waiting twins of r (whose prompt is complete in this step), removed from the queue.
+  // The waiting twins of r (whose prompt is complete in this step), removed from the queue: as
+  // many as there are free sequence slots (max_num_seqs), in arrival order.
   std::vector<Request*> TakeTwins(const Request& r);
   // t, a twin from TakeTwins whose blocks now hold its whole prompt's KV, joins the running set
   // (num_computed = prompt_len; its lookup counts the whole prompt as found); or goes back to
