@@ -344,7 +344,7 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   std::vector<Task> tasks;
   std::vector<int64_t> score_off;
   std::vector<float> scores, bounds;
-  std::vector<kernels::IndexerQuery> queries;  // the wave's kApprox rows, prepared once
+  std::vector<kernels::IndexerQuery> queries;  // the wave's scored rows (kApprox, kExact), prepared once
   int64_t row0 = 0;
   while (row0 < S) {
     // One wave: rows [row0, row1).
