@@ -112,13 +112,31 @@ void AbsorbedAttentionHeads(const float* q_lat, int64_t q_lat_stride, const floa
 // fp8 and bf16 caches (whose values are exact in bf16: fp8 times a power of two), fp32 for C8.
 // Every head then reads the stage (one key: latent_dim * 2 bytes). Buffers grow and are
 // reused (no allocation in steady state).
+//
+// Paired layout (when latent_dim and rope_dim are multiples of 32, i.e. every real config):
+// the bf16 values of each group of 32 are stored as 16 32-bit words, word d holding value
+// 32c + d in its low half and value 32c + 16 + d in its high half. One shift and one mask then
+// widen 32 values to fp32 in place; the plain layout needs a widening shuffle and a shift per 16
+// values, and those uops share the two AVX-512 ports with the FMAs (the score and output loops
+// ran at ~60% of the FMA peak for that reason). Read single values with LatentBits / KpeBits.
 // Thread-safety: one stage per thread; StageLatent may fill disjoint key ranges concurrently.
 struct LatentStage {
   int64_t n = 0, latent_dim = 0, rope_dim = 0;
   bool bf16 = true;           // latent in c16 (else c32)
+  bool paired = true;         // c16 and kpe in the paired layout (else plain row-major)
   std::vector<uint16_t> c16;  // [n, latent_dim] bf16 bits
   std::vector<float> c32;     // [n, latent_dim]
   std::vector<uint16_t> kpe;  // [n, rope_dim] bf16 bits (as stored)
+
+  // Position of value i within a row of the paired layout.
+  static int64_t PairedIndex(int64_t i) { return (i & ~int64_t{31}) + 2 * (i & 15) + ((i >> 4) & 1); }
+  // bf16 bits of value i of key j (REQUIRES bf16 for LatentBits).
+  uint16_t LatentBits(int64_t j, int64_t i) const {
+    return c16[static_cast<size_t>(j * latent_dim + (paired ? PairedIndex(i) : i))];
+  }
+  uint16_t KpeBits(int64_t j, int64_t i) const {
+    return kpe[static_cast<size_t>(j * rope_dim + (paired ? PairedIndex(i) : i))];
+  }
 };
 
 // Sizes `stage` for n keys of kv's formats (sets n and the dims).

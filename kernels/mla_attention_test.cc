@@ -374,7 +374,7 @@ TEST(MlaAttentionTest, StagingDecodesEveryFp8CodeOnEveryIsa) {
         const uint8_t* rec = &records[static_cast<size_t>(sel[j] * f.Record())];
         for (int64_t i = 0; i < kLatent; ++i) {
           const float want = Fp8E4M3ToF32(rec[i]) * (i < 128 ? s0 : s1);
-          ASSERT_EQ(stage.c16[static_cast<size_t>(j * kLatent + i)], F32ToBf16Bits(want))
+          ASSERT_EQ(stage.LatentBits(j, i), F32ToBf16Bits(want))
               << "code " << int{rec[i]} << " scale " << (i < 128 ? s0 : s1);
         }
       }
@@ -393,27 +393,31 @@ TEST(MlaAttentionTest, StagedEqualsGatheredBitwise) {
       const Fields f = FieldsFor(lf);
       std::vector<uint8_t> records(static_cast<size_t>(n_tokens * f.Record()));
       for (int64_t t = 0; t < n_tokens; ++t) FillRecord(&records[t * f.Record()], lf, KvIndexFormat::kFp8, rng);
-      const KvTokenView view = RecordView(records.data(), lf, KvIndexFormat::kFp8, n_tokens);
+      // A rope part of 16 values (not a multiple of 32) leaves the stage in the plain layout.
+      for (int64_t rope : {kRope, int64_t{16}})
       for (int64_t H : {24, 16, 9, 3, 1})
         for (int64_t n : {1, 5, 37, 512}) {
+          KvTokenView view = RecordView(records.data(), lf, KvIndexFormat::kFp8, n_tokens);
+          view.rope_dim = rope;
           std::vector<int32_t> sel;
           for (int64_t j = 0; j < n; ++j) sel.push_back(static_cast<int32_t>((j * 7919) % n_tokens));
           const int64_t q_stride = kLatent + 5, pe_stride = kRope + 3, o_stride = kLatent + 2;
           std::vector<float> q_lat(H * q_stride), q_pe(H * pe_stride);
           for (auto& v : q_lat) v = RoundToBf16(nd(rng) * 0.2f);
           for (auto& v : q_pe) v = RoundToBf16(nd(rng) * 0.2f);
-          std::vector<float> c(n * kLatent), kpe(n * kRope), scratch(2 * H * n);
+          std::vector<float> c(n * kLatent), kpe(n * rope), scratch(2 * H * n);
           GatherLatent(view, sel.data(), n, c.data(), kpe.data());
           std::vector<float> want(H * o_stride, 0.0f), got(H * o_stride, 0.0f);
-          AbsorbedAttentionHeads(q_lat.data(), q_stride, q_pe.data(), pe_stride, H, c.data(), kpe.data(), n, kLatent, kRope,
+          AbsorbedAttentionHeads(q_lat.data(), q_stride, q_pe.data(), pe_stride, H, c.data(), kpe.data(), n, kLatent, rope,
                                  0.07f, want.data(), o_stride, scratch.data());
           LatentStage stage;
           PrepareLatentStage(view, n, &stage);
+          ASSERT_EQ(stage.paired, rope % 32 == 0);
           StageLatent(view, sel.data(), 0, n / 2, &stage);  // in two ranges, as threads would
           StageLatent(view, sel.data(), n / 2, n, &stage);
           StagedAttentionHeads(stage, q_lat.data(), q_stride, q_pe.data(), pe_stride, H, 0.07f, got.data(), o_stride,
                                scratch.data());
-          ASSERT_EQ(got, want) << "format " << static_cast<int>(lf) << " H " << H << " n " << n;
+          ASSERT_EQ(got, want) << "format " << static_cast<int>(lf) << " rope " << rope << " H " << H << " n " << n;
         }
     }
     internal::TEST_SetActiveIsa(previous);

@@ -8,7 +8,9 @@
 //     each), then (lanes l + l + 8), then the 128-bit halves, (0 + 2, 1 + 3), (0 + 1);
 //   outputs: one fma chain per output element over the keys in order, from zero.
 // The AVX-512 variant holds a score accumulator in one zmm (the two ymm of AVX2 side by side)
-// and 16 output columns per zmm; both run the same chains.
+// and 16 output columns per zmm; both run the same chains. bf16 stages are in the paired
+// layout (kernels/mla_attention.h), which feeds these chains in the same order: a group of 32
+// values gives lane l value 32c + l (low halves), then value 32c + 16 + l (high halves).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -45,23 +47,25 @@ float LoadF32(const uint8_t* p) {
 bool UseAvx512() { return internal::ActiveTable().isa >= Isa::kAvx512; }
 
 // ---- AVX2 -----------------------------------------------------------------------------------
+//
+// kBf16 rows are in the paired layout (kernels/mla_attention.h): the 8 words [w, w + 8) of a
+// group of 32 hold values w.. in their low halves and w + 16.. in their high halves.
 
-// 8 staged values from element i of a row (bf16 widened exactly, or fp32).
-template <bool kBf16>
-inline __m256 Load8(const void* row, int64_t i) {
-  if constexpr (kBf16) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  } else {
-    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
-  }
+inline __m256 LowHalves(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+inline __m256 HighHalves(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline __m256i LoadWords8(const void* row, int64_t u16_index) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + u16_index));
 }
 
 // DotF32's reduction: the two accumulators added, then internal::Hsum8's tree.
 inline float ReduceLikeDotF32(__m256 acc0, __m256 acc1) { return internal::Hsum8(_mm256_add_ps(acc0, acc1)); }
 
 // out[h * ldo + k] = DotF32(q + h * ldq, key k, dim) for HB heads and KB keys (rows of the
-// stage, `ldk` elements apart). REQUIRES dim % 16 == 0.
+// stage, `ldk` elements apart). DotF32 gives lane l (acc0 lanes 0-7, acc1 lanes 8-15) the
+// values 16m + l in order; a paired group of 32 feeds m = 2c from its low halves and m = 2c + 1
+// from its high halves. REQUIRES dim % 32 == 0.
 template <bool kBf16, int KB, int HB>
 inline void DotBlockAvx2(const float* q, int64_t ldq, const void* keys, int64_t ldk, int64_t dim, float* out,
                          int64_t ldo) {
@@ -70,13 +74,8 @@ inline void DotBlockAvx2(const float* q, int64_t ldq, const void* keys, int64_t 
   __m256 a0[HB][KB], a1[HB][KB];
   for (int h = 0; h < HB; ++h)
     for (int k = 0; k < KB; ++k) a0[h][k] = a1[h][k] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < dim; i += 16) {
-    __m256 c0[KB], c1[KB];
-    for (int k = 0; k < KB; ++k) {
-      const void* row = kb + static_cast<size_t>(k * ldk) * esz;
-      c0[k] = Load8<kBf16>(row, i);
-      c1[k] = Load8<kBf16>(row, i + 8);
-    }
+  // One step: acc0 += q[i, i + 8) * c0, acc1 += q[i + 8, i + 16) * c1 for every head and key.
+  auto step = [&](const __m256* c0, const __m256* c1, int64_t i) {
     for (int h = 0; h < HB; ++h) {
       const __m256 q0 = _mm256_loadu_ps(q + h * ldq + i), q1 = _mm256_loadu_ps(q + h * ldq + i + 8);
       for (int k = 0; k < KB; ++k) {
@@ -84,6 +83,22 @@ inline void DotBlockAvx2(const float* q, int64_t ldq, const void* keys, int64_t 
         a1[h][k] = _mm256_fmadd_ps(q1, c1[k], a1[h][k]);
       }
     }
+  };
+  for (int64_t i = 0; i < dim; i += 32) {
+    __m256 lo0[KB], lo1[KB], hi0[KB], hi1[KB];
+    for (int k = 0; k < KB; ++k) {
+      const void* row = kb + static_cast<size_t>(k * ldk) * esz;
+      if constexpr (kBf16) {
+        const __m256i w0 = LoadWords8(row, i), w1 = LoadWords8(row, i + 16);
+        lo0[k] = LowHalves(w0), lo1[k] = LowHalves(w1), hi0[k] = HighHalves(w0), hi1[k] = HighHalves(w1);
+      } else {
+        const float* f = static_cast<const float*>(row);
+        lo0[k] = _mm256_loadu_ps(f + i), lo1[k] = _mm256_loadu_ps(f + i + 8);
+        hi0[k] = _mm256_loadu_ps(f + i + 16), hi1[k] = _mm256_loadu_ps(f + i + 24);
+      }
+    }
+    step(lo0, lo1, i);
+    step(hi0, hi1, i + 16);
   }
   for (int h = 0; h < HB; ++h)
     for (int k = 0; k < KB; ++k) out[h * ldo + k] = ReduceLikeDotF32(a0[h][k], a1[h][k]);
@@ -109,35 +124,48 @@ void DotsAvx2(const float* q, int64_t ldq, int64_t n_heads, const void* rows, in
   }
 }
 
-// o[h][i0, i0 + 8V) = sum_j p[h * n + j] * row_j[i0, ...) over j ascending from zero, HB heads.
-template <bool kBf16, int HB, int V>
-inline void AccumulateAvx2(const float* p, int64_t n, const void* rows, int64_t dim, int64_t i0, float* o,
-                           int64_t ldo) {
+// o[h][...] = sum_j pt[j * ldp + h] * row_j[...] over j ascending from zero, for HB heads and
+// the 16 columns (i0 + d0 + [0, 8)) and (i0 + 16 + d0 + [0, 8)): words [d0, d0 + 8) of the
+// paired group at i0 (d0 = 0 or 8). pt is the probabilities transposed (one key's heads
+// contiguous).
+template <bool kBf16, int HB>
+inline void AccumulateAvx2(const float* pt, int64_t ldp, int64_t n, const void* rows, int64_t dim, int64_t i0,
+                           int64_t d0, float* o, int64_t ldo) {
   const size_t esz = kBf16 ? 2 : 4;
   const uint8_t* base = static_cast<const uint8_t*>(rows);
-  __m256 acc[HB][V];
-  for (int h = 0; h < HB; ++h)
-    for (int v = 0; v < V; ++v) acc[h][v] = _mm256_setzero_ps();
+  __m256 acc[HB][2];
+  for (int h = 0; h < HB; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     const void* row = base + static_cast<size_t>(j * dim) * esz;
-    __m256 c[V];
-    for (int v = 0; v < V; ++v) c[v] = Load8<kBf16>(row, i0 + 8 * v);
+    __m256 c0, c1;
+    if constexpr (kBf16) {
+      const __m256i w = LoadWords8(row, i0 + 2 * d0);
+      c0 = LowHalves(w), c1 = HighHalves(w);
+    } else {
+      c0 = _mm256_loadu_ps(static_cast<const float*>(row) + i0 + d0);
+      c1 = _mm256_loadu_ps(static_cast<const float*>(row) + i0 + 16 + d0);
+    }
     for (int h = 0; h < HB; ++h) {
-      const __m256 w = _mm256_broadcast_ss(p + h * n + j);
-      for (int v = 0; v < V; ++v) acc[h][v] = _mm256_fmadd_ps(w, c[v], acc[h][v]);
+      const __m256 w = _mm256_broadcast_ss(pt + j * ldp + h);
+      acc[h][0] = _mm256_fmadd_ps(w, c0, acc[h][0]);
+      acc[h][1] = _mm256_fmadd_ps(w, c1, acc[h][1]);
     }
   }
-  for (int h = 0; h < HB; ++h)
-    for (int v = 0; v < V; ++v) _mm256_storeu_ps(o + h * ldo + i0 + 8 * v, acc[h][v]);
+  for (int h = 0; h < HB; ++h) {
+    _mm256_storeu_ps(o + h * ldo + i0 + d0, acc[h][0]);
+    _mm256_storeu_ps(o + h * ldo + i0 + 16 + d0, acc[h][1]);
+  }
 }
 
 template <bool kBf16>
-void OutputsAvx2(const float* p, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
-  for (int64_t i = 0; i < dim; i += 16) {
-    int64_t h = 0;
-    for (; h + 4 <= n_heads; h += 4) AccumulateAvx2<kBf16, 4, 2>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
-    for (; h < n_heads; ++h) AccumulateAvx2<kBf16, 1, 2>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
-  }
+void OutputsAvx2(const float* pt, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
+  for (int64_t i = 0; i < dim; i += 32)
+    for (int64_t d0 : {0, 8}) {
+      int64_t h = 0;
+      for (; h + 4 <= n_heads; h += 4)
+        AccumulateAvx2<kBf16, 4>(pt + h, n_heads, n, rows, dim, i, d0, o + h * ldo, ldo);
+      for (; h < n_heads; ++h) AccumulateAvx2<kBf16, 1>(pt + h, n_heads, n, rows, dim, i, d0, o + h * ldo, ldo);
+    }
 }
 
 // ---- AVX-512 --------------------------------------------------------------------------------
@@ -145,13 +173,17 @@ void OutputsAvx2(const float* p, int64_t n_heads, int64_t n, const void* rows, i
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 
+// The 32 values of the paired group at u16 index i: values [i, i + 16) in *lo, [i + 16, i + 32)
+// in *hi (or 32 fp32 values from an fp32 row).
 template <bool kBf16>
-inline __m512 Load16(const void* row, int64_t i) {
+inline void Load32(const void* row, int64_t i, __m512* lo, __m512* hi) {
   if constexpr (kBf16) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + i)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    const __m512i w = _mm512_loadu_si512(static_cast<const uint16_t*>(row) + i);
+    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   } else {
-    return _mm512_loadu_ps(static_cast<const float*>(row) + i);
+    *lo = _mm512_loadu_ps(static_cast<const float*>(row) + i);
+    *hi = _mm512_loadu_ps(static_cast<const float*>(row) + i + 16);
   }
 }
 
@@ -185,6 +217,8 @@ inline __m512 Reduce16x16LikeDotF32(const __m512* a) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
+// DotBlockAvx2's chains with one zmm accumulator per (head, key): a paired group of 32 feeds
+// lane l value 32c + l, then value 32c + 16 + l. REQUIRES dim % 32 == 0.
 template <bool kBf16, int KB, int HB>
 inline void DotBlock512(const float* q, int64_t ldq, const void* keys, int64_t ldk, int64_t dim, float* out,
                         int64_t ldo) {
@@ -193,12 +227,16 @@ inline void DotBlock512(const float* q, int64_t ldq, const void* keys, int64_t l
   __m512 acc[HB][KB];
   for (int h = 0; h < HB; ++h)
     for (int k = 0; k < KB; ++k) acc[h][k] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < dim; i += 16) {
-    __m512 c[KB];
-    for (int k = 0; k < KB; ++k) c[k] = Load16<kBf16>(kb + static_cast<size_t>(k * ldk) * esz, i);
+  for (int64_t i = 0; i < dim; i += 32) {
+    __m512 lo[KB], hi[KB];
+    for (int k = 0; k < KB; ++k) Load32<kBf16>(kb + static_cast<size_t>(k * ldk) * esz, i, &lo[k], &hi[k]);
     for (int h = 0; h < HB; ++h) {
       const __m512 qv = _mm512_loadu_ps(q + h * ldq + i);
-      for (int k = 0; k < KB; ++k) acc[h][k] = _mm512_fmadd_ps(qv, c[k], acc[h][k]);
+      for (int k = 0; k < KB; ++k) acc[h][k] = _mm512_fmadd_ps(qv, lo[k], acc[h][k]);
+    }
+    for (int h = 0; h < HB; ++h) {
+      const __m512 qv = _mm512_loadu_ps(q + h * ldq + i + 16);
+      for (int k = 0; k < KB; ++k) acc[h][k] = _mm512_fmadd_ps(qv, hi[k], acc[h][k]);
     }
   }
   if constexpr (HB == 4 && KB == 4) {
@@ -232,43 +270,44 @@ void Dots512(const float* q, int64_t ldq, int64_t n_heads, const void* rows, int
   }
 }
 
-template <bool kBf16, int HB, int V>
-inline void Accumulate512(const float* p, int64_t n, const void* rows, int64_t dim, int64_t i0, float* o,
-                          int64_t ldo) {
+// o[h][i0, i0 + 32) = sum_j pt[j * ldp + h] * row_j[i0, i0 + 32) over j ascending from zero, HB
+// heads. One 64-byte load of a paired group feeds 2 * HB FMAs.
+template <bool kBf16, int HB>
+inline void Accumulate512(const float* pt, int64_t ldp, int64_t n, const void* rows, int64_t dim, int64_t i0,
+                          float* o, int64_t ldo) {
   const size_t esz = kBf16 ? 2 : 4;
   const uint8_t* base = static_cast<const uint8_t*>(rows);
-  __m512 acc[HB][V];
-  for (int h = 0; h < HB; ++h)
-    for (int v = 0; v < V; ++v) acc[h][v] = _mm512_setzero_ps();
+  __m512 acc[HB][2];
+  for (int h = 0; h < HB; ++h) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
-    const void* row = base + static_cast<size_t>(j * dim) * esz;
-    __m512 c[V];
-    for (int v = 0; v < V; ++v) c[v] = Load16<kBf16>(row, i0 + 16 * v);
+    __m512 lo, hi;
+    Load32<kBf16>(base + static_cast<size_t>(j * dim) * esz, i0, &lo, &hi);
     for (int h = 0; h < HB; ++h) {
-      const __m512 w = _mm512_set1_ps(p[h * n + j]);
-      for (int v = 0; v < V; ++v) acc[h][v] = _mm512_fmadd_ps(w, c[v], acc[h][v]);
+      const __m512 w = _mm512_set1_ps(pt[j * ldp + h]);
+      acc[h][0] = _mm512_fmadd_ps(w, lo, acc[h][0]);
+      acc[h][1] = _mm512_fmadd_ps(w, hi, acc[h][1]);
     }
   }
-  for (int h = 0; h < HB; ++h)
-    for (int v = 0; v < V; ++v) _mm512_storeu_ps(o + h * ldo + i0 + 16 * v, acc[h][v]);
+  for (int h = 0; h < HB; ++h) {
+    _mm512_storeu_ps(o + h * ldo + i0, acc[h][0]);
+    _mm512_storeu_ps(o + h * ldo + i0 + 16, acc[h][1]);
+  }
 }
 
 template <bool kBf16>
-void Outputs512(const float* p, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
-  // Blocks of 16 heads x 16 columns first: one key load and conversion feeds 16 FMAs (8 x 32
-  // feeds 8 per conversion); 1.25-1.3x the 8 x 32 blocks in a same-process A/B at 16 x 512 x 512.
-  const int64_t h16 = n_heads / 16 * 16;
-  for (int64_t h = 0; h < h16; h += 16)
-    for (int64_t i = 0; i < dim; i += 16) Accumulate512<kBf16, 16, 1>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
-  p += h16 * n;
-  o += h16 * ldo;
-  n_heads -= h16;
-  for (int64_t i = 0; n_heads > 0 && i < dim; i += 32) {
-    int64_t h = 0;
-    for (; h + 8 <= n_heads; h += 8) Accumulate512<kBf16, 8, 2>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
-    for (; h + 4 <= n_heads; h += 4) Accumulate512<kBf16, 4, 2>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
-    for (; h < n_heads; ++h) Accumulate512<kBf16, 1, 2>(p + h * n, n, rows, dim, i, o + h * ldo, ldo);
-  }
+void Outputs512(const float* pt, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
+  // 16 heads x 32 columns is 32 accumulators (a few spill) and still the fastest block: one key
+  // load feeds 32 FMAs. One thread, 16 heads x 512 keys x 512 columns: 99 GFLOP/s in the plain
+  // layout with strided probabilities, 175 with this one (8-head blocks 155-165).
+  int64_t h = 0;
+  for (; h + 16 <= n_heads; h += 16)
+    for (int64_t i = 0; i < dim; i += 32) Accumulate512<kBf16, 16>(pt + h, n_heads, n, rows, dim, i, o + h * ldo, ldo);
+  for (; h + 8 <= n_heads; h += 8)
+    for (int64_t i = 0; i < dim; i += 32) Accumulate512<kBf16, 8>(pt + h, n_heads, n, rows, dim, i, o + h * ldo, ldo);
+  for (; h + 4 <= n_heads; h += 4)
+    for (int64_t i = 0; i < dim; i += 32) Accumulate512<kBf16, 4>(pt + h, n_heads, n, rows, dim, i, o + h * ldo, ldo);
+  for (; h < n_heads; ++h)
+    for (int64_t i = 0; i < dim; i += 32) Accumulate512<kBf16, 1>(pt + h, n_heads, n, rows, dim, i, o + h * ldo, ldo);
 }
 
 #pragma GCC pop_options
@@ -280,9 +319,9 @@ void Dots(const float* q, int64_t ldq, int64_t n_heads, const void* rows, int64_
 }
 
 template <bool kBf16>
-void Outputs(const float* p, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
-  if (UseAvx512() && dim % 32 == 0) Outputs512<kBf16>(p, n_heads, n, rows, dim, o, ldo);
-  else OutputsAvx2<kBf16>(p, n_heads, n, rows, dim, o, ldo);
+void Outputs(const float* pt, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
+  if (UseAvx512()) Outputs512<kBf16>(pt, n_heads, n, rows, dim, o, ldo);
+  else OutputsAvx2<kBf16>(pt, n_heads, n, rows, dim, o, ldo);
 }
 
 // x <- bf16(bf16(bf16(x) + bf16(y)) * scale), elementwise (the score's rounding points).
@@ -306,44 +345,63 @@ void CombineScores(float* x, const float* y, int64_t n, float scale) {
 
 // ---- Staging ----------------------------------------------------------------------------------
 
-// One fp8 block (kFp8BlockSize e4m3 codes, scale s: a power of two) as bf16 bits. table[code] * s
-// is an fp8 value times a power of two: exact in fp32 and in bf16, so its top 16 bits are the
-// bf16. Computed as (code / 256) via its fp16 bit pattern, times s * 256 (see GatherLatent).
-void Fp8BlockToBf16Avx2(const uint8_t* codes, float s, uint16_t* out) {
-  const __m256i x16 = _mm256_set1_epi16(0x7f), s16 = _mm256_set1_epi16(static_cast<short>(0x80));
+// Eight e4m3 codes as fp32 values times the block scale (exact: see Fp8BlockToPairedBf16Avx2).
+inline __m256 Fp8x8ToF32(const uint8_t* codes, __m256 scale_x256) {
+  const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(static_cast<short>(0x80))), 8),
+                                 _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f)), 7));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), scale_x256);
+}
+
+// Words of a paired group from the fp32 values of its low (value d) and high (value 16 + d) halves.
+inline __m256i PairWords8(__m256 low_values, __m256 high_values) {
+  return _mm256_or_si256(
+      _mm256_and_si256(_mm256_castps_si256(high_values), _mm256_set1_epi32(static_cast<int>(0xffff0000u))),
+      _mm256_srli_epi32(_mm256_castps_si256(low_values), 16));
+}
+
+// One fp8 block (kFp8BlockSize e4m3 codes, scale s: a power of two) as bf16 bits in the paired
+// layout. table[code] * s is an fp8 value times a power of two: exact in fp32 and in bf16, so
+// its top 16 bits are the bf16. Computed as (code / 256) via its fp16 bit pattern, times
+// s * 256 (see GatherLatent).
+void Fp8BlockToPairedBf16Avx2(const uint8_t* codes, float s, uint16_t* out) {
   const __m256 vs = _mm256_set1_ps(s * 256.0f);
-  for (int64_t i = 0; i < kFp8BlockSize; i += 16) {
-    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, s16), 8),
-                                      _mm256_slli_epi16(_mm256_and_si256(x, x16), 7));
-    const __m256 lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), vs);
-    const __m256 hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), vs);
-    // Top halves of the 16 fp32 values, in order.
-    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(lo), 16),
-                                               _mm256_srli_epi32(_mm256_castps_si256(hi), 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(packed, 0xd8));
+  static_assert(kFp8BlockSize % 32 == 0);
+  for (int64_t i = 0; i < kFp8BlockSize; i += 32) {
+    const __m256 v0 = Fp8x8ToF32(codes + i, vs), v1 = Fp8x8ToF32(codes + i + 8, vs);
+    const __m256 v2 = Fp8x8ToF32(codes + i + 16, vs), v3 = Fp8x8ToF32(codes + i + 24, vs);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), PairWords8(v0, v2));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 16), PairWords8(v1, v3));
   }
+}
+
+// A bf16 row of `dim` values (dim % 32 == 0) into the paired layout.
+void PairBf16Row(const uint16_t* in, int64_t dim, uint16_t* out) {
+  for (int64_t i = 0; i < dim; i += 32)
+    for (int64_t d0 = 0; d0 < 16; d0 += 8) {
+      const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + d0)));
+      const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + 16 + d0)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 2 * d0), _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+    }
 }
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 
-// Fp8BlockToBf16Avx2's arithmetic, 32 codes at a time.
-void Fp8BlockToBf16Avx512(const uint8_t* codes, float s, uint16_t* out) {
+// Fp8BlockToPairedBf16Avx2's arithmetic, 32 codes at a time.
+void Fp8BlockToPairedBf16Avx512(const uint8_t* codes, float s, uint16_t* out) {
   const __m512i x16 = _mm512_set1_epi16(0x7f), s16 = _mm512_set1_epi16(static_cast<short>(0x80));
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __m512 vs = _mm512_set1_ps(s * 256.0f);
-  static_assert(kFp8BlockSize % 32 == 0);
   for (int64_t i = 0; i < kFp8BlockSize; i += 32) {
     const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)));
     const __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(x, s16), 8),
                                       _mm512_slli_epi16(_mm512_and_si512(x, x16), 7));
-    const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), vs);
-    const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), vs);
-    // Top halves of the 32 fp32 values: packus interleaves 128-bit lanes (lo0 hi0 lo1 hi1 ...),
-    // the permute puts them back in order.
-    const __m512i packed = _mm512_packus_epi32(_mm512_srli_epi32(_mm512_castps_si512(lo), 16),
-                                               _mm512_srli_epi32(_mm512_castps_si512(hi), 16));
-    _mm512_storeu_si512(out + i, _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed));
+    const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), vs);      // values i + [0, 16)
+    const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), vs);  // values i + [16, 32)
+    const __m512i words = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(hi), high_half),
+                                          _mm512_srli_epi32(_mm512_castps_si512(lo), 16));
+    _mm512_storeu_si512(out + i, words);
   }
 }
 
@@ -356,6 +414,7 @@ void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage) {
   stage->latent_dim = kv.latent_dim;
   stage->rope_dim = kv.rope_dim;
   stage->bf16 = kv.latent_format != KvLatentFormat::kInt8PerToken;
+  stage->paired = kv.latent_dim % 32 == 0 && kv.rope_dim % 32 == 0;
   const size_t values = static_cast<size_t>(n * kv.latent_dim);
   if (stage->bf16) {
     if (stage->c16.size() < values) stage->c16.resize(values);
@@ -367,26 +426,37 @@ void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage) {
 
 void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64_t end, LatentStage* stage) {
   const int64_t dim = kv.latent_dim, dr = kv.rope_dim;
-  const bool avx512 = UseAvx512();
+  const bool avx512 = UseAvx512(), paired = stage->paired;
   for (int64_t j = begin; j < end; ++j) {
     const KvTokenView::Slot at = kv.Locate(sel[j]);
     const uint8_t* codes = kv.At(at, kv.latent_offset, kv.latent_stride);
-    std::memcpy(&stage->kpe[static_cast<size_t>(j * dr)], kv.At(at, kv.kpe_offset, kv.kpe_stride),
-                static_cast<size_t>(dr) * 2);
+    const uint16_t* kpe = reinterpret_cast<const uint16_t*>(kv.At(at, kv.kpe_offset, kv.kpe_stride));
+    if (paired) PairBf16Row(kpe, dr, &stage->kpe[static_cast<size_t>(j * dr)]);
+    else std::memcpy(&stage->kpe[static_cast<size_t>(j * dr)], kpe, static_cast<size_t>(dr) * 2);
     switch (kv.latent_format) {
       case KvLatentFormat::kFp8Blockwise: {
         uint16_t* c = &stage->c16[static_cast<size_t>(j * dim)];
         const uint8_t* scales = kv.At(at, kv.latent_scale_offset, kv.latent_scale_stride);
         for (int64_t b = 0; b < dim / kFp8BlockSize; ++b) {
           const float s = LoadF32(scales + 4 * b);
-          if (avx512) Fp8BlockToBf16Avx512(codes + b * kFp8BlockSize, s, c + b * kFp8BlockSize);
-          else Fp8BlockToBf16Avx2(codes + b * kFp8BlockSize, s, c + b * kFp8BlockSize);
+          const uint8_t* block = codes + b * kFp8BlockSize;
+          uint16_t* out = c + b * kFp8BlockSize;
+          if (!paired) {
+            for (int64_t i = 0; i < kFp8BlockSize; ++i) out[i] = F32ToBf16Bits(Fp8E4M3ToF32(block[i]) * s);
+          } else if (avx512) {
+            Fp8BlockToPairedBf16Avx512(block, s, out);
+          } else {
+            Fp8BlockToPairedBf16Avx2(block, s, out);
+          }
         }
         break;
       }
-      case KvLatentFormat::kBf16:
-        std::memcpy(&stage->c16[static_cast<size_t>(j * dim)], codes, static_cast<size_t>(dim) * 2);
+      case KvLatentFormat::kBf16: {
+        uint16_t* c = &stage->c16[static_cast<size_t>(j * dim)];
+        if (paired) PairBf16Row(reinterpret_cast<const uint16_t*>(codes), dim, c);
+        else std::memcpy(c, codes, static_cast<size_t>(dim) * 2);
         break;
+      }
       case KvLatentFormat::kInt8PerToken: {
         const float s = LoadF32(kv.At(at, kv.latent_scale_offset, kv.latent_scale_stride));
         float* c = &stage->c32[static_cast<size_t>(j * dim)];
@@ -402,16 +472,21 @@ void StagedAttentionHeads(const LatentStage& stage, const float* q_lat, int64_t 
                           float* scratch) {
   const int64_t n = stage.n, dim = stage.latent_dim, dr = stage.rope_dim;
   PDSERVE_CHECK(n >= 1);
-  if (dim % 16 != 0 || dr % 16 != 0) {
+  if (!stage.paired) {
     // Odd sizes: the unstaged kernel on an fp32 copy (the same arithmetic by construction).
     std::vector<float> c(static_cast<size_t>(n * dim)), kpe(static_cast<size_t>(n * dr));
-    for (int64_t i = 0; i < n * dim; ++i) c[i] = stage.bf16 ? Bf16ToF32(stage.c16[i]) : stage.c32[i];
-    for (int64_t i = 0; i < n * dr; ++i) kpe[i] = Bf16ToF32(stage.kpe[i]);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < dim; ++i)
+        c[j * dim + i] = stage.bf16 ? Bf16ToF32(stage.LatentBits(j, i)) : stage.c32[j * dim + i];
+      for (int64_t i = 0; i < dr; ++i) kpe[j * dr + i] = Bf16ToF32(stage.KpeBits(j, i));
+    }
     AbsorbedAttentionHeads(q_lat, q_lat_stride, q_pe, q_pe_stride, n_heads, c.data(), kpe.data(), n, dim, dr, scale,
                            o_lat, o_stride, scratch);
     return;
   }
-  // scratch: [n_heads, n] latent scores, then the rope scores behind them.
+  // scratch: [n_heads, n] latent scores, then the rope scores behind them; once combined, the
+  // probabilities transposed ([n, n_heads]: one key's heads side by side for the output loop's
+  // broadcasts) take the rope scores' place.
   float* s = scratch;
   float* s_pe = scratch + n_heads * n;
   if (stage.bf16) Dots<true>(q_lat, q_lat_stride, n_heads, stage.c16.data(), dim, n, s);
@@ -422,8 +497,11 @@ void StagedAttentionHeads(const LatentStage& stage, const float* q_lat, int64_t 
     Softmax(s + h * n, n);
     RoundToBf16InPlace(s + h * n, n);
   }
-  if (stage.bf16) Outputs<true>(s, n_heads, n, stage.c16.data(), dim, o_lat, o_stride);
-  else Outputs<false>(s, n_heads, n, stage.c32.data(), dim, o_lat, o_stride);
+  float* pt = s_pe;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t h = 0; h < n_heads; ++h) pt[j * n_heads + h] = s[h * n + j];
+  if (stage.bf16) Outputs<true>(pt, n_heads, n, stage.c16.data(), dim, o_lat, o_stride);
+  else Outputs<false>(pt, n_heads, n, stage.c32.data(), dim, o_lat, o_stride);
   for (int64_t h = 0; h < n_heads; ++h) RoundToBf16InPlace(o_lat + h * o_stride, dim);
 }
 
