@@ -84,21 +84,24 @@ inline void DotBlockAvx2(const float* q, int64_t ldq, const void* keys, int64_t 
       }
     }
   };
+  // The low halves' step, then the high halves' (the words are loaded again, from L1: holding
+  // them too would need more than the 16 ymm registers).
   for (int64_t i = 0; i < dim; i += 32) {
-    __m256 lo0[KB], lo1[KB], hi0[KB], hi1[KB];
-    for (int k = 0; k < KB; ++k) {
-      const void* row = kb + static_cast<size_t>(k * ldk) * esz;
-      if constexpr (kBf16) {
-        const __m256i w0 = LoadWords8(row, i), w1 = LoadWords8(row, i + 16);
-        lo0[k] = LowHalves(w0), lo1[k] = LowHalves(w1), hi0[k] = HighHalves(w0), hi1[k] = HighHalves(w1);
-      } else {
-        const float* f = static_cast<const float*>(row);
-        lo0[k] = _mm256_loadu_ps(f + i), lo1[k] = _mm256_loadu_ps(f + i + 8);
-        hi0[k] = _mm256_loadu_ps(f + i + 16), hi1[k] = _mm256_loadu_ps(f + i + 24);
+    for (int half = 0; half < 2; ++half) {
+      __m256 c0[KB], c1[KB];
+      for (int k = 0; k < KB; ++k) {
+        const void* row = kb + static_cast<size_t>(k * ldk) * esz;
+        if constexpr (kBf16) {
+          const __m256i w0 = LoadWords8(row, i), w1 = LoadWords8(row, i + 16);
+          c0[k] = half == 0 ? LowHalves(w0) : HighHalves(w0);
+          c1[k] = half == 0 ? LowHalves(w1) : HighHalves(w1);
+        } else {
+          const float* f = static_cast<const float*>(row);
+          c0[k] = _mm256_loadu_ps(f + i + 16 * half), c1[k] = _mm256_loadu_ps(f + i + 16 * half + 8);
+        }
       }
+      step(c0, c1, i + 16 * half);
     }
-    step(lo0, lo1, i);
-    step(hi0, hi1, i + 16);
   }
   for (int h = 0; h < HB; ++h)
     for (int k = 0; k < KB; ++k) out[h * ldo + k] = ReduceLikeDotF32(a0[h][k], a1[h][k]);
