@@ -26,6 +26,7 @@ OpProfile::OpProfile(std::vector<std::string> op_names, std::vector<std::string>
 
 void OpProfile::Reset() {
   ns_ = {};
+  wait_ns_ = {};
   steps_ = {};
   regions_ = {};
 }
@@ -40,8 +41,8 @@ std::string OpProfile::Table() const {
   std::string out = "| op |";
   std::string rule = "|---|";
   for (int p = 0; p < n_phases(); ++p) {
-    out += " " + phase_name(p) + " share | " + phase_name(p) + " ms/step |";
-    rule += "---:|---:|";
+    out += " " + phase_name(p) + " share | " + phase_name(p) + " ms/step | " + phase_name(p) + " pool wait ms/step |";
+    rule += "---:|---:|---:|";
   }
   out += "\n" + rule + "\n";
   char buf[64];
@@ -49,8 +50,8 @@ std::string OpProfile::Table() const {
     out += "| " + op_name(op) + " |";
     for (int p = 0; p < n_phases(); ++p) {
       const double total = total_seconds(p), n = static_cast<double>(std::max<int64_t>(1, steps_[p]));
-      std::snprintf(buf, sizeof buf, " %.1f%% | %.3f |", total > 0 ? 100.0 * seconds(p, op) / total : 0.0,
-                    seconds(p, op) * 1e3 / n);
+      std::snprintf(buf, sizeof buf, " %.1f%% | %.3f | %.3f |", total > 0 ? 100.0 * seconds(p, op) / total : 0.0,
+                    seconds(p, op) * 1e3 / n, wait_seconds(p, op) * 1e3 / n);
       out += buf;
     }
     out += "\n";
@@ -58,13 +59,13 @@ std::string OpProfile::Table() const {
   out += "| **step** |";
   for (int p = 0; p < n_phases(); ++p) {
     const double n = static_cast<double>(std::max<int64_t>(1, steps_[p]));
-    std::snprintf(buf, sizeof buf, " %lld steps | %.3f |", static_cast<long long>(steps_[p]), total_seconds(p) * 1e3 / n);
+    std::snprintf(buf, sizeof buf, " %lld steps | %.3f | |", static_cast<long long>(steps_[p]), total_seconds(p) * 1e3 / n);
     out += buf;
   }
   out += "\n| parallel regions / step |";
   for (int p = 0; p < n_phases(); ++p) {
     const double n = static_cast<double>(std::max<int64_t>(1, steps_[p]));
-    std::snprintf(buf, sizeof buf, " | %.0f |", static_cast<double>(regions_[p]) / n);
+    std::snprintf(buf, sizeof buf, " | %.0f | |", static_cast<double>(regions_[p]) / n);
     out += buf;
   }
   out += "\n";
@@ -78,6 +79,7 @@ OpProfileStep::OpProfileStep(OpProfile* profile, int phase) : phase_(phase) {
   t.profile = profile;
   t.op = OpProfile::kOther;
   std::fill(std::begin(t.ns), std::end(t.ns), 0);
+  std::fill(std::begin(t.wait_ns), std::end(t.wait_ns), 0);
   t.regions = 0;
   t.mark_ns = OpProfileNowNs();
 }
@@ -92,7 +94,10 @@ OpProfileStep::~OpProfileStep() {
     t.op = OpProfile::kOther;
     return;
   }
-  for (int op = 0; op < OpProfile::kMaxOps; ++op) profile_->ns_[phase_][op] += t.ns[op];
+  for (int op = 0; op < OpProfile::kMaxOps; ++op) {
+    profile_->ns_[phase_][op] += t.ns[op];
+    profile_->wait_ns_[phase_][op] += t.wait_ns[op];
+  }
   profile_->regions_[phase_] += t.regions;
   ++profile_->steps_[phase_];
   t.profile = nullptr;
@@ -123,6 +128,7 @@ void OpScope::Leave() {
   if (t.profile == nullptr) return;
   const int64_t now = OpProfileNowNs();
   t.ns[t.op] += now - t.mark_ns;
+  if (t.op == OpProfile::kPoolWait) t.wait_ns[prev_] += now - t.mark_ns;
   t.op = prev_;
   t.mark_ns = now;
 }

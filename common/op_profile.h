@@ -8,7 +8,8 @@
 // step's wall time. The thread pool marks the time its calling thread spends waiting for
 // chunks other threads still run (kPoolWait) and counts parallel regions; worker threads
 // themselves record nothing (their work shows up as the caller's op time, their lag as pool
-// wait).
+// wait). Each pool wait is also charged to the op it interrupted (wait_seconds), so the table
+// says which op's parallel regions leave the caller waiting (imbalance, a worker descheduled).
 //
 // Op ids are small integers: kOther and kPoolWait are fixed here, the rest are the caller's
 // (model/op_profile_ops.h names the forward's ops), up to kMaxOps; names are given to the
@@ -45,18 +46,22 @@ class OpProfile {
   const std::string& phase_name(int phase) const { return phase_names_[static_cast<size_t>(phase)]; }
 
   double seconds(int phase, int op) const { return static_cast<double>(ns_[phase][op]) * 1e-9; }
+  // The part of kPoolWait's time spent inside `op`'s parallel regions (the waits sum to
+  // seconds(phase, kPoolWait)).
+  double wait_seconds(int phase, int op) const { return static_cast<double>(wait_ns_[phase][op]) * 1e-9; }
   double total_seconds(int phase) const;  // sum over ops = wall time of the phase's steps
   int64_t steps(int phase) const { return steps_[phase]; }
   int64_t parallel_regions(int phase) const { return regions_[phase]; }
 
-  // A table (markdown) of each phase's op shares, ms per step and parallel regions per step.
+  // A table (markdown) of each phase's op shares, ms per step (and the pool wait inside the
+  // op's regions, ms per step) and parallel regions per step.
   std::string Table() const;
 
  private:
   friend class OpProfileStep;
 
   std::vector<std::string> op_names_, phase_names_;
-  std::array<std::array<int64_t, kMaxOps>, kMaxPhases> ns_{};
+  std::array<std::array<int64_t, kMaxOps>, kMaxPhases> ns_{}, wait_ns_{};
   std::array<int64_t, kMaxPhases> steps_{}, regions_{};
 };
 
@@ -66,6 +71,7 @@ struct OpProfileThread {
   int op = OpProfile::kOther;
   int64_t mark_ns = 0;           // when the current op's running interval began
   int64_t ns[OpProfile::kMaxOps] = {};  // the open step's time per op
+  int64_t wait_ns[OpProfile::kMaxOps] = {};  // the open step's pool waits, by the op they interrupted
   int64_t regions = 0;                  // the open step's parallel regions
 };
 extern constinit thread_local OpProfileThread op_profile_thread;

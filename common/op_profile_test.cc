@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -79,6 +80,43 @@ TEST(OpProfileTest, PoolWaitAndRegionsAreCounted) {
   p.Reset();
   EXPECT_EQ(p.total_seconds(0), 0.0);
   EXPECT_EQ(p.parallel_regions(0), 0);
+}
+
+TEST(OpProfileTest, PoolWaitIsChargedToTheOpItInterrupted) {
+  OpProfile p = MakeProfile();
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> worker_started{false};
+  {
+    OpProfileStep step(&p, 0);
+    {
+      OpScope a(2);
+      // The caller's chunk returns once a worker has started the other one (or after 1 s, if
+      // no worker woke: then the caller runs both and nothing is waited for); the worker's
+      // chunk takes 3 ms, which the caller spends waiting inside op 2's region.
+      pool.ParallelFor(2, [&](int64_t, int64_t) {
+        if (std::this_thread::get_id() != caller) {
+          worker_started = true;
+          BusyFor(std::chrono::microseconds(3000));
+          return;
+        }
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (!worker_started && std::chrono::steady_clock::now() < deadline) {
+        }
+      });
+    }
+    OpScope b(3);
+    BusyFor(std::chrono::microseconds(500));
+  }
+  ASSERT_TRUE(worker_started) << "no pool worker ran a chunk";
+  EXPECT_GT(p.wait_seconds(0, 2), 2e-3);
+  EXPECT_EQ(p.wait_seconds(0, 3), 0.0);
+  double waits = 0;
+  for (int op = 0; op < p.n_ops(); ++op) waits += p.wait_seconds(0, op);
+  EXPECT_NEAR(waits, p.seconds(0, OpProfile::kPoolWait), 1e-9);
+  EXPECT_NE(p.Table().find("pool wait ms/step"), std::string::npos);
+  p.Reset();
+  EXPECT_EQ(p.wait_seconds(0, 2), 0.0);
 }
 
 }  // namespace
