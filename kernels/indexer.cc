@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,11 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace pdserve::kernels {
+
+namespace internal {
+std::atomic<bool> indexer_byte_lut{true};
+bool TEST_SetIndexerByteLut(bool on) { return indexer_byte_lut.exchange(on); }
+}  // namespace internal
 
 // The bound (per key; u = 2^-24, n = dim, H = n_heads):
 //   a_h   approximate dot: fp32 sums of exact products, any order: |a_h - d_h| <= E_h with
@@ -297,10 +303,18 @@ struct KeyBlock16 {
   __m512 ks;  // the keys' fp32 scales
 };
 
+// The keys' sums of squares run as 4 chains, chain 2 * ((i % 64) / 32) + h holding dims
+// i + 16h + d (d ascending) of each group of 32 at i, in i order, added as (0 + 1) + (2 + 3) at
+// the end: one order both decode routes below can follow (the byte-table route produces dims
+// c + m, c + 16 + m, c + 32 + m and c + 48 + m together), with no 256-long dependency chain.
+inline __m512 SumOfSquareChains(const __m512* ss) { return _mm512_add_ps(_mm512_add_ps(ss[0], ss[1]), _mm512_add_ps(ss[2], ss[3])); }
+
 void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim, KvIndexFormat f, float kmul,
                       KeyBlock16* kb) {
-  __m512 ss = _mm512_setzero_ps();
+  __m512 ss[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < dim; i += 32) {
+    __m512& ss_lo = ss[2 * ((i % 64) / 32)];
+    __m512& ss_hi = ss[2 * ((i % 64) / 32) + 1];
     __m512i lo[16], hi[16];
     for (int k = 0; k < 16; ++k) {
       __m512 a, b;
@@ -314,13 +328,126 @@ void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim,
       const __m512 a = _mm512_castsi512_ps(lo[d]), b = _mm512_castsi512_ps(hi[d]);
       _mm512_store_ps(kb->kt + (i + d) * 16, a);
       _mm512_store_ps(kb->kt + (i + 16 + d) * 16, b);
-      ss = _mm512_fmadd_ps(a, a, ss);
-      ss = _mm512_fmadd_ps(b, b, ss);
+      ss_lo = _mm512_fmadd_ps(a, a, ss_lo);
+      ss_hi = _mm512_fmadd_ps(b, b, ss_hi);
     }
   }
   // kn = ||k|| * slack, in true key units (the decoded values are value * kmul).
-  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(ss), _mm512_set1_ps(kNormSlack)), _mm512_set1_ps(kmul));
+  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(SumOfSquareChains(ss)), _mm512_set1_ps(kNormSlack)),
+                         _mm512_set1_ps(kmul));
   kb->ks = _mm512_loadu_ps(ks);
+}
+
+#pragma GCC pop_options
+
+// DecodeKeyBlock16 for fp8 keys on CPUs with AVX512-VBMI (byte permutes): the codes are
+// transposed as bytes first, then decoded by table lookup, 64 at a time. The same kt, kn and
+// ks bits as DecodeKeyBlock16 (same values, same sum-of-squares chains), for ~0.25 shuffle-port
+// operations per value instead of ~0.6 (a 16x16 fp32 transpose per 256 values plus the fp16
+// route per 32). One thread, 16 keys x 128 dims: N ns -> M ns.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
+
+// In each 128-bit lane, a 16x16 byte transpose of r[0..16): afterwards lane L of r[m] holds
+// byte 16L + m of the 16 inputs (input k at byte k). Four rounds of unpacks; the pairing of
+// each round keeps the output index equal to the byte index.
+inline void TransposeBytes16(__m512i r[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {  // a[2i + h]: 16-bit pairs (k = 2i, 2i + 1) of bytes 8h + w
+    a[2 * i] = _mm512_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+  }
+  for (int j = 0; j < 4; ++j)  // b[4j + 2h + g]: keys 4j.. of bytes 8h + 4g + d
+    for (int h = 0; h < 2; ++h) {
+      b[4 * j + 2 * h] = _mm512_unpacklo_epi16(a[4 * j + h], a[4 * j + 2 + h]);
+      b[4 * j + 2 * h + 1] = _mm512_unpackhi_epi16(a[4 * j + h], a[4 * j + 2 + h]);
+    }
+  for (int p = 0; p < 2; ++p)  // a[8p + 4h + 2g + f]: keys 8p.. of bytes 8h + 4g + 2f + e
+    for (int hg = 0; hg < 4; ++hg) {
+      a[8 * p + 2 * hg] = _mm512_unpacklo_epi32(b[8 * p + hg], b[8 * p + 4 + hg]);
+      a[8 * p + 2 * hg + 1] = _mm512_unpackhi_epi32(b[8 * p + hg], b[8 * p + 4 + hg]);
+    }
+  for (int hgf = 0; hgf < 8; ++hgf) {  // r[2 hgf + z]: all 16 keys of byte 2 hgf + z
+    r[2 * hgf] = _mm512_unpacklo_epi64(a[hgf], a[8 + hgf]);
+    r[2 * hgf + 1] = _mm512_unpackhi_epi64(a[hgf], a[8 + hgf]);
+  }
+}
+
+// The 128 magnitudes' values / 256 as bf16 (exact): high bytes and low bytes, 64 per register.
+struct Fp8ByteTables {
+  __m512i hi[2], lo[2];
+};
+Fp8ByteTables MakeFp8ByteTables() {
+  alignas(64) uint8_t hi[128], lo[128];
+  for (int c = 0; c < 128; ++c) {
+    // DecodeKey's value for code c (the fp16 route: (c & 0x7f) << 7 as fp16 bits).
+    const float v = _cvtsh_ss(static_cast<unsigned short>(c << 7));
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    hi[c] = static_cast<uint8_t>(bits >> 24);
+    lo[c] = static_cast<uint8_t>(bits >> 16);
+  }
+  Fp8ByteTables t;
+  for (int i = 0; i < 2; ++i) {
+    t.hi[i] = _mm512_load_si512(hi + 64 * i);
+    t.lo[i] = _mm512_load_si512(lo + 64 * i);
+  }
+  return t;
+}
+
+void DecodeKeyBlock16Vbmi(const uint8_t* const* codes, const float* ks, int64_t dim, float kmul, KeyBlock16* kb) {
+  static const Fp8ByteTables tables = MakeFp8ByteTables();
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  // P0 / P1: dword k = (bf16 of key k in lane 0 / 2) | (bf16 of key k in lane 1 / 3) << 16,
+  // picked from the low-byte (indices 0..63) and high-byte (64..127) planes.
+  alignas(64) uint8_t pick[2][64];
+  for (int half = 0; half < 2; ++half)
+    for (int k = 0; k < 16; ++k) {
+      pick[half][4 * k + 0] = static_cast<uint8_t>(32 * half + k);
+      pick[half][4 * k + 1] = static_cast<uint8_t>(64 + 32 * half + k);
+      pick[half][4 * k + 2] = static_cast<uint8_t>(32 * half + 16 + k);
+      pick[half][4 * k + 3] = static_cast<uint8_t>(64 + 32 * half + 16 + k);
+    }
+  const __m512i pick0 = _mm512_load_si512(pick[0]), pick1 = _mm512_load_si512(pick[1]);
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 ss[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t c0 = 0; c0 < dim; c0 += 64) {
+    __m512i r[16];
+    for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(codes[k] + c0);
+    TransposeBytes16(r);  // lane L of r[m]: the keys' codes of dim c0 + 16L + m
+    for (int m = 0; m < 16; ++m) {
+      const __m512i x = r[m];
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tables.hi[0], x, tables.hi[1]), x, sign, 0xF8);
+      const __m512i lo = _mm512_permutex2var_epi8(tables.lo[0], x, tables.lo[1]);
+      const __m512i p0 = _mm512_permutex2var_epi8(lo, pick0, hi), p1 = _mm512_permutex2var_epi8(lo, pick1, hi);
+      const int64_t d = c0 + m;
+      const __m512 v[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(p0, 16)), _mm512_castsi512_ps(_mm512_and_si512(p0, high_half)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16)), _mm512_castsi512_ps(_mm512_and_si512(p1, high_half))};
+      for (int q = 0; q < 4; ++q) {  // dim d + 16q, chain q (SumOfSquareChains)
+        _mm512_store_ps(kb->kt + (d + 16 * q) * 16, v[q]);
+        ss[q] = _mm512_fmadd_ps(v[q], v[q], ss[q]);
+      }
+    }
+  }
+  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(SumOfSquareChains(ss)), _mm512_set1_ps(kNormSlack)),
+                         _mm512_set1_ps(kmul));
+  kb->ks = _mm512_loadu_ps(ks);
+}
+
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+bool UseByteLut() {
+  static const bool cpu = __builtin_cpu_supports("avx512vbmi");
+  return cpu && internal::indexer_byte_lut.load(std::memory_order_relaxed);
+}
+
+// The key decode for a block: the byte-table route where it applies (fp8, dim % 64 == 0).
+void DecodeKeys16(const uint8_t* const* codes, const float* ks, int64_t dim, KvIndexFormat f, float kmul,
+                  KeyBlock16* kb) {
+  if (f == KvIndexFormat::kFp8 && dim % 64 == 0 && UseByteLut()) DecodeKeyBlock16Vbmi(codes, ks, dim, kmul, kb);
+  else DecodeKeyBlock16(codes, ks, dim, f, kmul, kb);
 }
 
 // One query's approximations and bounds of a decoded block of 16 keys.
@@ -374,7 +501,7 @@ void ScoreKeyBlock16(const IndexerQuery& q, const QueryConsts& qc, const KeyBloc
 void ApproxKeys16_512(const IndexerQuery& q, const QueryConsts& qc, const uint8_t* const* codes, const float* ks,
                       KvIndexFormat f, float kmul, float* approx, float* bound) {
   KeyBlock16 kb;
-  DecodeKeyBlock16(codes, ks, q.dim, f, kmul, &kb);
+  DecodeKeys16(codes, ks, q.dim, f, kmul, &kb);
   ScoreKeyBlock16(q, qc, kb, kmul, approx, bound);
 }
 
@@ -393,7 +520,7 @@ int64_t ApproxRows512(const KvTokenView& kv, const IndexerQuery* const* queries,
       codes[k] = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
       ks[k] = LoadF32(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride));
     }
-    DecodeKeyBlock16(codes, ks, kv.index_dim, kv.index_format, kmul, &kb);
+    DecodeKeys16(codes, ks, kv.index_dim, kv.index_format, kmul, &kb);
     for (int64_t r = 0; r < n_queries; ++r)
       ScoreKeyBlock16(*queries[r], qc[r], kb, kmul, approx[r] + (t0 - key_begin), bound[r] + (t0 - key_begin));
   }

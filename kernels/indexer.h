@@ -63,4 +63,10 @@ void IndexerScoresExactAt(const KvTokenView& kv, const IndexerQuery& q, const in
 int64_t IndexerTopK(const KvTokenView& kv, const IndexerQuery& q, const float* approx, const float* bound, int64_t n,
                     int64_t k, int32_t* out, int64_t* n_exact = nullptr);
 
+namespace internal {
+// Tests: turns the fp8 keys' byte-table decode (CPUs with AVX512-VBMI) off or on, to compare it
+// with the route it replaces; returns the previous setting. It is on by default.
+bool TEST_SetIndexerByteLut(bool on);
+}  // namespace internal
+
 }  // namespace pdserve::kernels

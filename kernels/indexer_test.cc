@@ -161,6 +161,61 @@ TEST(IndexerTest, RowsCallEqualsOneCallPerQuery) {
   });
 }
 
+// On CPUs with AVX512-VBMI the fp8 keys are decoded by byte tables after a byte transpose; the
+// approximations and bounds are bit for bit those of the fp16 route it replaces, for every
+// code (NaN codes included: the quantizers never write them, but the decode stays defined),
+// 64-dim multiples, whole blocks and tails, one and several queries.
+TEST(IndexerTest, ByteTableDecodeEqualsTheFp16Route) {
+  if (!__builtin_cpu_supports("avx512vbmi") || ActiveIsa() < Isa::kAvx512) {
+    GTEST_SKIP() << "LOUD SKIP: this CPU (or PDSERVE_ISA) has no AVX512-VBMI: the byte-table key decode is not run";
+  }
+  std::mt19937 rng(23);
+  for (int64_t dim : {128, 64, 192}) {
+    const int64_t n = 16 * 21 + 5, rec = dim + 4;
+    Keys keys;
+    keys.dim = dim;
+    keys.bytes.resize(static_cast<size_t>(n * rec));
+    for (int64_t t = 0; t < n; ++t) {
+      uint8_t* r = &keys.bytes[static_cast<size_t>(t * rec)];
+      for (int64_t i = 0; i < dim; ++i) r[i] = static_cast<uint8_t>((t * 37 + i * 11 + (t >> 3)) & 0xff);  // every code
+      const float scale = std::ldexp(1.0f, static_cast<int>(t % 9) - 4);
+      std::memcpy(r + dim, &scale, 4);
+    }
+    KvTokenView& v = keys.view;
+    v.base = keys.bytes.data();
+    v.block_tokens = n;
+    v.idx_k_offset = 0;
+    v.idx_scale_offset = dim;
+    v.idx_k_stride = v.idx_scale_stride = rec;
+    v.index_dim = dim;
+    v.index_format = KvIndexFormat::kFp8;
+    std::vector<IndexerQuery> iq(3);
+    std::vector<const IndexerQuery*> qp;
+    for (auto& q : iq) {
+      Query raw = MakeQuery(16, dim, KeyKind::kNormal, rng);
+      PrepareIndexerQuery(raw.q8.data(), raw.w.data(), 16, dim, &q);
+      qp.push_back(&q);
+    }
+    auto run = [&](bool lut) {
+      const bool previous = internal::TEST_SetIndexerByteLut(lut);
+      std::vector<std::vector<float>> a(4, std::vector<float>(n)), b(4, std::vector<float>(n));
+      IndexerScoresApprox(v, iq[0], 0, n, a[0].data(), b[0].data());
+      float* ap[3] = {a[1].data(), a[2].data(), a[3].data()};
+      float* bp[3] = {b[1].data(), b[2].data(), b[3].data()};
+      IndexerScoresApproxRows(v, qp.data(), 3, 0, n, ap, bp);
+      internal::TEST_SetIndexerByteLut(previous);
+      return std::make_pair(a, b);
+    };
+    const auto want = run(false), got = run(true);
+    for (size_t r = 0; r < 4; ++r) {
+      for (int64_t t = 0; t < n; ++t) {
+        ASSERT_EQ(got.first[r][t], want.first[r][t]) << "dim " << dim << " call " << r << " key " << t;
+        ASSERT_EQ(got.second[r][t], want.second[r][t]) << "dim " << dim << " call " << r << " key " << t;
+      }
+    }
+  }
+}
+
 TEST(IndexerTest, TopKEqualsTheExactScoresTopK) {
   std::mt19937 rng(5);
   for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
