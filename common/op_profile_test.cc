@@ -86,30 +86,35 @@ TEST(OpProfileTest, PoolWaitIsChargedToTheOpItInterrupted) {
   OpProfile p = MakeProfile();
   ThreadPool pool(2);
   const std::thread::id caller = std::this_thread::get_id();
-  std::atomic<bool> worker_started{false};
+  std::atomic<bool> worker_started{false}, caller_done{false};
+  auto spin_until = [](const std::atomic<bool>& flag) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!flag && std::chrono::steady_clock::now() < deadline) {
+    }
+  };
   {
     OpProfileStep step(&p, 0);
     {
       OpScope a(2);
-      // The caller's chunk returns once a worker has started the other one (or after 1 s, if
-      // no worker woke: then the caller runs both and nothing is waited for); the worker's
-      // chunk takes 3 ms, which the caller spends waiting inside op 2's region.
+      // The caller's chunk returns once a worker holds the other chunk (a worker must take it:
+      // the caller is busy in its own); the worker's chunk then runs 30 ms past the caller's
+      // return, which the caller spends waiting inside op 2's region.
       pool.ParallelFor(2, [&](int64_t, int64_t) {
         if (std::this_thread::get_id() != caller) {
           worker_started = true;
-          BusyFor(std::chrono::microseconds(3000));
+          spin_until(caller_done);
+          BusyFor(std::chrono::microseconds(30000));
           return;
         }
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-        while (!worker_started && std::chrono::steady_clock::now() < deadline) {
-        }
+        spin_until(worker_started);
+        caller_done = true;
       });
     }
     OpScope b(3);
     BusyFor(std::chrono::microseconds(500));
   }
   ASSERT_TRUE(worker_started) << "no pool worker ran a chunk";
-  EXPECT_GT(p.wait_seconds(0, 2), 2e-3);
+  EXPECT_GT(p.wait_seconds(0, 2), 10e-3);
   EXPECT_EQ(p.wait_seconds(0, 3), 0.0);
   double waits = 0;
   for (int op = 0; op < p.n_ops(); ++op) waits += p.wait_seconds(0, op);
