@@ -167,14 +167,10 @@ void TilesWith(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_
     for (int64_t k0 = 0; k0 < n_in; k0 += kKc) {
       const int64_t kc = Min(kKc, n_in - k0);
       pack(j, n_rows, k0, kc, buf);
-      // Near-equal row blocks (64 rows: 11 x 4 + 10 x 2, not 12 x 5 + 4: a 4-row block costs
-      // twice per FMA what a 12-row one does). Each output's chain is the same either way.
-      const int64_t blocks = (i1 - i0 + kMr - 1) / kMr;
-      for (int64_t b = 0, i = i0; b < blocks; ++b) {
-        const int mr = static_cast<int>((i1 - i) / (blocks - b) + ((i1 - i) % (blocks - b) != 0 ? 1 : 0));
+      for (int64_t i = i0; i < i1; i += kMr) {
+        const int mr = static_cast<int>(Min(kMr, i1 - i));
         kMicro.fn[np - 1][mr - 1](x + i * ldx + k0, ldx, &buf.d[0][0][0], kKc * 16, kc,
                                   p.y + i * p.ldy + j, p.ldy, n_rows, k0 == 0);
-        i += mr;
       }
     }
   }
