@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
+#include <numeric>
 #include <random>
 #include <utility>
 #include <vector>
@@ -214,6 +216,57 @@ TEST(IndexerTest, ByteTableDecodeEqualsTheFp16Route) {
       }
     }
   }
+}
+
+// The same keys in a paged pool (blocks of 32 tokens in shuffled order, one array per
+// component inside a block, as the engine stores them) score bit for bit as in a contiguous
+// cache: the 16-key blocks look their block up once and prefetch ahead there.
+TEST(IndexerTest, PagedKeysScoreAsContiguousOnes) {
+  std::mt19937 rng(29);
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    const int64_t n = 16 * 21 + 5, dim = 128, B = 32, n_blocks = (n + B - 1) / B;
+    Keys keys = MakeKeys(n, dim, KvIndexFormat::kFp8, KeyKind::kNormal, rng);
+    std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    const int64_t block_bytes = B * (dim + 4);
+    std::vector<uint8_t> pool(static_cast<size_t>(n_blocks * block_bytes), 0xee);
+    KvTokenView paged = keys.view;
+    paged.base = pool.data();
+    paged.block_table = table.data();
+    paged.block_tokens = B;
+    paged.block_stride = block_bytes;
+    paged.idx_k_offset = 0;
+    paged.idx_k_stride = dim;
+    paged.idx_scale_offset = B * dim;
+    paged.idx_scale_stride = 4;
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(const_cast<uint8_t*>(paged.Field(t, paged.idx_k_offset, paged.idx_k_stride)),
+                  keys.view.Field(t, keys.view.idx_k_offset, keys.view.idx_k_stride), static_cast<size_t>(dim));
+      std::memcpy(const_cast<uint8_t*>(paged.Field(t, paged.idx_scale_offset, paged.idx_scale_stride)),
+                  keys.view.Field(t, keys.view.idx_scale_offset, keys.view.idx_scale_stride), 4);
+    }
+    std::vector<IndexerQuery> iq(2);
+    std::vector<const IndexerQuery*> qp;
+    for (auto& q : iq) {
+      Query raw = MakeQuery(16, dim, KeyKind::kNormal, rng);
+      PrepareIndexerQuery(raw.q8.data(), raw.w.data(), 16, dim, &q);
+      qp.push_back(&q);
+    }
+    for (auto [b, e] : {std::pair<int64_t, int64_t>{0, n}, {32, 32 + 80}, {5, 5 + 64}}) {
+      auto run = [&](const KvTokenView& v) {
+        std::vector<std::vector<float>> out(6, std::vector<float>(static_cast<size_t>(e - b)));
+        IndexerScoresApprox(v, iq[0], b, e, out[0].data(), out[1].data());
+        float* ap[2] = {out[2].data(), out[3].data()};
+        float* bp[2] = {out[4].data(), out[5].data()};
+        IndexerScoresApproxRows(v, qp.data(), 2, b, e, ap, bp);
+        return out;
+      };
+      ASSERT_EQ(run(paged), run(keys.view)) << "keys [" << b << ", " << e << ") isa " << static_cast<int>(isa);
+    }
+    internal::TEST_SetActiveIsa(previous);
+  });
 }
 
 TEST(IndexerTest, TopKEqualsTheExactScoresTopK) {
