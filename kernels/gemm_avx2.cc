@@ -190,6 +190,8 @@ void Compute(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64_t 
   }
 }
 
+constexpr int64_t kPanelPrefetchPairs = 32;
+
 // kPanels16 weights, M rows of x (1-4) x NP panels: per k pair each panel is two ymm loads of
 // 8 outputs' bf16 pairs, turned into fp32 by a shift (k) or a mask (k + 1); no transposes, and
 // every weight is read once, in order. M * NP * 2 >= 4 chains cover the FMA latency.
@@ -207,6 +209,8 @@ void PanelBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, i
 #pragma GCC unroll 4
     for (int q = 0; q < NP; ++q) {
       const uint32_t* src = w + (q * pairs + k) * 16;
+      // The panel's line kPanelPrefetchPairs ahead (gemm_avx512.cc's PanelRowsBlock says why).
+      _mm_prefetch(reinterpret_cast<const char*>(src + kPanelPrefetchPairs * 16), _MM_HINT_T0);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + 8 * h));

@@ -219,6 +219,12 @@ void PanelTiles(const FloatProblem& p, int64_t i0, int64_t i1, int64_t j0, int64
   });
 }
 
+// How far ahead (in k pairs, one 64-byte line of a panel each) PanelRowsBlock prefetches every
+// panel stream. The hardware prefetcher follows the NP streams, but restarts at every 4 KiB
+// page and stays close behind: with the lines requested 2 KiB ahead, 40 experts' gate and up
+// (m = 1, 2, 12 rows) from DRAM ran 10-18% faster in an in-process A/B (distances 16-96 alike).
+constexpr int64_t kPanelPrefetchPairs = 32;
+
 // Decode rows (M = 1-3) against kPanels16 weights, NP panels at a time: every weight is read
 // once, in order (NP contiguous streams the hardware prefetcher follows), and turned into fp32
 // by a shift (k) or a mask (k + 1); each x row keeps NP independent chains over all of k
@@ -237,6 +243,9 @@ void PanelRowsBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pair
     __m512 lo[NP], up[NP];
 #pragma GCC unroll 8
     for (int q = 0; q < NP; ++q) {
+      // Each panel's line kPanelPrefetchPairs ahead (past a panel's end: the next panel's
+      // start, or nothing: prefetches never fault).
+      _mm_prefetch(reinterpret_cast<const char*>(w + (q * pairs + k + kPanelPrefetchPairs) * 16), _MM_HINT_T0);
       const __m512i v = _mm512_load_si512(w + (q * pairs + k) * 16);
       lo[q] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       up[q] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
