@@ -306,8 +306,11 @@ struct KeyBlock16 {
 // The keys' sums of squares run as 4 chains, chain 2 * ((i % 64) / 32) + h holding dims
 // i + 16h + d (d ascending) of each group of 32 at i, in i order, added as (0 + 1) + (2 + 3) at
 // the end: one order both decode routes below can follow (the byte-table route produces dims
-// c + m, c + 16 + m, c + 32 + m and c + 48 + m together), with no 256-long dependency chain.
-inline __m512 SumOfSquareChains(const __m512* ss) { return _mm512_add_ps(_mm512_add_ps(ss[0], ss[1]), _mm512_add_ps(ss[2], ss[3])); }
+// c + m, c + 16 + m, c + 32 + m and c + 48 + m together), and no chain of `dim` dependent
+// FMAs (latency-bound once the decode got faster).
+inline __m512 SumOfSquareChains(const __m512* ss) {
+  return _mm512_add_ps(_mm512_add_ps(ss[0], ss[1]), _mm512_add_ps(ss[2], ss[3]));
+}
 
 void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim, KvIndexFormat f, float kmul,
                       KeyBlock16* kb) {
@@ -344,7 +347,8 @@ void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim,
 // transposed as bytes first, then decoded by table lookup, 64 at a time. The same kt, kn and
 // ks bits as DecodeKeyBlock16 (same values, same sum-of-squares chains), for ~0.25 shuffle-port
 // operations per value instead of ~0.6 (a 16x16 fp32 transpose per 256 values plus the fp16
-// route per 32). One thread, 16 keys x 128 dims: N ns -> M ns.
+// route per 32). One query over 8192 keys, one thread: the decode 2.3x faster (perf samples),
+// the approximate pass 499 -> 368 us with the keys in L2.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
 
