@@ -396,30 +396,26 @@ Engine::ConstraintStep Engine::SampleAndEmit(const std::vector<ScheduledChunk>& 
   const auto tm = Clock::now();
   constrained.rows = MaskConstrainedRows(&to_sample, events);
   if (constrained.rows > 0) constrained.seconds = Seconds(tm, Clock::now());
+  // The twins sample after the rows, each from its copy of its twin's row, as if it had
+  // computed the prompt itself (same logits, its own parameters, penalties and seed).
+  std::vector<float*> row_logits(to_sample.size());
+  for (size_t k = 0; k < to_sample.size(); ++k) row_logits[k] = &logits_[k * static_cast<size_t>(V)];
+  for (size_t i = 0; i < twins.size(); ++i) {
+    to_sample.push_back(twins[i].first);
+    row_logits.push_back(&twin_logits[i * static_cast<size_t>(V)]);
+  }
   std::vector<SampleResult> sampled(to_sample.size());
   model_->pool()->ParallelFor(static_cast<int64_t>(to_sample.size()), [&](int64_t b, int64_t e) {
     Sampler sampler;
     for (int64_t k = b; k < e; ++k) {
       const Request* r = to_sample[static_cast<size_t>(k)];
       if (!r) continue;  // ended by its grammar
-      sampled[static_cast<size_t>(k)] = sampler.Sample(&logits_[static_cast<size_t>(k * V)], V, r->params,
-                                                       r->penalties, r->seed, r->n_output());
+      sampled[static_cast<size_t>(k)] =
+          sampler.Sample(row_logits[static_cast<size_t>(k)], V, r->params, r->penalties, r->seed, r->n_output());
     }
   }, 4);
   for (size_t k = 0; k < to_sample.size(); ++k)
     if (to_sample[k]) events->push_back(Emit(to_sample[k], sampled[k]));
-  // The twins' first tokens: each as if it had computed the prompt itself (same logits, its
-  // own parameters, penalties and seed).
-  std::vector<SampleResult> twin_sampled(twins.size());
-  model_->pool()->ParallelFor(static_cast<int64_t>(twins.size()), [&](int64_t b, int64_t e) {
-    Sampler sampler;
-    for (int64_t i = b; i < e; ++i) {
-      const Request* t = twins[static_cast<size_t>(i)].first;
-      twin_sampled[static_cast<size_t>(i)] = sampler.Sample(&twin_logits[static_cast<size_t>(i * V)], V, t->params,
-                                                            t->penalties, t->seed, t->n_output());
-    }
-  }, 4);
-  for (size_t i = 0; i < twins.size(); ++i) events->push_back(Emit(twins[i].first, twin_sampled[i]));
   constrained.twin_tokens = static_cast<int64_t>(twins.size());
   return constrained;
 }

@@ -20,19 +20,14 @@ using testing::EventCollector;
 using testing::RunUntilIdle;
 using testing::TinyModel;
 
-constexpr int64_t kBlock = 16, kChunk = 32;
+constexpr int64_t kChunk = testing::kPrefixTestChunk;
 
-// The prefix cache off, so that every prompt row a request does not take from a twin is
-// computed (and counted in prompt_rows).
+// The prefix-test engine with the prefix cache off, so that every prompt row a request does not
+// take from a twin is computed (and counted in prompt_rows); up to 64 sequences (twins take
+// free sequence slots).
 EngineOptions Options(int64_t n_blocks, bool twins = true) {
-  EngineOptions o;
-  o.prefix_cache = false;
-  o.block_tokens = kBlock;
-  const KvLayout l = model::KvLayoutFor(TinyModel().config(), kBlock);
-  o.kv_cache_gib = static_cast<double>(n_blocks * l.BlockBytes()) / (1ull << 30);
+  EngineOptions o = testing::PrefixTestOptions(n_blocks, /*cache=*/false);
   o.scheduler.max_num_seqs = 64;
-  o.scheduler.max_step_tokens = 128;
-  o.scheduler.prefill_chunk = kChunk;
   o.scheduler.twin_prompts = twins;
   o.seed = 77;
   return o;

@@ -312,6 +312,14 @@ inline __m512 SumOfSquareChains(const __m512* ss) {
   return _mm512_add_ps(_mm512_add_ps(ss[0], ss[1]), _mm512_add_ps(ss[2], ss[3]));
 }
 
+// A decoded block's norms and scales: kn = ||k|| * slack in true key units (the decoded values
+// are value * kmul), from the 4 sum-of-squares chains.
+inline void FinishKeyBlock(const __m512* ss, const float* ks, float kmul, KeyBlock16* kb) {
+  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(SumOfSquareChains(ss)), _mm512_set1_ps(kNormSlack)),
+                         _mm512_set1_ps(kmul));
+  kb->ks = _mm512_loadu_ps(ks);
+}
+
 void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim, KvIndexFormat f, float kmul,
                       KeyBlock16* kb) {
   __m512 ss[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -335,10 +343,7 @@ void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim,
       ss_hi = _mm512_fmadd_ps(b, b, ss_hi);
     }
   }
-  // kn = ||k|| * slack, in true key units (the decoded values are value * kmul).
-  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(SumOfSquareChains(ss)), _mm512_set1_ps(kNormSlack)),
-                         _mm512_set1_ps(kmul));
-  kb->ks = _mm512_loadu_ps(ks);
+  FinishKeyBlock(ss, ks, kmul, kb);
 }
 
 #pragma GCC pop_options
@@ -433,9 +438,7 @@ void DecodeKeyBlock16Vbmi(const uint8_t* const* codes, const float* ks, int64_t 
       }
     }
   }
-  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(SumOfSquareChains(ss)), _mm512_set1_ps(kNormSlack)),
-                         _mm512_set1_ps(kmul));
-  kb->ks = _mm512_loadu_ps(ks);
+  FinishKeyBlock(ss, ks, kmul, kb);
 }
 
 #pragma GCC pop_options

@@ -41,6 +41,19 @@ std::vector<float> RandomVector(int64_t n, KeyKind kind, std::mt19937& rng) {
   return x;
 }
 
+// n keys back to back at `records`, each its codes [dim] then its fp32 scale.
+KvTokenView RecordsView(const uint8_t* records, int64_t n, int64_t dim, KvIndexFormat f) {
+  KvTokenView v;
+  v.base = records;
+  v.block_tokens = std::max<int64_t>(n, 1);
+  v.idx_k_offset = 0;
+  v.idx_scale_offset = dim;
+  v.idx_k_stride = v.idx_scale_stride = dim + 4;
+  v.index_dim = dim;
+  v.index_format = f;
+  return v;
+}
+
 Keys MakeKeys(int64_t n, int64_t dim, KvIndexFormat f, KeyKind kind, std::mt19937& rng) {
   Keys k;
   k.dim = dim;
@@ -56,14 +69,7 @@ Keys MakeKeys(int64_t n, int64_t dim, KvIndexFormat f, KeyKind kind, std::mt1993
     if (kind == KeyKind::kSomeZero && t % 3 == 0) std::fill(x.begin(), x.end(), 0.0f);
     EncodeIndexKey(f, x.data(), dim, r, r + dim);
   }
-  KvTokenView& v = k.view;
-  v.base = k.bytes.data();
-  v.block_tokens = std::max<int64_t>(n, 1);
-  v.idx_k_offset = 0;
-  v.idx_scale_offset = dim;
-  v.idx_k_stride = v.idx_scale_stride = rec;
-  v.index_dim = dim;
-  v.index_format = f;
+  k.view = RecordsView(k.bytes.data(), n, dim, f);
   return k;
 }
 
@@ -83,6 +89,23 @@ Query MakeQuery(int64_t heads, int64_t dim, KeyKind kind, std::mt19937& rng) {
   std::normal_distribution<float> nd;
   for (int64_t h = 0; h < heads; ++h) q.w.push_back(nd(rng) * 0.1f);  // some negative
   return q;
+}
+
+// n prepared queries of `heads` x dim (KeyKind::kNormal) and pointers to them, as
+// IndexerScoresApproxRows takes them (pointers into `queries`: move it, never copy it).
+struct PreparedQueries {
+  std::vector<IndexerQuery> queries;
+  std::vector<const IndexerQuery*> pointers;
+};
+PreparedQueries PrepareQueries(int64_t n, int64_t heads, int64_t dim, std::mt19937& rng) {
+  PreparedQueries p;
+  p.queries.resize(static_cast<size_t>(n));
+  for (auto& q : p.queries) {
+    Query raw = MakeQuery(heads, dim, KeyKind::kNormal, rng);
+    PrepareIndexerQuery(raw.q8.data(), raw.w.data(), heads, dim, &q);
+    p.pointers.push_back(&q);
+  }
+  return p;
 }
 
 TEST(IndexerTest, ApproxScoresStayWithinTheirBounds) {
@@ -183,21 +206,11 @@ TEST(IndexerTest, ByteTableDecodeEqualsTheFp16Route) {
       const float scale = std::ldexp(1.0f, static_cast<int>(t % 9) - 4);
       std::memcpy(r + dim, &scale, 4);
     }
-    KvTokenView& v = keys.view;
-    v.base = keys.bytes.data();
-    v.block_tokens = n;
-    v.idx_k_offset = 0;
-    v.idx_scale_offset = dim;
-    v.idx_k_stride = v.idx_scale_stride = rec;
-    v.index_dim = dim;
-    v.index_format = KvIndexFormat::kFp8;
-    std::vector<IndexerQuery> iq(3);
-    std::vector<const IndexerQuery*> qp;
-    for (auto& q : iq) {
-      Query raw = MakeQuery(16, dim, KeyKind::kNormal, rng);
-      PrepareIndexerQuery(raw.q8.data(), raw.w.data(), 16, dim, &q);
-      qp.push_back(&q);
-    }
+    keys.view = RecordsView(keys.bytes.data(), n, dim, KvIndexFormat::kFp8);
+    const KvTokenView& v = keys.view;
+    const PreparedQueries pq = PrepareQueries(3, 16, dim, rng);
+    const std::vector<IndexerQuery>& iq = pq.queries;
+    const std::vector<const IndexerQuery*>& qp = pq.pointers;
     auto run = [&](bool lut) {
       const bool previous = internal::TEST_SetIndexerByteLut(lut);
       std::vector<std::vector<float>> a(4, std::vector<float>(n)), b(4, std::vector<float>(n));
@@ -220,7 +233,7 @@ TEST(IndexerTest, ByteTableDecodeEqualsTheFp16Route) {
 
 // The same keys in a paged pool (blocks of 32 tokens in shuffled order, one array per
 // component inside a block, as the engine stores them) score bit for bit as in a contiguous
-// cache: the 16-key blocks look their block up once and prefetch ahead there.
+// cache.
 TEST(IndexerTest, PagedKeysScoreAsContiguousOnes) {
   std::mt19937 rng(29);
   ForEachIsa([&](Isa isa) {
@@ -247,13 +260,9 @@ TEST(IndexerTest, PagedKeysScoreAsContiguousOnes) {
       std::memcpy(const_cast<uint8_t*>(paged.Field(t, paged.idx_scale_offset, paged.idx_scale_stride)),
                   keys.view.Field(t, keys.view.idx_scale_offset, keys.view.idx_scale_stride), 4);
     }
-    std::vector<IndexerQuery> iq(2);
-    std::vector<const IndexerQuery*> qp;
-    for (auto& q : iq) {
-      Query raw = MakeQuery(16, dim, KeyKind::kNormal, rng);
-      PrepareIndexerQuery(raw.q8.data(), raw.w.data(), 16, dim, &q);
-      qp.push_back(&q);
-    }
+    const PreparedQueries pq = PrepareQueries(2, 16, dim, rng);
+    const std::vector<IndexerQuery>& iq = pq.queries;
+    const std::vector<const IndexerQuery*>& qp = pq.pointers;
     for (auto [b, e] : {std::pair<int64_t, int64_t>{0, n}, {32, 32 + 80}, {5, 5 + 64}}) {
       auto run = [&](const KvTokenView& v) {
         std::vector<std::vector<float>> out(6, std::vector<float>(static_cast<size_t>(e - b)));
