@@ -190,6 +190,35 @@ TEST(IndexerTest, RowsCallEqualsOneCallPerQuery) {
 // approximations and bounds are bit for bit those of the fp16 route it replaces, for every
 // code (NaN codes included: the quantizers never write them, but the decode stays defined),
 // 64-dim multiples, whole blocks and tails, one and several queries.
+// The lane kernels score 32 keys at a time (two blocks sharing each query broadcast) and a last
+// 16; calls over 16-key ranges take the one-block kernel everywhere. Both must give the same bits.
+TEST(IndexerTest, TwoBlockScoringEqualsOneBlockScoring) {
+  std::mt19937 rng(23);
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
+      for (int64_t heads : {16, 12, 3})
+        for (int64_t dim : {128, 192, 256}) {  // 192: the decode route without byte tables
+          const int64_t n = 16 * 9;  // four pairs and a single block in one call
+          Keys keys = MakeKeys(n, dim, f, KeyKind::kNormal, rng);
+          Query raw = MakeQuery(heads, dim, KeyKind::kNormal, rng);
+          IndexerQuery q;
+          PrepareIndexerQuery(raw.q8.data(), raw.w.data(), heads, dim, &q);
+          std::vector<float> one_a(n), one_b(n), split_a(n, -1.0f), split_b(n, -1.0f);
+          IndexerScoresApprox(keys.view, q, 0, n, one_a.data(), one_b.data());
+          for (int64_t t = 0; t < n; t += 16)
+            IndexerScoresApprox(keys.view, q, t, t + 16, split_a.data() + t, split_b.data() + t);
+          ASSERT_EQ(one_a, split_a) << IsaName(isa) << " heads " << heads << " dim " << dim;
+          ASSERT_EQ(one_b, split_b) << IsaName(isa) << " heads " << heads << " dim " << dim;
+          // A bound of 0 certifies an exact score; the kernels must not be trivially equal there.
+          int64_t nonzero = 0;
+          for (float b : one_b) nonzero += b > 0.0f;
+          EXPECT_GT(nonzero, n / 4);
+        }
+    internal::TEST_SetActiveIsa(previous);
+  });
+}
+
 TEST(IndexerTest, ByteTableDecodeEqualsTheFp16Route) {
   if (!__builtin_cpu_supports("avx512vbmi") || ActiveIsa() < Isa::kAvx512) {
     GTEST_SKIP() << "LOUD SKIP: this CPU (or PDSERVE_ISA) has no AVX512-VBMI: the byte-table key decode is not run";
