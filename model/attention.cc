@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/parallel.h"
 #include "model/profile_ops.h"
+#include "model/step_scratch.h"
 #include "model/forward_variants.h"
 
 namespace pdserve::model {
@@ -68,30 +69,39 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   OpScope op_scope(kOpMlaProlog);
 
   // qr = bf16(RMSNorm(bf16(x Wq_a^T)));  q = bf16(qr Wq_b^T), rope on the last dr dims per head.
-  std::vector<float> qr(static_cast<size_t>(S * Lq));
+  ScratchVector<float> qr(static_cast<size_t>(S * Lq));
   PlannedLinear(lw.q_a, x, plan, qr.data());
-  kernels::RoundToBf16InPlace(qr.data(), S * Lq);
-  for (int64_t i = 0; i < S; ++i) kernels::RmsNorm(&qr[i * Lq], lw.q_norm.data(), Lq, kNormEps, &qr[i * Lq]);
-  kernels::RoundToBf16InPlace(qr.data(), S * Lq);
-  std::vector<float> q(static_cast<size_t>(S * H * dqk));
+  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float* row = &qr[i * Lq];
+      kernels::RoundToBf16InPlace(row, Lq);
+      kernels::RmsNorm(row, lw.q_norm.data(), Lq, kNormEps, row);
+      kernels::RoundToBf16InPlace(row, Lq);
+    }
+  }, 16);
+  ScratchVector<float> q(static_cast<size_t>(S * H * dqk));
   PlannedLinear(lw.q_b, qr.data(), plan, q.data());
-  kernels::RoundToBf16InPlace(q.data(), S * H * dqk);
-  for (int64_t i = 0; i < S; ++i)
-    for (int64_t h = 0; h < H; ++h)
-      kernels::ApplyRopeInterleaved(&q[(i * H + h) * dqk + dn], dr, plan.row_pos[i], rope_freqs_.data());
-  kernels::RoundToBf16InPlace(q.data(), S * H * dqk);
+  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float* row = &q[i * H * dqk];
+      kernels::RoundToBf16InPlace(row, H * dqk);
+      for (int64_t h = 0; h < H; ++h)
+        kernels::ApplyRopeInterleaved(row + h * dqk + dn, dr, plan.row_pos[i], rope_freqs_.data());
+      kernels::RoundToBf16InPlace(row, H * dqk);
+    }
+  }, 8);
 
   // kv = bf16(x Wkv_a^T): latent c = bf16(RMSNorm(kv[:Lkv])) stored in the cache's format (the
   // fp8 form is the reference's round trip, losslessly); k_pe = rope(kv[Lkv:]) as bf16.
-  std::vector<float> kva(static_cast<size_t>(S * (Lkv + dr)));
+  ScratchVector<float> kva(static_cast<size_t>(S * (Lkv + dr)));
   PlannedLinear(lw.kv_a, x, plan, kva.data());
-  kernels::RoundToBf16InPlace(kva.data(), S * (Lkv + dr));
   pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
     std::vector<float> latent(static_cast<size_t>(Lkv));
     for (int64_t i = b; i < e; ++i) {
       const int64_t pos = plan.row_pos[i];
       const KvSequenceRef& kv = plan.seqs[plan.row_seq[i]].kv;
       float* row = &kva[i * (Lkv + dr)];
+      kernels::RoundToBf16InPlace(row, Lkv + dr);
       kernels::RmsNorm(row, lw.kv_norm.data(), Lkv, kNormEps, latent.data());
       kernels::RoundToBf16InPlace(latent.data(), Lkv);
       kernels::EncodeLatent(kv.layout->latent_format, latent.data(), Lkv, kv.Field(layer, KvComponent::kLatentCodes, pos),
@@ -153,7 +163,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
       PDSERVE_RETURN_IF_ERROR(ExpandCpKeys(layer, plan, step, &kv));
     } else {
       ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
-      kernels::RoundToBf16InPlace(kv.data(), T * H * (dn + dv));
+      RoundToBf16InPlace(kv.data(), T * H * (dn + dv), pool_);
     }
     pool_->ParallelFor(n_q * H, [&](int64_t b, int64_t e) {
       std::vector<float> p(static_cast<size_t>(K));
@@ -253,7 +263,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
                       lw.kv_b_uv.empty() ? SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv) : lw.kv_b_uv[h].view(), &oA[h * dv],
                       H * dv, nullptr);
     });
-    kernels::RoundToBf16InPlace(oA.data(), nA * H * dv);
+    RoundToBf16InPlace(oA.data(), nA * H * dv, pool_);
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);
   }
   op_scope.Switch(kOpOProj);
@@ -263,7 +273,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
     CommTimer timer(parallel_);
     PDSERVE_RETURN_IF_ERROR(tp->SumPartials({out, static_cast<size_t>(S * D)}));
   }
-  kernels::RoundToBf16InPlace(out, S * D);
+  RoundToBf16InPlace(out, S * D, pool_);
   return Status::Ok();
 }
 
@@ -277,13 +287,13 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   OpScope op_scope(kOpIndexer);
 
   // Queries: bf16(qr Wiq^T), rope (half-split) on the first dr dims, Hadamard, fp8 per head.
-  std::vector<float> iq(static_cast<size_t>(S * IH * ID));
+  ScratchVector<float> iq(static_cast<size_t>(S * IH * ID));
   PlannedLinear(lw.idx_wq_b, qr, plan, iq.data());
-  kernels::RoundToBf16InPlace(iq.data(), S * IH * ID);
+  RoundToBf16InPlace(iq.data(), S * IH * ID, pool_);
   // Keys: bf16(LayerNorm(bf16(x Wk^T))), rope, Hadamard, quantized per token -> cache.
-  std::vector<float> ik(static_cast<size_t>(S * ID));
+  ScratchVector<float> ik(static_cast<size_t>(S * ID));
   PlannedLinear(lw.idx_wk, x, plan, ik.data());
-  kernels::RoundToBf16InPlace(ik.data(), S * ID);
+  RoundToBf16InPlace(ik.data(), S * ID, pool_);
   // Head weights in fp32: wp(x) * IH^-0.5, later * q_scale * ID^-0.5.
   std::vector<float> wts(static_cast<size_t>(S * IH));
   PlannedLinear(lw.idx_weights_proj, x, plan, wts.data());

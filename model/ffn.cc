@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "model/parallel.h"
 #include "model/profile_ops.h"
+#include "model/step_scratch.h"
 #include "model/forward_variants.h"
 
 namespace pdserve::model {
@@ -98,47 +99,56 @@ Status Model::Ffn(int64_t layer, const float* x, const BatchPlan& plan, const Pa
     for (int64_t j = 0; j < top_k; ++j)
       if (ids[t * top_k + j] >= 0) by_expert[static_cast<size_t>(ids[t * top_k + j])].push_back({t, weights[t * top_k + j]});
   // Every routed expert's rows gathered into one buffer, experts in ascending id order, each
-  // expert's rows in row order; the shared expert reads x itself.
+  // expert's rows in row order; the shared expert reads x itself. slot_row[i]: the row gathered
+  // at slot i. Per row, its slots and weights in ascending expert order (row_slots / row_weights
+  // [t * top_k + j] for j < row_n[t]): the order the weighted sum takes.
   std::vector<int64_t> first(static_cast<size_t>(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
   const int64_t R = first[E];
   const bool shared = c.n_shared_experts > 0;
   const int64_t R_all = R + (shared ? S : 0);
-  std::vector<float> xin(static_cast<size_t>(R * D)), yout(static_cast<size_t>(R_all * D));
+  std::vector<int64_t> slot_row(static_cast<size_t>(R)), row_slots(static_cast<size_t>(S * top_k));
+  std::vector<float> row_weights(static_cast<size_t>(S * top_k));
+  std::vector<int32_t> row_n(static_cast<size_t>(S), 0);
   std::vector<ExpertJob> jobs;
+  ScratchVector<float> xin(static_cast<size_t>(R * D)), yout(static_cast<size_t>(R_all * D));
   for (int64_t e = 0; e < E; ++e) {
     const auto& er = by_expert[static_cast<size_t>(e)];
     if (er.empty()) continue;
     if (plan.stats) ++plan.stats->routed_expert_runs;
-    for (size_t i = 0; i < er.size(); ++i)
-      std::copy(x + er[i].first * D, x + (er[i].first + 1) * D, xin.begin() + (first[e] + static_cast<int64_t>(i)) * D);
+    for (size_t i = 0; i < er.size(); ++i) {
+      const int64_t slot = first[e] + static_cast<int64_t>(i), t = er[i].first;
+      slot_row[static_cast<size_t>(slot)] = t;
+      row_slots[static_cast<size_t>(t * top_k + row_n[t])] = slot;
+      row_weights[static_cast<size_t>(t * top_k + row_n[t]++)] = er[i].second;
+    }
     jobs.push_back({&lw.experts[static_cast<size_t>(e)], xin.data() + first[e] * D, static_cast<int64_t>(er.size()),
                     yout.data() + first[e] * D});
   }
+  pool_->ParallelFor(R, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) std::copy_n(x + slot_row[i] * D, D, xin.data() + i * D);
+  }, 16);
   if (shared) jobs.push_back({&lw.shared, x, S, yout.data() + R * D});
   // Routed experts and the shared expert in one pass.
   RunExperts(jobs);
-  // Weighted sums per row, experts in ascending id order (the summation order is fixed), then
-  // the shared expert.
-  std::vector<float> y(static_cast<size_t>(S * D), 0.0f);
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& er = by_expert[static_cast<size_t>(e)];
-    for (size_t i = 0; i < er.size(); ++i) {
-      const float* yo = &yout[static_cast<size_t>((first[e] + static_cast<int64_t>(i)) * D)];
-      float* yr = &y[static_cast<size_t>(er[i].first * D)];
-      for (int64_t d = 0; d < D; ++d) yr[d] += yo[d] * er[i].second;
+  // Per row: the weighted sum over its experts in ascending id order from 0 (the summation
+  // order is fixed), then the shared expert, then bf16.
+  pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* yr = out + t * D;
+      std::fill(yr, yr + D, 0.0f);
+      for (int32_t j = 0; j < row_n[t]; ++j) {
+        const float* yo = yout.data() + row_slots[static_cast<size_t>(t * top_k + j)] * D;
+        const float w = row_weights[static_cast<size_t>(t * top_k + j)];
+        for (int64_t d = 0; d < D; ++d) yr[d] += yo[d] * w;
+      }
+      if (shared) {
+        const float* z = yout.data() + (R + t) * D;
+        for (int64_t d = 0; d < D; ++d) yr[d] += z[d];
+      }
+      kernels::RoundToBf16InPlace(yr, D);
     }
-  }
-  if (shared) {
-    op_scope.Switch(kOpSharedExpert);
-    for (int64_t t = 0; t < S; ++t) {
-      const float* z = &yout[static_cast<size_t>((R + t) * D)];
-      float* yr = &y[static_cast<size_t>(t * D)];
-      for (int64_t d = 0; d < D; ++d) yr[d] += z[d];
-    }
-  }
-  std::copy(y.begin(), y.end(), out);
-  kernels::RoundToBf16InPlace(out, S * D);
+  }, 8);
   return Status::Ok();
 }
 
@@ -152,7 +162,7 @@ void Model::RunExperts(std::span<const ExpertJob> jobs) const {
   // and SiLU, then every down projection in a second grouped call.
   std::vector<int64_t> h_off(jobs.size() + 1, 0);  // each job's start in g/u, in values
   for (size_t k = 0; k < jobs.size(); ++k) h_off[k + 1] = h_off[k] + jobs[k].m * jobs[k].mlp->gate.n_out();
-  std::vector<float> g(static_cast<size_t>(h_off.back())), u(g.size());
+  ScratchVector<float> g(static_cast<size_t>(h_off.back())), u(g.size());
   std::vector<LinearCall> calls;
   calls.reserve(2 * jobs.size());
   for (size_t k = 0; k < jobs.size(); ++k) {
@@ -162,34 +172,40 @@ void Model::RunExperts(std::span<const ExpertJob> jobs) const {
   }
   ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
   const int64_t n_h = h_off.back();
-  kernels::RoundToBf16InPlace(g.data(), n_h);
-  kernels::RoundToBf16InPlace(u.data(), n_h);
-  kernels::SiluMulBf16(g.data(), u.data(), n_h, g.data());
+  RoundToBf16InPlace(g.data(), n_h, pool_);
+  RoundToBf16InPlace(u.data(), n_h, pool_);
+  SiluMulBf16(g.data(), u.data(), n_h, g.data(), pool_);
   calls.clear();
   for (size_t k = 0; k < jobs.size(); ++k) calls.push_back({&jobs[k].mlp->down, g.data() + h_off[k], jobs[k].m, jobs[k].y});
   ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
-  for (const ExpertJob& j : jobs) kernels::RoundToBf16InPlace(j.y, j.m * j.mlp->down.n_out());
+  // Every output row rounded, the jobs' rows in one parallel region.
+  std::vector<std::pair<float*, int64_t>> out_rows;  // (row, width)
+  for (const ExpertJob& j : jobs)
+    for (int64_t i = 0; i < j.m; ++i) out_rows.push_back({j.y + i * j.mlp->down.n_out(), j.mlp->down.n_out()});
+  pool_->ParallelFor(static_cast<int64_t>(out_rows.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) kernels::RoundToBf16InPlace(out_rows[i].first, out_rows[i].second);
+  }, 16);
 }
 
 void Model::Mlp(const MlpWeights& m, const float* x, int64_t S, float* out) const {
-  std::vector<float> h(static_cast<size_t>(S * m.gate.n_out()));
+  ScratchVector<float> h(static_cast<size_t>(S * m.gate.n_out()));
   MlpUp(m, x, S, h.data());
   MlpDown(m, h.data(), S, out);
 }
 
 void Model::MlpUp(const MlpWeights& m, const float* x, int64_t S, float* h) const {
   const int64_t I = m.gate.n_out();
-  std::vector<float> u(static_cast<size_t>(S * I));
+  ScratchVector<float> u(static_cast<size_t>(S * I));
   ApplyLinear(m.gate, x, S, h, pool_);
   ApplyLinear(m.up, x, S, u.data(), pool_);
-  kernels::RoundToBf16InPlace(h, S * I);
-  kernels::RoundToBf16InPlace(u.data(), S * I);
-  kernels::SiluMulBf16(h, u.data(), S * I, h);
+  RoundToBf16InPlace(h, S * I, pool_);
+  RoundToBf16InPlace(u.data(), S * I, pool_);
+  SiluMulBf16(h, u.data(), S * I, h, pool_);
 }
 
 void Model::MlpDown(const MlpWeights& m, const float* h, int64_t S, float* out) const {
   ApplyLinear(m.down, h, S, out, pool_);
-  kernels::RoundToBf16InPlace(out, S * m.down.n_out());
+  RoundToBf16InPlace(out, S * m.down.n_out(), pool_);
 }
 
 }  // namespace pdserve::model

@@ -170,15 +170,19 @@ Status Model::RunPlan(std::span<const BatchSequence> seqs, const BatchPlan& plan
 
   auto norm_rows = [&](const std::vector<float>& w, const std::vector<float>& in, std::vector<float>* out) {
     pool_->ParallelFor(R, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i)
-        kernels::RmsNorm(&in[static_cast<size_t>(i * D)], w.data(), D, kNormEps, &(*out)[static_cast<size_t>(i * D)]);
+      for (int64_t i = b; i < e; ++i) {
+        float* o = &(*out)[static_cast<size_t>(i * D)];
+        kernels::RmsNorm(&in[static_cast<size_t>(i * D)], w.data(), D, kNormEps, o);
+        kernels::RoundToBf16InPlace(o, D);
+      }
     }, 8);
-    kernels::RoundToBf16InPlace(out->data(), R * D);
   };
   auto add_residual = [&]() {  // sum = fp32(branch) + fp32(residual); residual = bf16(sum)
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] = branch[i] + residual[i];
-    residual = sum;
-    kernels::RoundToBf16InPlace(residual.data(), R * D);
+    pool_->ParallelFor(R, [&](int64_t b, int64_t e) {
+      for (size_t i = static_cast<size_t>(b * D); i < static_cast<size_t>(e * D); ++i) sum[i] = branch[i] + residual[i];
+      std::copy(sum.begin() + b * D, sum.begin() + e * D, residual.begin() + b * D);
+      kernels::RoundToBf16InPlace(&residual[static_cast<size_t>(b * D)], (e - b) * D);
+    }, 16);
   };
 
   // ForwardOptions::forced_layer_inputs: the residual stream of layer `slot`'s input replaced
