@@ -165,10 +165,13 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
       ApplyLinear(lw.kv_b, c_all.data(), T, kv.data(), pool_);
       RoundToBf16InPlace(kv.data(), T * H * (dn + dv), pool_);
     }
+    // Head-major: a thread's run of items is one head's queries, so that head's keys (T rows of
+    // dn + dv values and the shared k_pe) stay in L2 across them; query-major order streamed
+    // all H heads' keys from L3 for every query.
     pool_->ParallelFor(n_q * H, [&](int64_t b, int64_t e) {
       std::vector<float> p(static_cast<size_t>(K));
       for (int64_t qh = b; qh < e; ++qh) {
-        const int64_t i = qh / H, h = qh % H;
+        const int64_t h = qh / n_q, i = qh % n_q;
         const int32_t* sel = &topk[(r0 + i) * K];
         int64_t n = 0;
         while (n < K && sel[n] >= 0) ++n;
