@@ -13,6 +13,13 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/gemm_simd.h"
+#include "kernels/isa.h"
+#include "kernels/kernel_table.h"
+
+// GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as (maybe-)uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace pdserve::kernels {
 
@@ -199,10 +206,81 @@ void AbsorbStrips(const float* const* q, const uint8_t* w, bool bf16, int64_t w_
 #endif
 }
 
+#if defined(__AVX2__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+// AbsorbStrips with zmm registers: RB rows x NS strips of 32 columns. A bf16 strip is one
+// 64-byte load whose dwords hold columns (i + 2m, i + 2m + 1); shifting the low halves up and
+// masking the high halves gives the even and the odd columns as two fp32 registers for two
+// ALU operations (the AVX2 route widens 8 columns for two). Each output element is still its
+// own FMA chain over d ascending from zero, so the bits are AbsorbStrips' (the lanes only
+// change places); the stores put the even and odd columns back in order.
+template <int RB, int NS, bool kBf16>
+void AbsorbStrips512(const float* const* q, const uint8_t* w, int64_t w_row_bytes, int64_t n_d, int64_t i_end,
+                     int64_t* i_io, float* const* out) {
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  // Output lanes 0..15 = even/odd pairs (m, 16 + m) of the first 8 m; 16..31 of the last 8.
+  const __m512i interleave_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i interleave_hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  int64_t i = *i_io;
+  for (; i + 32 * NS <= i_end; i += 32 * NS) {
+    __m512 acc[RB][2 * NS];
+    for (int r = 0; r < RB; ++r)
+      for (int v = 0; v < 2 * NS; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < n_d; ++d) {
+      const uint8_t* row = w + d * w_row_bytes;
+      __m512 wv[2 * NS];
+      for (int s = 0; s < NS; ++s) {
+        if constexpr (kBf16) {
+          const __m512i x = _mm512_loadu_si512(row + 2 * (i + 32 * s));
+          wv[2 * s] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+          wv[2 * s + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, hi_mask));
+        } else {
+          const float* rf = reinterpret_cast<const float*>(row) + i + 32 * s;
+          wv[2 * s] = _mm512_loadu_ps(rf);
+          wv[2 * s + 1] = _mm512_loadu_ps(rf + 16);
+        }
+      }
+      for (int r = 0; r < RB; ++r) {
+        const __m512 a = _mm512_set1_ps(q[r][d]);
+        for (int v = 0; v < 2 * NS; ++v) acc[r][v] = _mm512_fmadd_ps(a, wv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int s = 0; s < NS; ++s) {
+        float* o = out[r] + i + 32 * s;
+        if constexpr (kBf16) {
+          _mm512_storeu_ps(o, _mm512_permutex2var_ps(acc[r][2 * s], interleave_lo, acc[r][2 * s + 1]));
+          _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(acc[r][2 * s], interleave_hi, acc[r][2 * s + 1]));
+        } else {
+          _mm512_storeu_ps(o, acc[r][2 * s]);
+          _mm512_storeu_ps(o + 16, acc[r][2 * s + 1]);
+        }
+      }
+  }
+  *i_io = i;
+}
+#pragma GCC pop_options
+#endif
+
+bool UseAvx512() { return internal::ActiveTable().isa >= Isa::kAvx512; }
+
 template <int RB>
 void AbsorbRows(const float* const* q, const uint8_t* w, bool bf16, int64_t w_row_bytes, int64_t n_d, int64_t dim,
                 float* const* out) {
   int64_t i = 0;
+#if defined(__AVX2__)
+  if (UseAvx512()) {
+    // 16 accumulators (8 for a lone row, which takes 4 strips: every weight row's 256 bytes).
+    constexpr int NS = RB >= 8 ? 1 : RB >= 4 ? 2 : 4;
+    if (bf16) AbsorbStrips512<RB, NS, true>(q, w, w_row_bytes, n_d, dim, &i, out);
+    else AbsorbStrips512<RB, NS, false>(q, w, w_row_bytes, n_d, dim, &i, out);
+    if constexpr (NS > 1) {
+      if (bf16) AbsorbStrips512<RB, 1, true>(q, w, w_row_bytes, n_d, dim, &i, out);
+      else AbsorbStrips512<RB, 1, false>(q, w, w_row_bytes, n_d, dim, &i, out);
+    }
+  }
+#endif
   if constexpr (RB == 1) AbsorbStrips<1, 8>(q, w, bf16, w_row_bytes, n_d, dim, &i, out);
   AbsorbStrips<RB, 2>(q, w, bf16, w_row_bytes, n_d, dim, &i, out);
   AbsorbStrips<RB, 1>(q, w, bf16, w_row_bytes, n_d, dim, &i, out);
@@ -228,6 +306,8 @@ void AbsorbQueries(const float* const* q_rows, int64_t n_rows, const void* w, bo
     return;
   }
   int64_t r = 0;
+  if (UseAvx512())
+    for (; r + 8 <= n_rows; r += 8) AbsorbRows<8>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);
   for (; r + 4 <= n_rows; r += 4) AbsorbRows<4>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);
   for (; r < n_rows; ++r) AbsorbRows<1>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);
 }

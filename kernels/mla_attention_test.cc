@@ -287,38 +287,47 @@ TEST(MlaAttentionTest, Fp8DecodeMatchesTableForEveryCode) {
   EXPECT_EQ(got, std::fma(std::max(static_cast<float>(dot), 0.0f), 1.0f, 0.0f) * ks);
 }
 
-// Batched query absorption is bitwise the AxpyRow loop it replaces (bf16 and f32 weights).
+// Batched query absorption is bitwise the AxpyRow loop it replaces (bf16 and f32 weights), on
+// every ISA level.
 TEST(MlaAttentionTest, AbsorbQueriesEqualsAxpyRowLoop) {
   std::mt19937 rng(13);
   std::normal_distribution<float> nd;
-  // Row counts hit the 4-row and lone-row kernels; widths hit every strip width (64, 16, 8
-  // columns) and the scalar path (a width not a multiple of 8).
-  for (auto [rows, n_d, dim, bf16] : {std::tuple{7, 128, 512, true}, std::tuple{3, 48, 260, false},
-                                      std::tuple{1, 5, 13, true}, std::tuple{5, 20, 88, false},
-                                      std::tuple{1, 33, 152, true}}) {
-    const int64_t ld = dim + 6;
-    std::vector<uint16_t> wb(n_d * ld);
-    std::vector<float> wf(n_d * ld);
-    for (size_t i = 0; i < wb.size(); ++i) {
-      wb[i] = F32ToBf16Bits(nd(rng) * 0.1f);
-      wf[i] = nd(rng) * 0.1f;
+  // Row counts hit the 8-row (AVX-512), 4-row and lone-row kernels; widths hit every strip
+  // width (AVX-512: 128, 64 and 32 columns; AVX2: 64, 16, 8) and the scalar path (a width not
+  // a multiple of 8).
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    for (auto [rows, n_d, dim, bf16] : {std::tuple{7, 128, 512, true}, std::tuple{3, 48, 260, false},
+                                        std::tuple{1, 5, 13, true}, std::tuple{5, 20, 88, false},
+                                        std::tuple{1, 33, 152, true}, std::tuple{19, 128, 512, true},
+                                        std::tuple{13, 40, 88, false}, std::tuple{9, 24, 152, true},
+                                        std::tuple{10, 16, 120, false}}) {
+      const int64_t ld = dim + 6;
+      std::vector<uint16_t> wb(n_d * ld);
+      std::vector<float> wf(n_d * ld);
+      for (size_t i = 0; i < wb.size(); ++i) {
+        wb[i] = F32ToBf16Bits(nd(rng) * 0.1f);
+        wf[i] = nd(rng) * 0.1f;
+      }
+      const void* w = bf16 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
+      std::vector<float> q(rows * (n_d + 3));
+      for (auto& v : q) v = RoundToBf16(nd(rng));
+      std::vector<float> want(rows * dim, 0.0f), got(rows * dim, -1.0f);
+      std::vector<const float*> q_rows;
+      std::vector<float*> out_rows;
+      for (int r = 0; r < rows; ++r) {
+        for (int d = 0; d < n_d; ++d)
+          AxpyRow(q[r * (n_d + 3) + d],
+                  bf16 ? static_cast<const void*>(&wb[d * ld]) : static_cast<const void*>(&wf[d * ld]), bf16, dim,
+                  &want[r * dim]);
+        q_rows.push_back(&q[r * (n_d + 3)]);
+        out_rows.push_back(&got[r * dim]);
+      }
+      AbsorbQueries(q_rows.data(), rows, w, bf16, ld, n_d, dim, out_rows.data());
+      EXPECT_EQ(got, want) << IsaName(isa) << " " << rows << " " << n_d << " " << dim;
     }
-    const void* w = bf16 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
-    std::vector<float> q(rows * (n_d + 3));
-    for (auto& v : q) v = RoundToBf16(nd(rng));
-    std::vector<float> want(rows * dim, 0.0f), got(rows * dim, -1.0f);
-    std::vector<const float*> q_rows;
-    std::vector<float*> out_rows;
-    for (int r = 0; r < rows; ++r) {
-      for (int d = 0; d < n_d; ++d)
-        AxpyRow(q[r * (n_d + 3) + d], bf16 ? static_cast<const void*>(&wb[d * ld]) : static_cast<const void*>(&wf[d * ld]),
-                bf16, dim, &want[r * dim]);
-      q_rows.push_back(&q[r * (n_d + 3)]);
-      out_rows.push_back(&got[r * dim]);
-    }
-    AbsorbQueries(q_rows.data(), rows, w, bf16, ld, n_d, dim, out_rows.data());
-    EXPECT_EQ(got, want) << rows << " " << n_d << " " << dim;
-  }
+    internal::TEST_SetActiveIsa(previous);
+  });
 }
 
 // The multi-head kernel is bitwise the per-head one, with odd sizes hitting every tail.
