@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common/check.h"
 #include "common/dtype.h"
@@ -32,6 +33,57 @@ namespace pdserve::kernels {
 namespace internal {
 std::atomic<bool> indexer_byte_lut{true};
 bool TEST_SetIndexerByteLut(bool on) { return indexer_byte_lut.exchange(on); }
+
+namespace {
+// The float's bits mapped so that unsigned order is numeric order (-0 just below +0).
+inline uint32_t OrderKey(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+}  // namespace
+
+// A radix step first: a histogram of each value's top 11 order-key bits (sign, exponent, two
+// significand bits: bins ~19% wide) finds the bin holding rank k and, when that bin ends at
+// rank k, the next non-empty bin below (rank k + 1); nth_element then runs over those bins'
+// values alone. Every value outside them is strictly above or below both ranks, so the result
+// is nth_element's over all n. Four histograms break the store-to-load chains of runs of equal
+// bins. 8192 approximations: a few hundred candidates instead of 8192.
+KthLargestPair KthAndNextLargest(const float* v, int64_t n, int64_t k) {
+  PDSERVE_DCHECK(k >= 1 && k < n);
+  constexpr int kShift = 21, kBins = 1 << (32 - kShift);
+  thread_local std::vector<uint32_t> hist;
+  hist.assign(4 * kBins, 0);
+  uint32_t* h0 = hist.data();
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++h0[OrderKey(v[i]) >> kShift];
+    ++h0[kBins + (OrderKey(v[i + 1]) >> kShift)];
+    ++h0[2 * kBins + (OrderKey(v[i + 2]) >> kShift)];
+    ++h0[3 * kBins + (OrderKey(v[i + 3]) >> kShift)];
+  }
+  for (; i < n; ++i) ++h0[OrderKey(v[i]) >> kShift];
+  auto count = [&](int b) -> int64_t { return int64_t{h0[b]} + h0[kBins + b] + h0[2 * kBins + b] + h0[3 * kBins + b]; };
+  int64_t above = 0;  // values in bins above b
+  int b = kBins - 1;
+  while (above + count(b) < k) above += count(b--);
+  const uint32_t hi_bin = static_cast<uint32_t>(b);
+  uint32_t lo_bin = hi_bin;
+  if (above + count(b) == k) {  // rank k + 1 is the largest value of the next non-empty bin (k < n)
+    int c = b - 1;
+    while (count(c) == 0) --c;
+    lo_bin = static_cast<uint32_t>(c);
+  }
+  thread_local std::vector<float> cand;
+  cand.clear();
+  for (int64_t t = 0; t < n; ++t) {
+    const uint32_t bin = OrderKey(v[t]) >> kShift;
+    if (bin <= hi_bin && bin >= lo_bin) cand.push_back(v[t]);
+  }
+  const int64_t r = k - above;  // rank k among the candidates
+  std::nth_element(cand.begin(), cand.begin() + (r - 1), cand.end(), std::greater<float>());
+  return {cand[static_cast<size_t>(r - 1)], *std::max_element(cand.begin() + r, cand.end())};
+}
 }  // namespace internal
 
 // The bound (per key; u = 2^-24, n = dim, H = n_heads):
@@ -673,11 +725,8 @@ int64_t IndexerTopK(const KvTokenView& kv, const IndexerQuery& q, const float* a
     return n;
   }
   // T, T': the k-th and (k+1)-th largest approximations; B: the largest bound.
-  thread_local std::vector<float> buf;
-  buf.assign(approx, approx + n);
-  std::nth_element(buf.begin(), buf.begin() + (k - 1), buf.end(), std::greater<float>());
-  const double t_k = buf[static_cast<size_t>(k - 1)];
-  const double t_k1 = *std::max_element(buf.begin() + k, buf.end());
+  const internal::KthLargestPair kth = internal::KthAndNextLargest(approx, n, k);
+  const double t_k = kth.kth, t_k1 = kth.next;
   const double b_max = *std::max_element(bound, bound + n);
   // At least k keys have exact scores >= T - B, so a key whose upper end is below is out; at
   // most k keys have upper ends above T' + B, so a key whose lower end is above is in (no key

@@ -67,6 +67,14 @@ namespace internal {
 // Tests: turns the fp8 keys' byte-table decode (CPUs with AVX512-VBMI) off or on, to compare it
 // with the route it replaces; returns the previous setting. It is on by default.
 bool TEST_SetIndexerByteLut(bool on);
+
+// The k-th and (k + 1)-th largest of v[0..n) (values as nth_element over a copy with
+// std::greater finds them; +0 and -0 count as equal). IndexerTopK's thresholds, exposed for
+// tests. REQUIRES: 1 <= k < n, no NaN.
+struct KthLargestPair {
+  float kth = 0.0f, next = 0.0f;
+};
+KthLargestPair KthAndNextLargest(const float* v, int64_t n, int64_t k);
 }  // namespace internal
 
 }  // namespace pdserve::kernels

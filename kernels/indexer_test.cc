@@ -336,6 +336,41 @@ TEST(IndexerTest, TopKEqualsTheExactScoresTopK) {
       }
 }
 
+// The radix-first threshold search gives nth_element's k-th and (k + 1)-th largest values:
+// ties, signed zeros, negatives, one crowded bin, a wide range, ranks at either end.
+TEST(IndexerTest, KthAndNextLargestEqualNthElement) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> ud(-40.0f, 40.0f);
+  auto check = [&](const std::vector<float>& v, const char* what) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    for (int64_t k : {int64_t{1}, int64_t{2}, n / 3, n / 2, n - 2, n - 1}) {
+      if (k < 1 || k >= n) continue;
+      std::vector<float> copy = v;
+      std::nth_element(copy.begin(), copy.begin() + (k - 1), copy.end(), std::greater<float>());
+      const float want_kth = copy[static_cast<size_t>(k - 1)];
+      const float want_next = *std::max_element(copy.begin() + k, copy.end());
+      const internal::KthLargestPair got = internal::KthAndNextLargest(v.data(), n, k);
+      // +0 and -0 are one value to nth_element: compare numerically.
+      EXPECT_TRUE(got.kth == want_kth) << what << " n " << n << " k " << k << ": " << got.kth << " vs " << want_kth;
+      EXPECT_TRUE(got.next == want_next) << what << " n " << n << " k " << k << ": " << got.next << " vs " << want_next;
+    }
+  };
+  for (int64_t n : {2, 3, 17, 1000, 8192, 40000}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = nd(rng);
+    check(v, "normal");
+    for (auto& x : v) x = 1.0f + 1e-3f * static_cast<float>(rng() % 7);  // one bin, heavy ties
+    check(v, "crowded");
+    for (auto& x : v) x = (rng() % 3 == 0) ? 0.0f : (rng() % 2 ? -0.0f : -nd(rng) * nd(rng));
+    check(v, "zeros");
+    for (auto& x : v) x = std::copysign(std::exp2(ud(rng)), nd(rng));
+    check(v, "wide");
+    std::fill(v.begin(), v.end(), -3.5f);
+    check(v, "equal");
+  }
+}
+
 TEST(IndexerTest, EmptyAndZeroK) {
   std::mt19937 rng(3);
   Keys keys = MakeKeys(4, 128, KvIndexFormat::kFp8, KeyKind::kNormal, rng);
