@@ -118,6 +118,13 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
   if (!float_tasks.empty()) {
     // Every BF16/F32 call's output blocks in one parallel region; each block is GemmRows on
     // the calling thread, so each value is bitwise what ApplyLinear (Gemm) writes there.
+    // Claimed one at a time, the costliest first (rows x outputs x inputs): ParallelFor's
+    // n_threads * 4 contiguous chunks left one thread finishing a chunk of big tasks (a prefill
+    // chunk's shared expert has 8x the rows of a routed one) while the other waited.
+    std::stable_sort(float_tasks.begin(), float_tasks.end(), [&](const FloatTask& a, const FloatTask& b) {
+      const LinearCall &ca = calls[a.call], &cb = calls[b.call];
+      return ca.m * (a.j1 - a.j0) * ca.w->n_in() > cb.m * (b.j1 - b.j0) * cb.w->n_in();
+    });
     const std::vector<FloatTask>& tasks = float_tasks;
     auto run = [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
@@ -126,7 +133,7 @@ void ApplyLinearGrouped(const LinearCall* calls, int64_t n, ThreadPool* pool) {
                           tasks[static_cast<size_t>(t)].j1, c.y, c.w->n_out(), nullptr);
       }
     };
-    if (pool != nullptr) pool->ParallelFor(static_cast<int64_t>(tasks.size()), run);
+    if (pool != nullptr) pool->ParallelForChunks(static_cast<int64_t>(tasks.size()), 1, run);
     else run(0, static_cast<int64_t>(tasks.size()));
   }
   kernels::GroupedGemmInt8(groups.data(), static_cast<int64_t>(groups.size()), pool);
