@@ -408,7 +408,12 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
         if (mode[i] == Mode::kApprox || mode[i] == Mode::kExact)
           kernels::PrepareIndexerQuery(&q8[i * IH * ID], &wts[i * IH], IH, ID, &queries[i - row0]);
     }, 8);
-    pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
+    // Claimed one at a time, the costliest first (rows x keys): ParallelFor's n_threads * 4
+    // contiguous chunks of uneven tasks (whole 16-row groups, then single rows at a chunk's
+    // causal edge) left one thread finishing a chunk while the other waited.
+    auto cost = [](const Task& t) { return (t.row_end - t.row_begin) * (t.end - t.begin); };
+    std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return cost(x) > cost(y); });
+    pool_->ParallelForChunks(static_cast<int64_t>(tasks.size()), 1, [&](int64_t b, int64_t e) {
       std::vector<const kernels::IndexerQuery*> qs;
       std::vector<float*> approx, bound;
       for (int64_t j = b; j < e; ++j) {
