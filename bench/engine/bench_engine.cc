@@ -43,6 +43,7 @@
 
 #include "common/heap_policy.h"
 #include "engine/engine.h"
+#include "kernels/isa.h"
 #include "bench/engine/engine_figures.h"
 #include "model/tools/make_model.h"
 #include "model/profile_ops.h"
@@ -221,8 +222,14 @@ int Run(int argc, char** argv) {
   const std::string load_start = bench::LoadAverage();
   const double bw = ReadBandwidth(&pool, 5);
   const bench::FmaPeak peak = bench::MeasureFmaPeak(&pool);
-  std::fprintf(stderr, "read bandwidth %.1f GB/s, fp32 FMA peak %.0f GFLOP/s (AVX2 %.0f, AVX-512 %.0f), %d threads, load %s\n",
-               bw, peak.best(), peak.avx2_gflops, peak.avx512_gflops, pool.n_threads(), load_start.c_str());
+  // Shares of the peak are taken against the kernels that run: with PDSERVE_ISA=avx2 on an
+  // AVX-512 machine that is the AVX2 peak (the machine's best is printed beside it).
+  const kernels::Isa active_isa = kernels::ActiveIsa();
+  const double peak_active = active_isa >= kernels::Isa::kAvx512 ? peak.best() : peak.avx2_gflops;
+  std::fprintf(stderr, "read bandwidth %.1f GB/s, fp32 FMA peak %.0f GFLOP/s (AVX2 %.0f, AVX-512 %.0f; shares against "
+                       "the active %s kernels' %.0f), %d threads, load %s\n",
+               bw, peak.best(), peak.avx2_gflops, peak.avx512_gflops, kernels::IsaName(active_isa), peak_active,
+               pool.n_threads(), load_start.c_str());
   auto loaded = model::Model::Load(model_dir, &pool);
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
@@ -350,7 +357,7 @@ int Run(int argc, char** argv) {
                             static_cast<double>(c.num_hidden_layers - c.first_k_dense_replace);
       // FLOPs at the middle of the measured steps' contexts (warmup steps came first).
       r.gflops = bench::CountDecodeStepFlops(c, ctx + warmup + steps / 2, b).total() * n_steps / secs / 1e9;
-      r.peak_share = r.gflops / peak.best();
+      r.peak_share = r.gflops / peak_active;
       std::fprintf(stderr, "ctx %5lld batch %3lld: %8.1f tok/s  step %8.1f ms  roofline %8.1f tok/s (%.0f%%)  "
                            "%.0f GFLOP/s (%.0f%% of the FMA peak)  overhead %.2f%%\n",
                    static_cast<long long>(ctx), static_cast<long long>(b), r.tokens_per_s, r.step_ms,
@@ -387,7 +394,7 @@ int Run(int argc, char** argv) {
     r.tokens_per_s = static_cast<double>(P) / r.seconds;
     r.flops = bench::CountPrefillFlops(c, P, chunk);
     r.gflops = r.flops.total() / r.seconds / 1e9;
-    r.peak_share = r.gflops / peak.best();
+    r.peak_share = r.gflops / peak_active;
     if (profile_on) r.profile = ProfileShares(profile, model::kPhasePrefill);
     r.load = bench::LoadAverage();
     std::fprintf(stderr, "prefill %6lld tokens: %.2f s (%.0f tokens/s), %.0f GFLOP/s = %.0f%% of the FMA peak "
@@ -451,7 +458,8 @@ int Run(int argc, char** argv) {
   j["kv_format"] = kv_format;
   j["threads"] = pool.n_threads();
   j["read_bandwidth_gbps"] = bw;
-  j["fma_peak_gflops"] = {{"avx2", peak.avx2_gflops}, {"avx512", peak.avx512_gflops}, {"best", peak.best()}};
+  j["fma_peak_gflops"] = {{"avx2", peak.avx2_gflops}, {"avx512", peak.avx512_gflops}, {"best", peak.best()},
+                          {"active_isa", kernels::IsaName(active_isa)}, {"active", peak_active}};
   j["load_average"] = {{"start", load_start}, {"end", load_end}};
   j["ratios"] = {{"decode_batch64_over_batch1_ctx1k", ratio_64_1k}, {"decode_batch16_over_batch1_ctx8k", ratio_16_8k},
                  {"copies_over_one", copy1_tps > 0 ? copyn_tps / copy1_tps : 0.0}};
@@ -480,10 +488,11 @@ int Run(int argc, char** argv) {
      << weight_format << " linear weights, " << kv_format << " KV)\n\n";
   std::snprintf(line, sizeof line,
                 "- %d threads; read bandwidth %.1f GB/s (1 GiB STREAM-like sum); fp32 FMA peak %.0f GFLOP/s "
-                "(AVX2 %.0f, AVX-512 %.0f); load average %s at the start, %s at the end\n"
+                "(AVX2 %.0f, AVX-512 %.0f; \"of FMA peak\" below is of the active %s kernels' %.0f); load average %s "
+                "at the start, %s at the end\n"
                 "- bytes per step = dense weights once (%.0f MB) + routed experts run (%.2f MB each) + KV scored/gathered\n\n",
-                pool.n_threads(), bw, peak.best(), peak.avx2_gflops, peak.avx512_gflops, load_start.c_str(),
-                load_end.c_str(), fixed / 1e6, expert_bytes / 1e6);
+                pool.n_threads(), bw, peak.best(), peak.avx2_gflops, peak.avx512_gflops, kernels::IsaName(active_isa),
+                peak_active, load_start.c_str(), load_end.c_str(), fixed / 1e6, expert_bytes / 1e6);
   md << line;
   md << "## Decode\n\n";
   md << "| context | batch | tokens/s | step ms | MB/step | roofline tokens/s | of roofline | GFLOP/s | of FMA peak | "
