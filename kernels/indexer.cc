@@ -252,8 +252,8 @@ void ApproxBlockAvx2(const float* q, int64_t dim, int64_t n_heads, const uint8_t
 }
 
 // The AVX-512 variants run when the active kernel table's level (kernels/isa.h: the CPU, or
-// PDSERVE_ISA forced lower; tests switch it with TEST_SetActiveIsa) includes AVX-512.
-bool UseAvx512() { return internal::ActiveTable().isa >= Isa::kAvx512; }
+// PDSERVE_ISA forced lower; tests switch it with TEST_SetActiveIsa) includes AVX-512
+// (internal::ActiveIsaHasAvx512).
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
@@ -659,7 +659,7 @@ void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t k
   alignas(64) float kd[kMaxKeys * 1024];
   float dots[kMaxKeys * 64];
   float ss[kMaxKeys];
-  const bool wide = UseAvx512() && dim % 32 == 0;
+  const bool wide = internal::ActiveIsaHasAvx512() && dim % 32 == 0;
   int64_t t0 = key_begin;
   if (wide && dim <= kLaneKeysMaxDim) {
     t0 = LaneKeyBlocks(kv, key_begin, key_end, kmul, [&](auto nb, const KeyBlock16* kb, int64_t t) {
@@ -693,7 +693,7 @@ void IndexerScoresApproxRows(const KvTokenView& kv, const IndexerQuery* const* q
                              int64_t key_begin, int64_t key_end, float* const* approx, float* const* bound) {
   const int64_t dim = kv.index_dim;
   int64_t t0 = key_begin;
-  if (n_queries > 1 && UseAvx512() && dim % 32 == 0 && dim <= kLaneKeysMaxDim) {
+  if (n_queries > 1 && internal::ActiveIsaHasAvx512() && dim % 32 == 0 && dim <= kLaneKeysMaxDim) {
     thread_local std::vector<QueryConsts> qc;
     qc.resize(static_cast<size_t>(n_queries));
     for (int64_t r = 0; r < n_queries; ++r) {

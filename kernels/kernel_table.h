@@ -94,6 +94,9 @@ extern const KernelTable kAmxTable;
 const KernelTable& TableFor(Isa isa);
 // The table every entry point uses: TableFor(ActiveIsa()) unless a test changed it.
 const KernelTable& ActiveTable();
+// Whether the active level includes AVX-512: the per-row kernels outside the table (attention,
+// indexer) pick their AVX-512 variants by it.
+inline bool ActiveIsaHasAvx512() { return ActiveTable().isa >= Isa::kAvx512; }
 // Test hook: makes `isa` (REQUIRES <= DetectedIsa()) the active level; returns the previous
 // one. Not safe while other threads are inside kernels.
 Isa TEST_SetActiveIsa(Isa isa);

@@ -263,14 +263,12 @@ void AbsorbStrips512(const float* const* q, const uint8_t* w, int64_t w_row_byte
 #pragma GCC pop_options
 #endif
 
-bool UseAvx512() { return internal::ActiveTable().isa >= Isa::kAvx512; }
-
 template <int RB>
 void AbsorbRows(const float* const* q, const uint8_t* w, bool bf16, int64_t w_row_bytes, int64_t n_d, int64_t dim,
                 float* const* out) {
   int64_t i = 0;
 #if defined(__AVX2__)
-  if (UseAvx512()) {
+  if (internal::ActiveIsaHasAvx512()) {
     // 16 accumulators (8 for a lone row, which takes 4 strips: every weight row's 256 bytes).
     constexpr int NS = RB >= 8 ? 1 : RB >= 4 ? 2 : 4;
     if (bf16) AbsorbStrips512<RB, NS, true>(q, w, w_row_bytes, n_d, dim, &i, out);
@@ -306,7 +304,7 @@ void AbsorbQueries(const float* const* q_rows, int64_t n_rows, const void* w, bo
     return;
   }
   int64_t r = 0;
-  if (UseAvx512())
+  if (internal::ActiveIsaHasAvx512())
     for (; r + 8 <= n_rows; r += 8) AbsorbRows<8>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);
   for (; r + 4 <= n_rows; r += 4) AbsorbRows<4>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);
   for (; r < n_rows; ++r) AbsorbRows<1>(q_rows + r, wb, w_bf16, row_bytes, n_d, dim, out_rows + r);

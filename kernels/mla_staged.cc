@@ -43,8 +43,8 @@ float LoadF32(const uint8_t* p) {
 }
 
 // The AVX-512 variants run when the active kernel table's level (kernels/isa.h: the CPU, or
-// PDSERVE_ISA forced lower; tests switch it with TEST_SetActiveIsa) includes AVX-512.
-bool UseAvx512() { return internal::ActiveTable().isa >= Isa::kAvx512; }
+// PDSERVE_ISA forced lower; tests switch it with TEST_SetActiveIsa) includes AVX-512
+// (internal::ActiveIsaHasAvx512).
 
 // ---- AVX2 -----------------------------------------------------------------------------------
 //
@@ -317,13 +317,13 @@ void Outputs512(const float* pt, int64_t n_heads, int64_t n, const void* rows, i
 
 template <bool kBf16>
 void Dots(const float* q, int64_t ldq, int64_t n_heads, const void* rows, int64_t dim, int64_t n, float* s) {
-  if (UseAvx512()) Dots512<kBf16>(q, ldq, n_heads, rows, dim, n, s);
+  if (internal::ActiveIsaHasAvx512()) Dots512<kBf16>(q, ldq, n_heads, rows, dim, n, s);
   else DotsAvx2<kBf16>(q, ldq, n_heads, rows, dim, n, s);
 }
 
 template <bool kBf16>
 void Outputs(const float* pt, int64_t n_heads, int64_t n, const void* rows, int64_t dim, float* o, int64_t ldo) {
-  if (UseAvx512()) Outputs512<kBf16>(pt, n_heads, n, rows, dim, o, ldo);
+  if (internal::ActiveIsaHasAvx512()) Outputs512<kBf16>(pt, n_heads, n, rows, dim, o, ldo);
   else OutputsAvx2<kBf16>(pt, n_heads, n, rows, dim, o, ldo);
 }
 
@@ -429,7 +429,7 @@ void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage) {
 
 void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64_t end, LatentStage* stage) {
   const int64_t dim = kv.latent_dim, dr = kv.rope_dim;
-  const bool avx512 = UseAvx512(), paired = stage->paired;
+  const bool avx512 = internal::ActiveIsaHasAvx512(), paired = stage->paired;
   for (int64_t j = begin; j < end; ++j) {
     const KvTokenView::Slot at = kv.Locate(sel[j]);
     const uint8_t* codes = kv.At(at, kv.latent_offset, kv.latent_stride);

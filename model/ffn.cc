@@ -172,9 +172,7 @@ void Model::RunExperts(std::span<const ExpertJob> jobs) const {
   }
   ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
   const int64_t n_h = h_off.back();
-  RoundToBf16InPlace(g.data(), n_h, pool_);
-  RoundToBf16InPlace(u.data(), n_h, pool_);
-  SiluMulBf16(g.data(), u.data(), n_h, g.data(), pool_);
+  GateUpToBf16Activation(g.data(), u.data(), n_h, pool_);
   calls.clear();
   for (size_t k = 0; k < jobs.size(); ++k) calls.push_back({&jobs[k].mlp->down, g.data() + h_off[k], jobs[k].m, jobs[k].y});
   ApplyLinearGrouped(calls.data(), static_cast<int64_t>(calls.size()), pool_);
@@ -198,9 +196,7 @@ void Model::MlpUp(const MlpWeights& m, const float* x, int64_t S, float* h) cons
   ScratchVector<float> u(static_cast<size_t>(S * I));
   ApplyLinear(m.gate, x, S, h, pool_);
   ApplyLinear(m.up, x, S, u.data(), pool_);
-  RoundToBf16InPlace(h, S * I, pool_);
-  RoundToBf16InPlace(u.data(), S * I, pool_);
-  SiluMulBf16(h, u.data(), S * I, h, pool_);
+  GateUpToBf16Activation(h, u.data(), S * I, pool_);
 }
 
 void Model::MlpDown(const MlpWeights& m, const float* h, int64_t S, float* out) const {

@@ -31,8 +31,12 @@ void RoundToBf16InPlace(float* x, int64_t n, ThreadPool* pool) {
   SplitElements(n, pool, [&](int64_t b, int64_t e) { kernels::RoundToBf16InPlace(x + b, e - b); });
 }
 
-void SiluMulBf16(const float* gate, const float* up, int64_t n, float* out, ThreadPool* pool) {
-  SplitElements(n, pool, [&](int64_t b, int64_t e) { kernels::SiluMulBf16(gate + b, up + b, e - b, out + b); });
+void GateUpToBf16Activation(float* gate, float* up, int64_t n, ThreadPool* pool) {
+  SplitElements(n, pool, [&](int64_t b, int64_t e) {
+    kernels::RoundToBf16InPlace(gate + b, e - b);
+    kernels::RoundToBf16InPlace(up + b, e - b);
+    kernels::SiluMulBf16(gate + b, up + b, e - b, gate + b);
+  });
 }
 
 }  // namespace pdserve::model

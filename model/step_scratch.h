@@ -39,10 +39,13 @@ struct DefaultInitAllocator : std::allocator<T> {
 template <typename T>
 using ScratchVector = std::vector<T, DefaultInitAllocator<T>>;
 
-// kernels::RoundToBf16InPlace / SiluMulBf16 over [0, n), split across `pool` when n is large
-// enough to pay for a parallel region (inline otherwise, or without a pool).
+// Split across `pool` when n is large enough to pay for a parallel region (inline otherwise,
+// or without a pool):
+// kernels::RoundToBf16InPlace over [0, n);
 void RoundToBf16InPlace(float* x, int64_t n, ThreadPool* pool);
-void SiluMulBf16(const float* gate, const float* up, int64_t n, float* out, ThreadPool* pool);
+// the MLP activation from the gate and up projections, in one pass over both: gate and up
+// rounded to bf16, then gate = kernels::SiluMulBf16(gate, up) (up is left rounded).
+void GateUpToBf16Activation(float* gate, float* up, int64_t n, ThreadPool* pool);
 
 }  // namespace pdserve::model
 
