@@ -279,6 +279,8 @@ TEST(KvRoutingE2eTest, APrefillWorkerPullsFromAnotherPrefillWorker) {
   ASSERT_EQ(Placed(c.http_port(), "p1"), 1) << w.Logs();
   EXPECT_EQ(p1_waiting, 1) << "a job waiting for its pull counts in the worker's load";
   EXPECT_EQ(p1_queued, 650 - 576 + 1);
+  // The engine counters follow the engine on each heartbeat (~100 ms), not per request.
+  WaitFor([&] { return MetricValue(w.Metrics("p1"), "pdserve_prefix_cache_pulled_tokens_total") >= 576; }, 5s, 50ms);
   EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_prefix_cache_pulled_tokens_total"), 576);
   EXPECT_EQ(MetricValue(w.Metrics("p1"), "pdserve_worker_kv_pulls_total", "outcome=\"adopted\""), 1);
   EXPECT_EQ(MetricValue(w.Metrics("p0"), "pdserve_worker_kv_pushes_total", "outcome=\"ok\""), 1);

@@ -152,7 +152,13 @@ TEST(WorkerMultiRankE2eTest, ContextParallelPrefillInstance) {
         << "request " << k;
     EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), k == 0 ? 0 : 576) << "request " << k;
   }
-  const std::string metrics = w.Metrics("p");
+  // The worker's counters follow its engine on each heartbeat (~100 ms), not per request: the
+  // last reply can arrive before the refresh that counts its hit.
+  std::string metrics;
+  WaitFor([&] {
+    metrics = w.Metrics("p");
+    return MetricValue(metrics, "pdserve_prefix_cache_hit_tokens_total", "") >= 2 * 576;
+  }, 5s, 50ms);
   EXPECT_EQ(MetricValue(metrics, "pdserve_prefix_cache_hit_tokens_total", ""), 2 * 576) << metrics;
   for (const char* id : {"p", "d0"}) EXPECT_TRUE(w.NoBlocksUsed(id, 5s)) << id;
   if (HasFailure()) ADD_FAILURE() << w.Logs();
