@@ -431,16 +431,22 @@ void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage) {
 // not next to the previous key's), so the loads of key j + kStagePrefetchKeys are started
 // while key j decodes.
 static constexpr int64_t kStagePrefetchKeys = 6;
+static constexpr int64_t kStageSlotRing = 8;
+static_assert(kStageSlotRing > kStagePrefetchKeys);
 
 void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64_t end, LatentStage* stage) {
   const int64_t dim = kv.latent_dim, dr = kv.rope_dim;
   const bool avx512 = internal::ActiveIsaHasAvx512(), paired = stage->paired;
   const int64_t code_bytes = LatentCodeBytes(kv.latent_format, dim);
+  // Slots of keys j .. j + kStagePrefetchKeys, each located once (Locate divides).
+  KvTokenView::Slot slots[kStageSlotRing];
+  for (int64_t j = begin; j < std::min(end, begin + kStagePrefetchKeys); ++j) slots[j % kStageSlotRing] = kv.Locate(sel[j]);
   for (int64_t j = begin; j < end; ++j) {
     if (j + kStagePrefetchKeys < end) {
+      KvTokenView::Slot& ahead = slots[(j + kStagePrefetchKeys) % kStageSlotRing];
+      ahead = kv.Locate(sel[j + kStagePrefetchKeys]);
       // Inline on purpose: GCC 12 dropped every call of a static helper holding only these
       // prefetches (no instruction was left in the object).
-      const KvTokenView::Slot ahead = kv.Locate(sel[j + kStagePrefetchKeys]);
       const uint8_t* next_codes = kv.At(ahead, kv.latent_offset, kv.latent_stride);
       for (int64_t b = 0; b < code_bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(next_codes + b), _MM_HINT_T0);
       if (kv.latent_scale_stride > 0)
@@ -449,7 +455,7 @@ void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64
       const uint8_t* next_kpe = kv.At(ahead, kv.kpe_offset, kv.kpe_stride);
       for (int64_t b = 0; b < dr * 2; b += 64) _mm_prefetch(reinterpret_cast<const char*>(next_kpe + b), _MM_HINT_T0);
     }
-    const KvTokenView::Slot at = kv.Locate(sel[j]);
+    const KvTokenView::Slot at = slots[j % kStageSlotRing];
     const uint8_t* codes = kv.At(at, kv.latent_offset, kv.latent_stride);
     const uint16_t* kpe = reinterpret_cast<const uint16_t*>(kv.At(at, kv.kpe_offset, kv.kpe_stride));
     if (paired) PairBf16Row(kpe, dr, &stage->kpe[static_cast<size_t>(j * dr)]);
