@@ -583,14 +583,19 @@ void DecodeKeyRun(const KvTokenView& kv, int64_t t0, float kmul, KeyBlock16* kb)
   for (int b = 0; b < NB; ++b) {
     const uint8_t* codes[16];
     float ks[16];
+    // Consecutive keys: one Locate (a division) per cache block they touch, not per key.
+    KvTokenView::Slot at = kv.Locate(t0 + 16 * b);
     for (int k = 0; k < 16; ++k) {
-      const KvTokenView::Slot at = kv.Locate(t0 + 16 * b + k);
+      if (k > 0 && ++at.slot == kv.block_tokens) at = kv.Locate(t0 + 16 * b + k);
       codes[k] = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
       ks[k] = LoadF32(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride));
     }
     DecodeKeys16(codes, ks, kv.index_dim, kv.index_format, kmul, &kb[b]);
   }
 }
+
+// How far ahead of the keys being decoded LaneKeyBlocks prefetches (keys).
+constexpr int64_t kIndexPrefetchKeys = 64;
 
 // The lane kernels over keys [t0, end) while whole blocks remain, 32 keys at a time and a last
 // 16; score(nb, kb, t) scores nb decoded blocks holding keys from t on. Returns where the
@@ -599,6 +604,19 @@ template <typename ScoreFn>
 int64_t LaneKeyBlocks(const KvTokenView& kv, int64_t t0, int64_t end, float kmul, const ScoreFn& score) {
   KeyBlock16 kb[2];
   for (; t0 + 32 <= end; t0 += 32) {
+    // The keys kIndexPrefetchKeys ahead start their way in now: a cache block's keys stream,
+    // but each next block (elsewhere in the pool) began with a wait on memory.
+    const int64_t ahead_end = std::min(end, t0 + kIndexPrefetchKeys + 32);
+    if (t0 + kIndexPrefetchKeys < ahead_end) {
+      KvTokenView::Slot at = kv.Locate(t0 + kIndexPrefetchKeys);
+      for (int64_t t = t0 + kIndexPrefetchKeys; t < ahead_end; ++t) {
+        if (t > t0 + kIndexPrefetchKeys && ++at.slot == kv.block_tokens) at = kv.Locate(t);
+        const uint8_t* codes = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
+        for (int64_t b = 0; b < kv.index_dim; b += 64) _mm_prefetch(reinterpret_cast<const char*>(codes + b), _MM_HINT_T0);
+        if ((at.slot & 15) == 0 || t == t0 + kIndexPrefetchKeys)
+          _mm_prefetch(reinterpret_cast<const char*>(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride)), _MM_HINT_T0);
+      }
+    }
     DecodeKeyRun<2>(kv, t0, kmul, kb);
     score(std::integral_constant<int, 2>{}, kb, t0);
   }
