@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "common/kv_layout.h"  // KvLatentFormat, KvIndexFormat (one definition for every module)
 
 namespace pdserve::kernels {
@@ -125,9 +126,10 @@ struct LatentStage {
   int64_t n = 0, latent_dim = 0, rope_dim = 0;
   bool bf16 = true;           // latent in c16 (else c32)
   bool paired = true;         // c16 and kpe in the paired layout (else plain row-major)
-  std::vector<uint16_t> c16;  // [n, latent_dim] bf16 bits
-  std::vector<float> c32;     // [n, latent_dim]
-  std::vector<uint16_t> kpe;  // [n, rope_dim] bf16 bits (paired like c16)
+  // On cache lines (rows of a multiple of 32 bf16 values then start on lines too).
+  AlignedVector<uint16_t> c16;  // [n, latent_dim] bf16 bits
+  AlignedVector<float> c32;     // [n, latent_dim]
+  AlignedVector<uint16_t> kpe;  // [n, rope_dim] bf16 bits (paired like c16)
 
   // Position of value i within a row of the paired layout.
   static int64_t PairedIndex(int64_t i) { return (i & ~int64_t{31}) + 2 * (i & 15) + ((i >> 4) & 1); }

@@ -197,7 +197,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   if (nA > 0) {
     // q_lat[r, h] = bf16(q_nope[r, h] W_uk[h]): rows h*(dn+dv) .. +dn of Wkv_b, each of length
     // Lkv, accumulated in d order for every row (one pass over W_uk serves the whole batch).
-    std::vector<float> qlat(static_cast<size_t>(nA * H * Lkv)), olat(static_cast<size_t>(nA * H * Lkv));
+    ScratchVector<float> qlat(static_cast<size_t>(nA * H * Lkv)), olat(static_cast<size_t>(nA * H * Lkv));
     pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
       std::vector<const float*> q_rows(static_cast<size_t>(nA));
       std::vector<float*> out_rows(static_cast<size_t>(nA));
@@ -221,7 +221,7 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
       const kernels::KvTokenView kv_view = plan.seqs[plan.row_seq[r]].kv.View(layer);
       kernels::PrepareLatentStage(kv_view, n, stage);
       auto heads = [&](int64_t hb, int64_t he) {
-        thread_local std::vector<float> p;
+        thread_local AlignedVector<float> p;
         if (p.size() < static_cast<size_t>(2 * (he - hb) * n)) p.resize(static_cast<size_t>(2 * (he - hb) * n));
         kernels::StagedAttentionHeads(*stage, &qlat[(a * H + hb) * Lkv], Lkv, &q[(r * H + hb) * dqk + dn], dqk, he - hb,
                                       scale, &olat[(a * H + hb) * Lkv], Lkv, p.data());

@@ -11,19 +11,21 @@
 #include <utility>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "common/thread_pool.h"
 
 namespace pdserve::model {
 
 // An allocator whose value-less construct() default-initializes: vector<float>(n) then leaves
 // the floats unset instead of writing n zeros (a page-faulting memset per step otherwise).
+// Storage starts on a cache line (common/aligned_vector.h).
 template <typename T>
-struct DefaultInitAllocator : std::allocator<T> {
+struct DefaultInitAllocator : CacheLineAllocator<T> {
   template <typename U>
   struct rebind {
     using other = DefaultInitAllocator<U>;
   };
-  using std::allocator<T>::allocator;
+  using CacheLineAllocator<T>::CacheLineAllocator;
   template <typename U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
