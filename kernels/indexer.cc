@@ -583,10 +583,9 @@ void DecodeKeyRun(const KvTokenView& kv, int64_t t0, float kmul, KeyBlock16* kb)
   for (int b = 0; b < NB; ++b) {
     const uint8_t* codes[16];
     float ks[16];
-    // Consecutive keys: one Locate (a division) per cache block they touch, not per key.
     KvTokenView::Slot at = kv.Locate(t0 + 16 * b);
     for (int k = 0; k < 16; ++k) {
-      if (k > 0 && ++at.slot == kv.block_tokens) at = kv.Locate(t0 + 16 * b + k);
+      if (k > 0) at = kv.Next(at, t0 + 16 * b + k);
       codes[k] = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
       ks[k] = LoadF32(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride));
     }
@@ -610,7 +609,7 @@ int64_t LaneKeyBlocks(const KvTokenView& kv, int64_t t0, int64_t end, float kmul
     if (t0 + kIndexPrefetchKeys < ahead_end) {
       KvTokenView::Slot at = kv.Locate(t0 + kIndexPrefetchKeys);
       for (int64_t t = t0 + kIndexPrefetchKeys; t < ahead_end; ++t) {
-        if (t > t0 + kIndexPrefetchKeys && ++at.slot == kv.block_tokens) at = kv.Locate(t);
+        if (t > t0 + kIndexPrefetchKeys) at = kv.Next(at, t);
         const uint8_t* codes = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
         for (int64_t b = 0; b < kv.index_dim; b += 64) _mm_prefetch(reinterpret_cast<const char*>(codes + b), _MM_HINT_T0);
         if ((at.slot & 15) == 0 || t == t0 + kIndexPrefetchKeys)

@@ -59,6 +59,11 @@ struct KvTokenView {
     const int64_t block = block_table ? block_table[t / block_tokens] : t / block_tokens;
     return {base + block * block_stride, t % block_tokens};
   }
+  // Token t's slot from token t - 1's (`prev`): a step within the block, a Locate (a division)
+  // only at a block edge. For runs of consecutive tokens.
+  Slot Next(const Slot& prev, int64_t t) const {
+    return prev.slot + 1 < block_tokens ? Slot{prev.block, prev.slot + 1} : Locate(t);
+  }
   const uint8_t* At(const Slot& s, int64_t offset, int64_t stride) const { return s.block + offset + s.slot * stride; }
 };
 
