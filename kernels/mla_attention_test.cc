@@ -16,7 +16,9 @@
 
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
+#include "common/thread_pool.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/gemm.h"
 #include "kernels/isa_test_util.h"
 #include "kernels/kernel_table.h"
 
@@ -325,6 +327,47 @@ TEST(MlaAttentionTest, AbsorbQueriesEqualsAxpyRowLoop) {
       }
       AbsorbQueries(q_rows.data(), rows, w, bf16, ld, n_d, dim, out_rows.data());
       EXPECT_EQ(got, want) << IsaName(isa) << " " << rows << " " << n_d << " " << dim;
+    }
+    internal::TEST_SetActiveIsa(previous);
+  });
+}
+
+// The model's absorption with W_uk prepacked transposed (model/weights.h kv_b_uk_t): one GEMM
+// per head, all heads in one grouped call on two threads, is bitwise AbsorbQueries over W_uk's
+// rows, for a lone decode row, decode batches and a prefill chunk, on every ISA level.
+TEST(MlaAttentionTest, TransposedAbsorptionGemmEqualsAbsorbQueries) {
+  std::mt19937 rng(14);
+  std::normal_distribution<float> nd;
+  const int64_t H = 3, dn = 128, dv = 32, latent = 512, dqk = dn + 64;
+  std::vector<uint16_t> kv_b(H * (dn + dv) * latent);  // per head: dn W_uk rows, then dv W_uv rows
+  for (auto& v : kv_b) v = F32ToBf16Bits(nd(rng) * 0.05f);
+  std::vector<PackedBf16Weights> uk_t;
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<uint16_t> t(latent * dn);
+    for (int64_t d = 0; d < dn; ++d)
+      for (int64_t j = 0; j < latent; ++j) t[j * dn + d] = kv_b[(h * (dn + dv) + d) * latent + j];
+    uk_t.push_back(PackedBf16Weights::Pack({DType::kBF16, t.data(), latent, dn, dn}, nullptr));
+  }
+  ThreadPool pool(2);
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    for (int64_t rows : {1, 3, 17, 64, 200}) {
+      std::vector<float> q(rows * H * dqk);
+      for (auto& v : q) v = RoundToBf16(nd(rng));
+      std::vector<float> want(rows * H * latent, 0.0f), got(rows * H * latent, -1.0f);
+      std::vector<GemmGroup> groups;
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<const float*> q_rows;
+        std::vector<float*> out_rows;
+        for (int64_t r = 0; r < rows; ++r) {
+          q_rows.push_back(&q[(r * H + h) * dqk]);
+          out_rows.push_back(&want[(r * H + h) * latent]);
+        }
+        AbsorbQueries(q_rows.data(), rows, &kv_b[h * (dn + dv) * latent], true, latent, dn, latent, out_rows.data());
+        groups.push_back({uk_t[h].view(), &q[h * dqk], rows, H * dqk, &got[h * latent], H * latent});
+      }
+      GroupedGemm(groups.data(), H, &pool);
+      EXPECT_EQ(got, want) << IsaName(isa) << " rows " << rows;
     }
     internal::TEST_SetActiveIsa(previous);
   });

@@ -196,21 +196,39 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   }
   if (nA > 0) {
     // q_lat[r, h] = bf16(q_nope[r, h] W_uk[h]): rows h*(dn+dv) .. +dn of Wkv_b, each of length
-    // Lkv, accumulated in d order for every row (one pass over W_uk serves the whole batch).
+    // Lkv, one fma chain in d order per output. With W_uk prepacked transposed this is one GEMM
+    // per head (the GEMM's chains are the same, whatever m), all heads in one parallel region;
+    // otherwise AbsorbQueries reads the rows (one pass over W_uk serves the whole batch).
     ScratchVector<float> qlat(static_cast<size_t>(nA * H * Lkv)), olat(static_cast<size_t>(nA * H * Lkv));
-    pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
-      std::vector<const float*> q_rows(static_cast<size_t>(nA));
-      std::vector<float*> out_rows(static_cast<size_t>(nA));
-      for (int64_t h = hb; h < he; ++h) {
-        for (int64_t a = 0; a < nA; ++a) {
-          q_rows[a] = &q[(absorbed[a] * H + h) * dqk];
-          out_rows[a] = &qlat[(a * H + h) * Lkv];
-        }
-        kernels::AbsorbQueries(q_rows.data(), nA, RowPtr(lw.kv_b.view, h * (dn + dv)), kv_b_bf16, lw.kv_b.view.ld, dn,
-                               Lkv, out_rows.data());
-        for (int64_t a = 0; a < nA; ++a) kernels::RoundToBf16InPlace(&qlat[(a * H + h) * Lkv], Lkv);
+    const bool rows_contiguous = absorbed.back() - absorbed.front() == nA - 1;
+    if (!lw.kv_b_uk_t.empty()) {
+      ScratchVector<float> q_gathered;
+      const float* qa = &q[absorbed.front() * H * dqk];
+      if (!rows_contiguous) {  // a mixed batch: the absorbed rows' queries side by side
+        q_gathered.resize(static_cast<size_t>(nA * H * dqk));
+        for (int64_t a = 0; a < nA; ++a) std::copy_n(&q[absorbed[a] * H * dqk], H * dqk, &q_gathered[a * H * dqk]);
+        qa = q_gathered.data();
       }
-    });
+      std::vector<kernels::GemmGroup> groups(static_cast<size_t>(H));
+      for (int64_t h = 0; h < H; ++h)
+        groups[h] = {lw.kv_b_uk_t[h].view(), qa + h * dqk, nA, H * dqk, &qlat[h * Lkv], H * Lkv};
+      kernels::GroupedGemm(groups.data(), H, pool_);
+      RoundToBf16InPlace(qlat.data(), nA * H * Lkv, pool_);
+    } else {
+      pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
+        std::vector<const float*> q_rows(static_cast<size_t>(nA));
+        std::vector<float*> out_rows(static_cast<size_t>(nA));
+        for (int64_t h = hb; h < he; ++h) {
+          for (int64_t a = 0; a < nA; ++a) {
+            q_rows[a] = &q[(absorbed[a] * H + h) * dqk];
+            out_rows[a] = &qlat[(a * H + h) * Lkv];
+          }
+          kernels::AbsorbQueries(q_rows.data(), nA, RowPtr(lw.kv_b.view, h * (dn + dv)), kv_b_bf16, lw.kv_b.view.ld, dn,
+                                 Lkv, out_rows.data());
+          for (int64_t a = 0; a < nA; ++a) kernels::RoundToBf16InPlace(&qlat[(a * H + h) * Lkv], Lkv);
+        }
+      });
+    }
     // Each row's selected keys are staged once in a compact per-thread stage (bf16 for the fp8
     // and bf16 caches: exact), which every head then reads (kernels/mla_attention.h).
     auto attend_row = [&](int64_t a, kernels::LatentStage* stage, bool parallel) {
@@ -257,15 +275,14 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
       thread_local kernels::LatentStage stage;
       for (int64_t a = 0; a < nA; ++a) attend_row(a, &stage, true);
     }
-    // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, every row in one call
-    // per head (the GEMM's per-row result does not depend on m).
+    // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, one GEMM per head over
+    // every row (the GEMM's per-row result does not depend on m), all in one parallel region.
     std::vector<float> oA(static_cast<size_t>(nA * H * dv));
-    pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
-      for (int64_t h = hb; h < he; ++h)
-        kernels::Gemm(&olat[h * Lkv], nA, H * Lkv,
-                      lw.kv_b_uv.empty() ? SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv) : lw.kv_b_uv[h].view(), &oA[h * dv],
-                      H * dv, nullptr);
-    });
+    std::vector<kernels::GemmGroup> uv_groups(static_cast<size_t>(H));
+    for (int64_t h = 0; h < H; ++h)
+      uv_groups[h] = {lw.kv_b_uv.empty() ? SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv) : lw.kv_b_uv[h].view(),
+                      &olat[h * Lkv], nA, H * Lkv, &oA[h * dv], H * dv};
+    kernels::GroupedGemm(uv_groups.data(), H, pool_);
     RoundToBf16InPlace(oA.data(), nA * H * dv, pool_);
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);
   }

@@ -346,10 +346,14 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
       for (MlpWeights& m : L.experts) {
         for (Linear* lin : {&m.gate, &m.up, &m.down}) add(lin);
       }
-      if (L.kv_b.view.dtype == DType::kBF16 && L.kv_b.view.data != nullptr) L.kv_b_uv.resize(static_cast<size_t>(n_heads));
+      if (L.kv_b.view.dtype == DType::kBF16 && L.kv_b.view.data != nullptr) {
+        L.kv_b_uv.resize(static_cast<size_t>(n_heads));
+        L.kv_b_uk_t.resize(static_cast<size_t>(n_heads));
+      }
     }
     const int64_t n_linear = static_cast<int64_t>(todo.size());
     const int64_t uv_bytes = kernels::Bf16PanelBytes(dv, c.kv_lora_rank);
+    const int64_t uk_bytes = kernels::Bf16PanelBytes(c.kv_lora_rank, dn);
     std::vector<size_t> offset(static_cast<size_t>(n_linear) + 1, 0);
     for (int64_t i = 0; i < n_linear; ++i) {
       const Linear& lin = *todo[static_cast<size_t>(i)];
@@ -360,7 +364,8 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
     // kv_b stays row-major (the query absorption reads W_uk rows) but moves into the arena too:
     // a prefill reads all of it, and in the checkpoint's 4 KiB file pages it goes cold between
     // requests (mapped_pages.h). embed_tokens stays in the file: one row per token.
-    const size_t kv_b_begin = uv_begin + static_cast<size_t>(c.num_hidden_layers * n_heads * uv_bytes);
+    const size_t uk_begin = uv_begin + static_cast<size_t>(c.num_hidden_layers * n_heads * uv_bytes);
+    const size_t kv_b_begin = uk_begin + static_cast<size_t>(c.num_hidden_layers * n_heads * uk_bytes);
     std::vector<Linear*> kv_b_moves;
     std::vector<size_t> kv_b_offset(1, kv_b_begin);
     for (LayerWeights& L : w->layers_) {
@@ -394,6 +399,12 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& mode
         const uint16_t* rows = static_cast<const uint16_t*>(kv_b.data) + (h * (dn + dv) + dn) * kv_b.ld;
         L.kv_b_uv[static_cast<size_t>(h)] = kernels::PackedBf16Weights::PackInto(
             {DType::kBF16, rows, dv, kv_b.n_in, kv_b.ld}, arena + uv_begin + (t - n_linear) * uv_bytes, nullptr);
+        const uint16_t* uk = static_cast<const uint16_t*>(kv_b.data) + h * (dn + dv) * kv_b.ld;
+        std::vector<uint16_t> uk_t(static_cast<size_t>(kv_b.n_in * dn));
+        for (int64_t d = 0; d < dn; ++d)
+          for (int64_t j = 0; j < kv_b.n_in; ++j) uk_t[static_cast<size_t>(j * dn + d)] = uk[d * kv_b.ld + j];
+        L.kv_b_uk_t[static_cast<size_t>(h)] = kernels::PackedBf16Weights::PackInto(
+            {DType::kBF16, uk_t.data(), kv_b.n_in, dn, dn}, arena + uk_begin + (t - n_linear) * uk_bytes, nullptr);
       }
     });
   }

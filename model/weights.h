@@ -44,9 +44,11 @@ struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;
   Linear q_a, q_b, kv_a, kv_b, o;
   // W_uv of each local head (kv_b_proj rows h*(dn+dv)+dn .. +dv, [dv, Lkv]) prepacked for the
-  // absorbed attention's output GEMM (empty when kv_b is not BF16 or packing is off); kv_b
-  // itself stays row-major for the query absorption, which reads it by rows.
-  std::vector<kernels::PackedBf16Weights> kv_b_uv;
+  // absorbed attention's output GEMM, and W_uk of each head transposed ([Lkv, dn]: output j of
+  // the query absorption reads column j of rows h*(dn+dv) .. +dn) prepacked for the absorption
+  // GEMM. Both empty when kv_b is not BF16 or packing is off; the absorption then reads kv_b's
+  // rows (kernels::AbsorbQueries, the same chains).
+  std::vector<kernels::PackedBf16Weights> kv_b_uv, kv_b_uk_t;
   std::vector<float> q_norm, kv_norm;
   // Lightning indexer
   Linear idx_wq_b, idx_wk, idx_weights_proj;
