@@ -209,8 +209,11 @@ void PanelBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, i
 #pragma GCC unroll 4
     for (int q = 0; q < NP; ++q) {
       const uint32_t* src = w + (q * pairs + k) * 16;
-      // The panel's line kPanelPrefetchPairs ahead (gemm_avx512.cc's PanelRowsBlock says why).
-      _mm_prefetch(reinterpret_cast<const char*>(src + kPanelPrefetchPairs * 16), _MM_HINT_T0);
+      // The panel stream's line kPanelPrefetchPairs ahead, past its end the next block's
+      // (gemm_avx512.cc's PanelRowsBlock says why).
+      const int64_t ahead = k + kPanelPrefetchPairs;
+      const int64_t line = ahead < pairs ? q * pairs + ahead : (NP + q) * pairs + (ahead - pairs);
+      _mm_prefetch(reinterpret_cast<const char*>(w + line * 16), _MM_HINT_T0);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + 8 * h));
