@@ -381,7 +381,7 @@ TEST(GemmPanels, EqualRowMajorBitwiseOnEveryLevel) {
       }
       const PackedBf16Weights packed = PackedBf16Weights::Pack(p.view(), nullptr);
       ForEachIsa([&](Isa isa) {
-        for (int64_t m : {1, 2, 3, 4, 5, 12, 13, 64, 70}) {
+        for (int64_t m : {1, 2, 3, 4, 5, 11, 12, 13, 17, 24, 25, 64, 70}) {
           for (int threads : {1, 2, 3}) {
             std::vector<float> rows = NewY(p), panels = NewY(p);
             internal::GemmWithIsa(isa, p.x.data(), m, p.ldx, p.view(), rows.data(), p.ldy, &Pool(threads));
