@@ -333,8 +333,8 @@ TEST(MlaAttentionTest, AbsorbQueriesEqualsAxpyRowLoop) {
 }
 
 // The model's absorption with W_uk prepacked transposed (model/weights.h kv_b_uk_t): one GEMM
-// per head, all heads in one grouped call on two threads, is bitwise AbsorbQueries over W_uk's
-// rows, for a lone decode row, decode batches and a prefill chunk, on every ISA level.
+// per head (on one thread, or cut across two) is bitwise AbsorbQueries over W_uk's rows, for a
+// lone decode row, decode batches and a prefill chunk, on every ISA level.
 TEST(MlaAttentionTest, TransposedAbsorptionGemmEqualsAbsorbQueries) {
   std::mt19937 rng(14);
   std::normal_distribution<float> nd;
@@ -354,8 +354,8 @@ TEST(MlaAttentionTest, TransposedAbsorptionGemmEqualsAbsorbQueries) {
     for (int64_t rows : {1, 3, 17, 64, 200}) {
       std::vector<float> q(rows * H * dqk);
       for (auto& v : q) v = RoundToBf16(nd(rng));
-      std::vector<float> want(rows * H * latent, 0.0f), got(rows * H * latent, -1.0f);
-      std::vector<GemmGroup> groups;
+      std::vector<float> want(rows * H * latent, 0.0f), got(rows * H * latent, -1.0f),
+          got_split(rows * H * latent, -1.0f);
       for (int64_t h = 0; h < H; ++h) {
         std::vector<const float*> q_rows;
         std::vector<float*> out_rows;
@@ -364,10 +364,11 @@ TEST(MlaAttentionTest, TransposedAbsorptionGemmEqualsAbsorbQueries) {
           out_rows.push_back(&want[(r * H + h) * latent]);
         }
         AbsorbQueries(q_rows.data(), rows, &kv_b[h * (dn + dv) * latent], true, latent, dn, latent, out_rows.data());
-        groups.push_back({uk_t[h].view(), &q[h * dqk], rows, H * dqk, &got[h * latent], H * latent});
+        Gemm(&q[h * dqk], rows, H * dqk, uk_t[h].view(), &got[h * latent], H * latent, nullptr);
+        Gemm(&q[h * dqk], rows, H * dqk, uk_t[h].view(), &got_split[h * latent], H * latent, &pool);
       }
-      GroupedGemm(groups.data(), H, &pool);
       EXPECT_EQ(got, want) << IsaName(isa) << " rows " << rows;
+      EXPECT_EQ(got_split, want) << IsaName(isa) << " rows " << rows << ", two threads";
     }
     internal::TEST_SetActiveIsa(previous);
   });

@@ -38,6 +38,10 @@ void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs) {
 namespace {
 constexpr float kNormEps = 1e-6f;
 constexpr int64_t kIndexerKeysPerTask = 1024;  // keys scored per parallel work item
+// Absorbed rows up to which the query absorption runs as a GEMM against W_uk transposed; above
+// it AbsorbQueries was faster (16 heads: the GEMM 47 / 140 / 570 us at 4 / 16 / 64 rows against
+// 77 / 197 / 657, AbsorbQueries 1956 / 6152 us at 128 / 512 rows against 2238 / 7040).
+constexpr int64_t kAbsorbGemmMaxRows = 64;
 // Rows of one sequence scored together over a run of keys (each key block decoded once for
 // them all: kernels::IndexerScoresApproxRows); their prepared queries, 8 KiB of floats each
 // at 16 x 128, stay in L2.
@@ -196,23 +200,24 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   }
   if (nA > 0) {
     // q_lat[r, h] = bf16(q_nope[r, h] W_uk[h]): rows h*(dn+dv) .. +dn of Wkv_b, each of length
-    // Lkv, one fma chain in d order per output. With W_uk prepacked transposed this is one GEMM
-    // per head (the GEMM's chains are the same, whatever m), all heads in one parallel region;
-    // otherwise AbsorbQueries reads the rows (one pass over W_uk serves the whole batch).
+    // Lkv, one fma chain in d order per output. Up to kAbsorbGemmMaxRows rows, a GEMM per head
+    // against W_uk prepacked transposed (the GEMM's chains are the same, whatever m); above,
+    // AbsorbQueries over W_uk's rows (each row read once for all queries) is faster. One thread
+    // per head in both: a grouped call that cuts each head's GEMM across the threads was
+    // slower at every batch (16 heads, 1-512 rows, in-process A/Bs).
     ScratchVector<float> qlat(static_cast<size_t>(nA * H * Lkv)), olat(static_cast<size_t>(nA * H * Lkv));
-    const bool rows_contiguous = absorbed.back() - absorbed.front() == nA - 1;
-    if (!lw.kv_b_uk_t.empty()) {
+    if (!lw.kv_b_uk_t.empty() && nA <= kAbsorbGemmMaxRows) {
       ScratchVector<float> q_gathered;
       const float* qa = &q[absorbed.front() * H * dqk];
-      if (!rows_contiguous) {  // a mixed batch: the absorbed rows' queries side by side
+      if (absorbed.back() - absorbed.front() != nA - 1) {  // a mixed batch: the absorbed rows side by side
         q_gathered.resize(static_cast<size_t>(nA * H * dqk));
         for (int64_t a = 0; a < nA; ++a) std::copy_n(&q[absorbed[a] * H * dqk], H * dqk, &q_gathered[a * H * dqk]);
         qa = q_gathered.data();
       }
-      std::vector<kernels::GemmGroup> groups(static_cast<size_t>(H));
-      for (int64_t h = 0; h < H; ++h)
-        groups[h] = {lw.kv_b_uk_t[h].view(), qa + h * dqk, nA, H * dqk, &qlat[h * Lkv], H * Lkv};
-      kernels::GroupedGemm(groups.data(), H, pool_);
+      pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
+        for (int64_t h = hb; h < he; ++h)
+          kernels::Gemm(qa + h * dqk, nA, H * dqk, lw.kv_b_uk_t[h].view(), &qlat[h * Lkv], H * Lkv, nullptr);
+      });
       RoundToBf16InPlace(qlat.data(), nA * H * Lkv, pool_);
     } else {
       pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
@@ -284,14 +289,15 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
     } else {
       for (int64_t a = 0; a < nA; ++a) attend_row(a, nullptr);
     }
-    // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, one GEMM per head over
-    // every row (the GEMM's per-row result does not depend on m), all in one parallel region.
+    // o[r, h] = bf16(o_lat[r, h] W_uv[h]^T): rows h*(dn+dv)+dn .. +dv, every row in one call
+    // per head (the GEMM's per-row result does not depend on m).
     std::vector<float> oA(static_cast<size_t>(nA * H * dv));
-    std::vector<kernels::GemmGroup> uv_groups(static_cast<size_t>(H));
-    for (int64_t h = 0; h < H; ++h)
-      uv_groups[h] = {lw.kv_b_uv.empty() ? SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv) : lw.kv_b_uv[h].view(),
-                      &olat[h * Lkv], nA, H * Lkv, &oA[h * dv], H * dv};
-    kernels::GroupedGemm(uv_groups.data(), H, pool_);
+    pool_->ParallelFor(H, [&](int64_t hb, int64_t he) {
+      for (int64_t h = hb; h < he; ++h)
+        kernels::Gemm(&olat[h * Lkv], nA, H * Lkv,
+                      lw.kv_b_uv.empty() ? SubRows(lw.kv_b.view, h * (dn + dv) + dn, dv) : lw.kv_b_uv[h].view(), &oA[h * dv],
+                      H * dv, nullptr);
+    });
     RoundToBf16InPlace(oA.data(), nA * H * dv, pool_);
     for (int64_t a = 0; a < nA; ++a) std::copy_n(&oA[a * H * dv], H * dv, &o[absorbed[a] * H * dv]);
   }

@@ -46,8 +46,9 @@ struct LayerWeights {
   // W_uv of each local head (kv_b_proj rows h*(dn+dv)+dn .. +dv, [dv, Lkv]) prepacked for the
   // absorbed attention's output GEMM, and W_uk of each head transposed ([Lkv, dn]: output j of
   // the query absorption reads column j of rows h*(dn+dv) .. +dn) prepacked for the absorption
-  // GEMM. Both empty when kv_b is not BF16 or packing is off; the absorption then reads kv_b's
-  // rows (kernels::AbsorbQueries, the same chains).
+  // GEMM of decode batches. Both empty when kv_b is not BF16 or packing is off; the absorption
+  // then reads kv_b's rows (kernels::AbsorbQueries, the same chains), as it does for batches
+  // of more rows (model/attention.cc, kAbsorbGemmMaxRows).
   std::vector<kernels::PackedBf16Weights> kv_b_uv, kv_b_uk_t;
   std::vector<float> q_norm, kv_norm;
   // Lightning indexer
