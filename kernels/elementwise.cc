@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "common/dtype.h"
+#include "kernels/kernel_table.h"
 
 namespace pdserve::kernels {
 
@@ -147,6 +148,94 @@ void Softmax(float* x, int64_t n) {
   const float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
   const float inv = 1.0f / sum;
   for (i = 0; i < n; ++i) x[i] *= inv;
+}
+
+#if defined(__AVX2__)
+namespace {
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq")
+// GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as (maybe-)uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// SoftmaxExp8's operations on 16 lanes (each lane's value is SoftmaxExp8's for it).
+inline __m512 SoftmaxExp16(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLo), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(_mm512_maskz_mov_ps(live, n)), 23);
+  return _mm512_maskz_mov_ps(live, _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e)));
+}
+
+// SoftmaxToBf16 on AVX-512: Softmax's max, its 8-lane sum (a 16-value step adds its low then
+// its high half, as two of Softmax's 8-value steps would), then x * inv rounded to bf16 (finite
+// values: round to nearest even on the bits, as RoundToBf16InPlace).
+void SoftmaxToBf16Avx512(float* x, int64_t n) {
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(_mm512_loadu_ps(x + i), vmax);
+  float mx = _mm512_reduce_max_ps(vmax);
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  const __m512 vm = _mm512_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = SoftmaxExp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+    acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
+  }
+  if (i + 8 <= n) {
+    const __m256 e = SoftmaxExp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm512_castps512_ps256(vm)));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+    i += 8;
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (; i < n; ++i) {
+    x[i] = SoftmaxExp(x[i] - mx);
+    lanes[i % 8] += x[i];
+  }
+  const float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+  const float inv = 1.0f / sum;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    _mm512_storeu_si512(x + i, _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), high));
+  }
+  for (; i < n; ++i) x[i] = RoundToBf16(x[i] * inv);
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+}  // namespace
+#endif
+
+void SoftmaxToBf16(float* x, int64_t n) {
+#if defined(__AVX2__)
+  if (internal::ActiveIsaHasAvx512()) {
+    SoftmaxToBf16Avx512(x, n);
+    return;
+  }
+#endif
+  Softmax(x, n);
+  RoundToBf16InPlace(x, n);
 }
 
 void HadamardTransform(float* x, int64_t n) {

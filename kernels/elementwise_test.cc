@@ -14,6 +14,8 @@
 #include "common/dtype.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_quant.h"
+#include "kernels/isa_test_util.h"
+#include "kernels/kernel_table.h"
 #include "kernels/rope.h"
 
 namespace pdserve::kernels {
@@ -112,6 +114,36 @@ TEST(ElementwiseTest, HadamardMatchesSylvesterMatrix) {
 }
 
 // The vectorized exponential against double exp over its whole range, lanes and tails alike.
+// The attention's fused softmax-and-round is bitwise Softmax then RoundToBf16InPlace, for
+// lengths that hit every step (16, 8, scalar tail), scores far below the maximum (exponentials
+// that underflow to zero), ties and repeated values, on every ISA level.
+TEST(ElementwiseTest, SoftmaxToBf16EqualsSoftmaxThenRound) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  ForEachIsa([&](Isa isa) {
+    const Isa previous = internal::TEST_SetActiveIsa(isa);
+    // A changed summation order moves the sum by an ulp or so, which the rounding to bf16 then
+    // hides for most values: many long rows make sure some land next to a rounding boundary.
+    std::vector<int64_t> lengths = {1, 2, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 33, 100, 512, 1001};
+    for (int rep = 0; rep < 300; ++rep) lengths.push_back(1001);
+    for (int64_t n : lengths) {
+      for (float spread : {0.5f, 8.0f, 60.0f}) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (auto& v : x) v = RoundToBf16(nd(rng) * spread);
+        if (n > 3) x[1] = x[3] = x[0];  // ties
+        if (n > 5) x[5] = x[0] - 200.0f;  // an exponential below the cutoff
+        std::vector<float> want = x, got = x;
+        Softmax(want.data(), n);
+        RoundToBf16InPlace(want.data(), n);
+        SoftmaxToBf16(got.data(), n);
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), static_cast<size_t>(n) * 4))
+            << IsaName(isa) << " n " << n << " spread " << spread;
+      }
+    }
+    internal::TEST_SetActiveIsa(previous);
+  });
+}
+
 TEST(ElementwiseTest, SoftmaxCloseToDoubleReference) {
   std::mt19937 rng(4);
   std::uniform_real_distribution<float> ud(-95.0f, 5.0f);

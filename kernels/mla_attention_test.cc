@@ -448,7 +448,7 @@ TEST(MlaAttentionTest, StagedEqualsGatheredBitwise) {
       for (int64_t t = 0; t < n_tokens; ++t) FillRecord(&records[t * f.Record()], lf, KvIndexFormat::kFp8, rng);
       // A rope part of 16 values (not a multiple of 32) leaves the stage in the plain layout.
       for (int64_t rope : {kRope, int64_t{16}})
-      for (int64_t H : {24, 16, 9, 3, 1})
+      for (int64_t H : {32, 24, 16, 9, 3, 1})
         for (int64_t n : {1, 5, 37, 512}) {
           KvTokenView view = RecordView(records.data(), lf, KvIndexFormat::kFp8, n_tokens);
           view.rope_dim = rope;

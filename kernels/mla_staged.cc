@@ -27,6 +27,11 @@
 #include "kernels/kernel_table.h"
 #include "kernels/mla_attention.h"
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "kernels/avx512_transpose.h"  // its one inline function, compiled for AVX-512
+#pragma GCC pop_options
+
 // GCC 12 flags the deliberately undefined upper lanes inside its own AVX-512 intrinsics
 // (_mm512_undefined_*) as (maybe-)uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -313,7 +318,31 @@ void Outputs512(const float* pt, int64_t n_heads, int64_t n, const void* rows, i
     for (int64_t i = 0; i < dim; i += 32) Accumulate512<kBf16, 1>(pt + h, n_heads, n, rows, dim, i, o + h * ldo, ldo);
 }
 
+// pt[j * n_heads + h] = s[h * n + j] for 16 heads (s rows n apart, pt rows ldp apart): 16 x 16
+// blocks through registers, the last n % 16 keys one by one.
+void Transpose16Heads(const float* s, int64_t n, float* pt, int64_t ldp) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m512i r[16];
+    for (int h = 0; h < 16; ++h) r[h] = _mm512_castps_si512(_mm512_loadu_ps(s + h * n + j));
+    Transpose16(r);
+    for (int t = 0; t < 16; ++t) _mm512_storeu_si512(pt + (j + t) * ldp, r[t]);
+  }
+  for (; j < n; ++j)
+    for (int h = 0; h < 16; ++h) pt[j * ldp + h] = s[h * n + j];
+}
+
 #pragma GCC pop_options
+
+// pt[j * n_heads + h] = s[h * n + j]: the probabilities transposed for the output loop.
+void TransposeProbabilities(const float* s, int64_t n_heads, int64_t n, float* pt) {
+  if (internal::ActiveIsaHasAvx512() && n_heads % 16 == 0) {
+    for (int64_t g = 0; g < n_heads; g += 16) Transpose16Heads(s + g * n, n, pt + g, n_heads);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t h = 0; h < n_heads; ++h) pt[j * n_heads + h] = s[h * n + j];
+}
 
 template <bool kBf16>
 void Dots(const float* q, int64_t ldq, int64_t n_heads, const void* rows, int64_t dim, int64_t n, float* s) {
@@ -520,13 +549,9 @@ void StagedAttentionHeads(const LatentStage& stage, const float* q_lat, int64_t 
   else Dots<false>(q_lat, q_lat_stride, n_heads, stage.c32.data(), dim, n, s);
   Dots<true>(q_pe, q_pe_stride, n_heads, stage.kpe.data(), dr, n, s_pe);
   CombineScores(s, s_pe, n_heads * n, scale);
-  for (int64_t h = 0; h < n_heads; ++h) {
-    Softmax(s + h * n, n);
-    RoundToBf16InPlace(s + h * n, n);
-  }
+  for (int64_t h = 0; h < n_heads; ++h) SoftmaxToBf16(s + h * n, n);
   float* pt = s_pe;
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t h = 0; h < n_heads; ++h) pt[j * n_heads + h] = s[h * n + j];
+  TransposeProbabilities(s, n_heads, n, pt);
   if (stage.bf16) Outputs<true>(pt, n_heads, n, stage.c16.data(), dim, o_lat, o_stride);
   else Outputs<false>(pt, n_heads, n, stage.c32.data(), dim, o_lat, o_stride);
   for (int64_t h = 0; h < n_heads; ++h) RoundToBf16InPlace(o_lat + h * o_stride, dim);
