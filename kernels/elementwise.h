@@ -33,7 +33,7 @@ void Softmax(float* x, int64_t n);
 // Softmax(x, n) then RoundToBf16InPlace(x, n), bit for bit on every ISA level: the same
 // exponentials, the same 8-lane sum in the same order, the same product by 1 / sum, in fewer
 // passes (on AVX-512 16 exponentials a step, and the product rounded as it is stored).
-// REQUIRES: n >= 1 and x finite (attention scores).
+// REQUIRES: x finite (attention scores); n == 0 writes nothing.
 void SoftmaxToBf16(float* x, int64_t n);
 
 // In-place unnormalized Walsh-Hadamard transform in natural (Sylvester) order:

@@ -599,8 +599,7 @@ void ExpandedAttentionHead(const float* q, const float* kv, int64_t kv_stride, c
       p[j] = RoundToBf16(RoundToBf16(nope[0] + rope[0]) * scale);
     }
   }
-  Softmax(p, n);
-  RoundToBf16InPlace(p, n);
+  SoftmaxToBf16(p, n);
   const float* v = kv + dn;
   if (dv % 8 != 0) {
     std::fill(o, o + dv, 0.0f);
