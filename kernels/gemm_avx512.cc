@@ -278,9 +278,9 @@ void PanelRowsBlock(const float* x, int64_t ldx, const uint32_t* w, int64_t pair
 }
 
 // Outputs [j0, j1) (j0 a multiple of 16) of M x rows (M <= 12: 2M accumulators, 4 weight
-// registers and 2 broadcasts fill 30 of the 32): 8 panels at a time for one row, 4 for two, 2 for three or more (>= 8 chains in
-// flight); the last panels in halving blocks (a task's slice is often only 4-8 panels: one
-// panel at a time would leave one chain per row).
+// registers and 2 broadcasts fill 30 of the 32): 8 panels at a time for one row, 4 for two, 2
+// for three or more (>= 8 chains in flight); the last panels in halving blocks (a task's slice
+// is often only 4-8 panels: one panel at a time would leave one chain per row).
 template <int M>
 void PanelRows(const float* x, int64_t ldx, const uint32_t* w, int64_t pairs, int64_t j0,
                int64_t j1, float* y, int64_t ldy) {
