@@ -109,6 +109,17 @@ inline __m256 SoftmaxExp8(__m256 x) {
 }
 #endif
 
+// Softmax's scalar tail and its sum: x[i] = SoftmaxExp(x[i] - mx) for i from `i` on, each added
+// to the lane its index would use, then the lanes summed in the fixed tree
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Shared by every Softmax variant, so all sum alike.
+inline float FinishSoftmaxSum(float* x, int64_t i, int64_t n, float mx, float* lanes) {
+  for (; i < n; ++i) {
+    x[i] = SoftmaxExp(x[i] - mx);
+    lanes[i % 8] += x[i];
+  }
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
 }  // namespace
 
 // Max (order-free), then e_i = SoftmaxExp(x_i - max) and their sum in 8 lanes (lane l takes
@@ -141,12 +152,7 @@ void Softmax(float* x, int64_t n) {
   }
   _mm256_storeu_ps(lanes, acc);
 #endif
-  for (; i < n; ++i) {
-    x[i] = SoftmaxExp(x[i] - mx);
-    lanes[i % 8] += x[i];
-  }
-  const float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-  const float inv = 1.0f / sum;
+  const float inv = 1.0f / FinishSoftmaxSum(x, i, n, mx, lanes);
   for (i = 0; i < n; ++i) x[i] *= inv;
 }
 
@@ -204,12 +210,7 @@ void SoftmaxToBf16Avx512(float* x, int64_t n) {
   }
   float lanes[8];
   _mm256_storeu_ps(lanes, acc);
-  for (; i < n; ++i) {
-    x[i] = SoftmaxExp(x[i] - mx);
-    lanes[i % 8] += x[i];
-  }
-  const float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-  const float inv = 1.0f / sum;
+  const float inv = 1.0f / FinishSoftmaxSum(x, i, n, mx, lanes);
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
