@@ -153,6 +153,13 @@ void PrepareLatentStage(const KvTokenView& kv, int64_t n, LatentStage* stage);
 // REQUIRES: PrepareLatentStage(kv, n >= end, stage) first.
 void StageLatent(const KvTokenView& kv, const int32_t* sel, int64_t begin, int64_t end, LatentStage* stage);
 
+namespace internal {
+// Tests: turns the fp8 latent's byte-table staging (CPUs with AVX512-VBMI, power-of-two block
+// scales in range) off or on, to compare it with the route it replaces; returns the previous
+// setting. It is on by default.
+bool TEST_SetStagingByteTables(bool on);
+}  // namespace internal
+
 // AbsorbedAttentionHeads over the staged keys, bit for bit (on every ISA): the same scores,
 // softmax and output chains as over GatherLatent's fp32 copy of the same keys.
 // scratch holds 2 * n_heads * stage.n floats. REQUIRES: stage.n >= 1.

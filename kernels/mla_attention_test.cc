@@ -436,6 +436,43 @@ TEST(MlaAttentionTest, StagingDecodesEveryFp8CodeOnEveryIsa) {
   });
 }
 
+// The byte-table staging (AVX512-VBMI) writes the bits of the fp16 route it replaces for every
+// code, at scales in its range (both ends) and outside it (where it hands the block back to
+// the fp16 route: the ends + 1, non-powers of two).
+TEST(MlaAttentionTest, StagingByteTablesEqualTheFp16Route) {
+  if (!__builtin_cpu_supports("avx512vbmi") || ActiveIsa() < Isa::kAvx512) {
+    GTEST_SKIP() << "LOUD SKIP: this CPU (or PDSERVE_ISA) has no AVX512-VBMI: the byte-table latent staging is not run";
+  }
+  const Fields f = FieldsFor(KvLatentFormat::kFp8Blockwise);
+  const std::vector<float> scales = {1.0f,  std::ldexp(1.0f, -117), std::ldexp(1.0f, 119), std::ldexp(1.0f, -118),
+                                     std::ldexp(1.0f, 100), 0.75f, std::ldexp(1.5f, -20), 0.015625f};
+  const int64_t n_tokens = 2 * static_cast<int64_t>(scales.size());
+  std::vector<uint8_t> records(static_cast<size_t>(n_tokens * f.Record()), 0);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    uint8_t* rec = &records[static_cast<size_t>(t * f.Record())];
+    for (int64_t i = 0; i < kLatent; ++i) rec[i] = static_cast<uint8_t>((t * kLatent + i * 3) & 0xff);  // every code
+    const float block_scales[2] = {scales[static_cast<size_t>(t / 2)], scales[static_cast<size_t>((t + 3) % scales.size())]};
+    std::memcpy(&rec[f.code], block_scales, 8);
+  }
+  const KvTokenView v = RecordView(records.data(), KvLatentFormat::kFp8Blockwise, KvIndexFormat::kFp8, n_tokens);
+  std::vector<int32_t> sel(static_cast<size_t>(n_tokens));
+  std::iota(sel.begin(), sel.end(), 0);
+  auto stage_with = [&](bool tables) {
+    const bool previous = internal::TEST_SetStagingByteTables(tables);
+    LatentStage stage;
+    PrepareLatentStage(v, n_tokens, &stage);
+    StageLatent(v, sel.data(), 0, n_tokens, &stage);
+    internal::TEST_SetStagingByteTables(previous);
+    return std::vector<uint16_t>(stage.c16.begin(), stage.c16.begin() + n_tokens * kLatent);
+  };
+  const std::vector<uint16_t> want = stage_with(false), got = stage_with(true);
+  for (int64_t j = 0; j < n_tokens; ++j)
+    for (int64_t i = 0; i < kLatent; ++i) {
+      const size_t at = static_cast<size_t>(j * kLatent + LatentStage::PairedIndex(i));
+      ASSERT_EQ(got[at], want[at]) << "key " << j << " value " << i;
+    }
+}
+
 TEST(MlaAttentionTest, StagedEqualsGatheredBitwise) {
   ForEachIsa([](Isa isa) {
     const Isa previous = internal::TEST_SetActiveIsa(isa);
