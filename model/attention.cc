@@ -46,6 +46,10 @@ constexpr int64_t kAbsorbGemmMaxRows = 64;
 // them all: kernels::IndexerScoresApproxRows); their prepared queries, 8 KiB of floats each
 // at 16 x 128, stay in L2.
 constexpr int64_t kIndexerRowsPerTask = 16;
+// Rows that end inside a run of keys (a prefill chunk's causal edge) are grouped too when their
+// positions lie within this span: a group scores every row up to its last row's end, and each
+// row's score buffer has this many floats of slack for the keys past its own end.
+constexpr int64_t kIndexerEdgeSpan = 16;
 // Keys scored per wave of rows (8 bytes each: score and bound): 128 MiB at most.
 constexpr int64_t kIndexerWaveKeys = int64_t{1} << 24;
 
@@ -396,10 +400,12 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
     int64_t row1 = row0, total = 0;
     tasks.clear();
     score_off.assign(1, 0);
+    int64_t scored_keys = 0;
     while (row1 < S && (row1 == row0 || total < kIndexerWaveKeys)) {
       const Mode m = mode[row1];
       const int64_t n_keys = m == Mode::kExact || m == Mode::kApprox ? plan.row_pos[row1] + 1 : 0;
-      total += n_keys;
+      scored_keys += n_keys;
+      total += n_keys > 0 ? n_keys + kIndexerEdgeSpan : 0;
       score_off.push_back(total);
       ++row1;
     }
@@ -421,9 +427,19 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
         const int64_t e = b + kIndexerKeysPerTask;
         int64_t full = run_end;  // the rows [full, run_end) cover all of [b, e)
         while (full > r && plan.row_pos[full - 1] + 1 >= e) --full;
-        for (int64_t i = r; i < full; ++i) {
-          const int64_t n_keys = plan.row_pos[i] + 1;
-          if (n_keys > b) tasks.push_back({i, i + 1, b, std::min(n_keys, e)});
+        // Rows [r, full) end inside [b, e) (those ending at or before b have nothing here):
+        // groups of up to kIndexerRowsPerTask rows within kIndexerEdgeSpan positions, each
+        // scored to its last row's end (the others' extra keys land in their slack). A prefill
+        // chunk's causal edge then decodes each key block once per group, not once per row
+        // (in-process A/B, scoring per layer call: the chunk at 512 4.20 -> 2.52 ms, chunks at
+        // 1K-3K 11-13% faster, at 4K-7K 1-5%).
+        int64_t i = r;
+        while (i < full && plan.row_pos[i] + 1 <= b) ++i;
+        while (i < full) {
+          int64_t g1 = i + 1;
+          while (g1 < full && g1 - i < kIndexerRowsPerTask && plan.row_pos[g1] - plan.row_pos[i] < kIndexerEdgeSpan) ++g1;
+          tasks.push_back({i, g1, b, plan.row_pos[g1 - 1] + 1});
+          i = g1;
         }
         for (int64_t i = full; i < run_end; i += kIndexerRowsPerTask)
           tasks.push_back({i, std::min(run_end, i + kIndexerRowsPerTask), b, e});
@@ -432,7 +448,7 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
     }
     scores.resize(static_cast<size_t>(total));
     bounds.resize(static_cast<size_t>(total));
-    if (plan.stats) plan.stats->kv_bytes_read += total * (ID + 4);
+    if (plan.stats) plan.stats->kv_bytes_read += scored_keys * (ID + 4);
     op_scope.Switch(kOpIndexer);
     queries.resize(static_cast<size_t>(row1 - row0));
     pool_->ParallelFor(row1 - row0, [&](int64_t b, int64_t e) {
@@ -497,8 +513,8 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
       if (mode[r] != Mode::kExact) continue;
       const BatchSequence& sq = plan.seqs[plan.row_seq[r]];
       const int64_t Sq = sq.n_tokens, T = sq.start + Sq, i = plan.row_pos[r] - sq.start;
-      std::copy(scores.begin() + score_off[r - row0], scores.begin() + score_off[r - row0 + 1],
-                sq.options->trace->index_scores.begin() + (layer * Sq + i) * T);
+      std::copy_n(scores.begin() + score_off[r - row0], plan.row_pos[r] + 1,
+                  sq.options->trace->index_scores.begin() + (layer * Sq + i) * T);
     }
     row0 = row1;
   }
