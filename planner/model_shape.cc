@@ -71,11 +71,15 @@ Result<ModelShape> ModelShape::Create(const model::ModelConfig& c, WeightFormat 
     }
     return m;
   };
+  // A BF16 kv_b is held twice (model/weights.cc): row-major for the prefill's expansion and the
+  // large-batch absorption, and per head prepacked (W_uk transposed, W_uv) for decode.
+  MatrixSpec kv_b = mat("kv_b_proj", H * (dn + dv), Lkv, Split::kHeads, false, true);
+  if (kv_b.math == MathType::kBf16) kv_b.held_copies = 2.0;
   s.attention = {
       mat("q_a_proj", Lq, D, Split::kReplicated, false, true),
       mat("q_b_proj", H * (dn + dr), Lq, Split::kHeads, true, true),
       mat("kv_a_proj", Lkv + dr, D, Split::kReplicated, false, true),
-      mat("kv_b_proj", H * (dn + dv), Lkv, Split::kHeads, false, true),
+      kv_b,
       mat("o_proj", D, H * dv, Split::kHeads, true, true),
       mat("indexer.wq_b", IH * ID, Lq, Split::kReplicated, true, true),
       mat("indexer.wk", ID, D, Split::kReplicated, false, true),
@@ -115,13 +119,14 @@ int64_t ModelShape::IndexBytesPerTokenLayer() const {
 
 double ModelShape::WeightBytesPerRank(int64_t tp, int64_t ep) const {
   auto held = [&](const MatrixSpec& m) {
+    const double bytes = m.Bytes() * m.held_copies;
     switch (m.split) {
-      case Split::kReplicated: return m.Bytes();
+      case Split::kReplicated: return bytes;
       case Split::kHeads:
-      case Split::kVocab: return m.Bytes() / static_cast<double>(tp);
-      case Split::kExperts: return m.Bytes() / static_cast<double>(ep);
+      case Split::kVocab: return bytes / static_cast<double>(tp);
+      case Split::kExperts: return bytes / static_cast<double>(ep);
     }
-    return m.Bytes();
+    return bytes;
   };
   double b = 0;
   for (const auto& m : attention) b += held(m) * layers();

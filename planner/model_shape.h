@@ -45,6 +45,9 @@ struct MatrixSpec {
   double bytes_per_param = 2;   // incl. scales
   MathType math = MathType::kBf16;
   Split split = Split::kReplicated;
+  // Copies a rank holds (only the held bytes count them: a pass reads one). 2 for a BF16 kv_b:
+  // pdserve's engine keeps it row-major and, per head, W_uk transposed and W_uv prepacked.
+  double held_copies = 1.0;
   double Params() const { return static_cast<double>(n_out) * n_in * count; }
   double Bytes() const { return Params() * bytes_per_param; }
 };
@@ -82,7 +85,7 @@ struct ModelShape {
   int64_t IndexerBytesPerToken() const { return IndexBytesPerTokenLayer() * layers(); }
 
   // Weight bytes one rank holds under (tp, ep): replicated + its head / vocab shards + E/ep
-  // experts per MoE layer.
+  // experts per MoE layer, each matrix times its held_copies.
   double WeightBytesPerRank(int64_t tp, int64_t ep) const;
   double TotalParams() const;
   // Parameters a token multiplies with (k routed experts), excluding the embedding.

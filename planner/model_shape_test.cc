@@ -78,6 +78,31 @@ TEST(ModelShapeTest, WeightBytesPerRank) {
   EXPECT_NEAR(bf16.WeightBytesPerRank(1, 1) - bf16.WeightBytesPerRank(1, 2), experts / 2, 1.0);
 }
 
+// kv_b is held twice where it stays BF16 (row-major, and per head prepacked for decode: W_uk
+// transposed and W_uv, model/weights.cc), once where the hardware multiplies it in fp8; every
+// other matrix once.
+TEST(ModelShapeTest, Bf16KvBCountsItsPrepackedHeadCopies) {
+  const model::ModelConfig c = V32();
+  const double kv_b_bytes = 61.0 * 128 * (128 + 128) * 512 * 2;
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kW8a8}) {
+    auto shape = ModelShape::Create(c, f, KvFormat::kFp8, KvFormat::kFp8).value();
+    double once = 0;
+    for (MatrixSpec m : shape.attention) {
+      EXPECT_EQ(m.held_copies, m.name == "kv_b_proj" ? 2.0 : 1.0) << m.name;
+      once += m.Bytes() * 61;
+    }
+    double held_attention = 0;
+    for (const MatrixSpec& m : shape.attention) held_attention += m.Bytes() * m.held_copies * 61;
+    EXPECT_NEAR(held_attention - once, kv_b_bytes, 1.0) << WeightFormatName(f);
+    // Under TP the copies split by heads like kv_b itself.
+    auto tp2 = shape;
+    for (MatrixSpec& m : tp2.attention) m.held_copies = 1.0;
+    EXPECT_NEAR(shape.WeightBytesPerRank(2, 1) - tp2.WeightBytesPerRank(2, 1), kv_b_bytes / 2, 1.0);
+  }
+  auto fp8 = ModelShape::Create(c, WeightFormat::kFp8, KvFormat::kFp8, KvFormat::kFp8).value();
+  for (const MatrixSpec& m : fp8.attention) EXPECT_EQ(m.held_copies, 1.0) << m.name;
+}
+
 TEST(ModelShapeTest, FormatNamesParse) {
   EXPECT_FALSE(ParseKvFormat("fp16").ok());
   EXPECT_FALSE(ParseWeightFormat("int4").ok());
