@@ -15,6 +15,8 @@
 // Compute: the step's FLOPs (engine_figures.h: linear + attention + indexer at the rows'
 // context) per second, against the fp32 FMA peak measured here: the ceiling that matters once
 // a batch reuses each weight many times.
+// Ceiling: the lower of the roofline and the step's FLOPs at the FMA peak; each batch ratio
+// also states the share of the FMA peak the batched row would need to meet its goal.
 // Overhead: the engine's scheduler + sampling + event time as a share of step time.
 // Ratios: decode tokens/s at batch 64 over batch 1 (context 1K) and batch 16 over batch 1
 // (context 8K), from the same run.
@@ -123,8 +125,17 @@ struct Row {
   double seconds, tokens_per_s, step_ms, bytes_per_step, roofline_tokens_per_s, ratio, overhead_share;
   double experts_per_layer;
   double gflops = 0, peak_share = 0;  // CountDecodeStepFlops at the step's context, per second; of the FMA peak
+  // The step's FLOPs at the FMA peak: tokens/s if compute ran at the peak; the ceiling is the
+  // lower of that and the read roofline.
+  double flop_bound_tokens_per_s = 0, ceiling_tokens_per_s = 0;
   nlohmann::json profile = nlohmann::json::object();  // op -> share of decode step time
   std::string load;
+};
+
+// What a batch ratio goal asks of the batched row: `goal` x batch 1's tokens/s at the batched
+// row's FLOPs per token is this share of the FMA peak (and the ceiling's ratio, for scale).
+struct RatioNeed {
+  double needed_peak_share = 0, ceiling_ratio = 0;
 };
 
 struct PrefillRow {
@@ -358,6 +369,8 @@ int Run(int argc, char** argv) {
       // FLOPs at the middle of the measured steps' contexts (warmup steps came first).
       r.gflops = bench::CountDecodeStepFlops(c, ctx + warmup + steps / 2, b).total() * n_steps / secs / 1e9;
       r.peak_share = r.gflops / peak_active;
+      r.flop_bound_tokens_per_s = r.tokens_per_s / r.peak_share;
+      r.ceiling_tokens_per_s = std::min(r.flop_bound_tokens_per_s, r.roofline_tokens_per_s);
       std::fprintf(stderr, "ctx %5lld batch %3lld: %8.1f tok/s  step %8.1f ms  roofline %8.1f tok/s (%.0f%%)  "
                            "%.0f GFLOP/s (%.0f%% of the FMA peak)  overhead %.2f%%\n",
                    static_cast<long long>(ctx), static_cast<long long>(b), r.tokens_per_s, r.step_ms,
@@ -451,6 +464,20 @@ int Run(int argc, char** argv) {
   };
   const double ratio_64_1k = tps(1024, 1) > 0 ? tps(1024, 64) / tps(1024, 1) : 0.0;
   const double ratio_16_8k = tps(8192, 1) > 0 ? tps(8192, 16) / tps(8192, 1) : 0.0;
+  auto need = [&](int64_t ctx, int64_t b, double goal) {
+    RatioNeed n;
+    const Row* one = nullptr;
+    const Row* many = nullptr;
+    for (const Row& r : rows) {
+      if (r.context == ctx && r.batch == 1) one = &r;
+      if (r.context == ctx && r.batch == b) many = &r;
+    }
+    if (one == nullptr || many == nullptr) return n;
+    n.needed_peak_share = many->peak_share * goal * one->tokens_per_s / many->tokens_per_s;
+    n.ceiling_ratio = many->ceiling_tokens_per_s / one->tokens_per_s;
+    return n;
+  };
+  const RatioNeed need_64_1k = need(1024, 64, 8.0), need_16_8k = need(8192, 16, 4.0);
 
   std::filesystem::create_directories(out_dir);
   nlohmann::json j;
@@ -462,7 +489,11 @@ int Run(int argc, char** argv) {
                           {"active_isa", kernels::IsaName(active_isa)}, {"active", peak_active}};
   j["load_average"] = {{"start", load_start}, {"end", load_end}};
   j["ratios"] = {{"decode_batch64_over_batch1_ctx1k", ratio_64_1k}, {"decode_batch16_over_batch1_ctx8k", ratio_16_8k},
-                 {"copies_over_one", copy1_tps > 0 ? copyn_tps / copy1_tps : 0.0}};
+                 {"copies_over_one", copy1_tps > 0 ? copyn_tps / copy1_tps : 0.0},
+                 {"batch64_1k_peak_share_for_8x", need_64_1k.needed_peak_share},
+                 {"batch64_1k_ceiling_over_batch1", need_64_1k.ceiling_ratio},
+                 {"batch16_8k_peak_share_for_4x", need_16_8k.needed_peak_share},
+                 {"batch16_8k_ceiling_over_batch1", need_16_8k.ceiling_ratio}};
   j["copies"] = {{"copies", copies}, {"prompt_tokens", copy_prompt}, {"tokens_each", copy_tokens},
                  {"one_tokens_per_s", copy1_tps}, {"all_tokens_per_s", copyn_tps}, {"identical", copies_identical},
                  {"load", copy_load}};
@@ -480,7 +511,9 @@ int Run(int argc, char** argv) {
                             {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms}, {"bytes_per_step", r.bytes_per_step},
                             {"roofline_tokens_per_s", r.roofline_tokens_per_s}, {"roofline_ratio", r.ratio},
                             {"overhead_share", r.overhead_share}, {"routed_experts_per_layer", r.experts_per_layer},
-                            {"gflops", r.gflops}, {"peak_share", r.peak_share}, {"profile", r.profile}, {"load", r.load}});
+                            {"gflops", r.gflops}, {"peak_share", r.peak_share},
+                            {"flop_bound_tokens_per_s", r.flop_bound_tokens_per_s},
+                            {"ceiling_tokens_per_s", r.ceiling_tokens_per_s}, {"profile", r.profile}, {"load", r.load}});
   std::ofstream(out_dir + "/engine.json") << j.dump(2) << "\n";
   std::ostringstream md;
   char line[512];
@@ -496,19 +529,24 @@ int Run(int argc, char** argv) {
   md << line;
   md << "## Decode\n\n";
   md << "| context | batch | tokens/s | step ms | MB/step | roofline tokens/s | of roofline | GFLOP/s | of FMA peak | "
-        "experts/layer | sched+sample overhead | load |\n";
-  md << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        "ceiling tokens/s | of ceiling | experts/layer | sched+sample overhead | load |\n";
+  md << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Row& r : rows) {
-    std::snprintf(line, sizeof line, "| %lld | %lld | %.1f | %.1f | %.0f | %.1f | %.0f%% | %.0f | %.0f%% | %.1f | %.2f%% | %s |\n",
+    std::snprintf(line, sizeof line,
+                  "| %lld | %lld | %.1f | %.1f | %.0f | %.1f | %.0f%% | %.0f | %.0f%% | %.1f | %.0f%% | %.1f | %.2f%% | %s |\n",
                   static_cast<long long>(r.context), static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms,
                   r.bytes_per_step / 1e6, r.roofline_tokens_per_s, r.ratio * 100, r.gflops, r.peak_share * 100,
-                  r.experts_per_layer, r.overhead_share * 100, r.load.c_str());
+                  r.ceiling_tokens_per_s, 100 * r.tokens_per_s / r.ceiling_tokens_per_s, r.experts_per_layer,
+                  r.overhead_share * 100, r.load.c_str());
     md << line;
   }
+  md << "\nCeiling: the lower of the read roofline and the step's FLOPs at the FMA peak.\n";
   std::snprintf(line, sizeof line,
-                "\nBatch ratios (tokens/s): batch 64 / batch 1 at context 1K: %.2fx (goal >= 8x); batch 16 / batch 1 "
-                "at context 8K: %.2fx (goal >= 4x).\n",
-                ratio_64_1k, ratio_16_8k);
+                "\nBatch ratios (tokens/s): batch 64 / batch 1 at context 1K: %.2fx (goal >= 8x: batch 64 at %.0f%% of the "
+                "FMA peak; its ceiling / batch 1: %.2fx); batch 16 / batch 1 at context 8K: %.2fx (goal >= 4x: batch 16 at "
+                "%.0f%% of the FMA peak; its ceiling / batch 1: %.2fx).\n",
+                ratio_64_1k, 100 * need_64_1k.needed_peak_share, need_64_1k.ceiling_ratio, ratio_16_8k,
+                100 * need_16_8k.needed_peak_share, need_16_8k.ceiling_ratio);
   md << line;
   if (!prefill_rows.empty()) {
     md << "\n## Prefill (chunks of " << chunk << " tokens)\n\n";
