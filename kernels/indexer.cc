@@ -88,7 +88,10 @@ KthLargestPair KthAndNextLargest(const float* v, int64_t n, int64_t k) {
 
 // The bound (per key; u = 2^-24, n = dim, H = n_heads):
 //   a_h   approximate dot: fp32 sums of exact products, any order: |a_h - d_h| <= E_h with
-//         E_h = gamma_n * sum_i |q_hi k_i| <= gamma_n ||q_h|| ||k||,  gamma_n = n u / (1 - n u)
+//         E_h = gamma_n * sum_i |q_hi k_i| <= gamma_n ||q_h||_1 max_i |k_i|,  gamma_n = n u / (1 - n u)
+//         (about twice the Cauchy-Schwarz bound ||q_h||_2 ||k||_2 on typical keys, at most
+//         sqrt(n) times it; the key's largest magnitude is one byte max over its codes, where
+//         its 2-norm took a chain of n FMAs: a third of the key decode)
 //   D_h   = fl32(d_h): |D_h - d_h| <= u |d_h| <= u (|a_h| + E_h), so with r = max(., 0)
 //         |r(D_h) - r(a_h)| <= delta_h = E_h (1 + u) + u |a_h|, and delta_h = 0 when
 //         a_h + E_h <= 0 (then d_h <= 0, so both relus are 0)
@@ -101,7 +104,7 @@ KthLargestPair KthAndNextLargest(const float* v, int64_t n, int64_t k) {
 namespace {
 
 constexpr float kU = 0x1p-24f;
-constexpr float kNormSlack = 1.0f + 1e-5f;  // an fp32 2-norm of <= 1024 terms is within 1e-5
+constexpr float kNormSlack = 1.0f + 1e-5f;  // a double 1-norm rounded to fp32, rounded up
 
 #if defined(__AVX2__)
 inline float HSum(__m256 v) {
@@ -117,7 +120,7 @@ struct KeyTerms {
   float acc = 0.0f, m = 0.0f, s = 0.0f;
 };
 
-// g[h] = (1 + u) gamma_n qn_h: E_h (1 + u) = g[h] * kn.
+// g[h] = (1 + u) gamma_n ||q_h||_1: E_h (1 + u) = g[h] * kn, kn = max_i |k_i|.
 // a[h] holds the dot times `a_mul`; the sums use a[h] / a_mul (exact: a power of two).
 KeyTerms HeadTerms(const float* a, float a_mul, const float* w, const float* g, float kn, int64_t n_heads) {
   KeyTerms t;
@@ -172,7 +175,7 @@ QueryConsts Consts(const IndexerQuery& q) {
   QueryConsts c;
   const double n = static_cast<double>(q.dim);
   const double gamma = n * kU / (1.0 - n * kU) * 1.01;
-  for (int64_t h = 0; h < q.n_heads; ++h) c.g[h] = static_cast<float>(gamma * (1.0 + kU) * 1.0001 * q.norm[h]);
+  for (int64_t h = 0; h < q.n_heads; ++h) c.g[h] = static_cast<float>(gamma * (1.0 + kU) * 1.0001 * q.l1[h]);
   c.h_u = static_cast<float>(static_cast<double>(q.n_heads) * kU);
   return c;
 }
@@ -188,9 +191,10 @@ inline void Fp8x16Div256(const uint8_t* codes, __m256* lo, __m256* hi) {
 }
 
 // Decodes one key to fp32 values times `mul` (1/256 for fp8, 1 for int8: either way exact) and
-// returns the sum of squares of the stored values.
+// returns the largest magnitude of the stored values.
 inline float DecodeKey(const uint8_t* code, KvIndexFormat f, int64_t dim, float* out) {
-  __m256 ss = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 mx = _mm256_setzero_ps();
   for (int64_t i = 0; i < dim; i += 16) {
     __m256 lo, hi;
     if (f == KvIndexFormat::kFp8) {
@@ -202,10 +206,11 @@ inline float DecodeKey(const uint8_t* code, KvIndexFormat f, int64_t dim, float*
     }
     _mm256_storeu_ps(out + i, lo);
     _mm256_storeu_ps(out + i + 8, hi);
-    ss = _mm256_fmadd_ps(lo, lo, ss);
-    ss = _mm256_fmadd_ps(hi, hi, ss);
+    mx = _mm256_max_ps(mx, _mm256_max_ps(_mm256_and_ps(lo, abs_mask), _mm256_and_ps(hi, abs_mask)));
   }
-  return HSum(ss);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  return *std::max_element(lanes, lanes + 8);
 }
 
 // dots[k * n_heads + h0 + h] = fp32 (q[h] . key[k]) for KB keys and 4 heads (HB = 4) or 1.
@@ -241,11 +246,11 @@ inline void ApproxDotsAllHeads(const float* q, int64_t dim, const float* keys, i
 }
 #endif
 
-// One block of nk <= 3 keys: decoded (value * kmul) into kd, their sums of squares, and
-// dots[k * n_heads + h] (times kmul).
+// One block of nk <= 3 keys: decoded (value * kmul) into kd, their largest magnitudes (times
+// kmul) in kmax, and dots[k * n_heads + h] (times kmul).
 void ApproxBlockAvx2(const float* q, int64_t dim, int64_t n_heads, const uint8_t* const* codes, int nk, KvIndexFormat f,
-                     float* kd, float* ss, float* dots) {
-  for (int k = 0; k < nk; ++k) ss[k] = DecodeKey(codes[k], f, dim, kd + k * dim);
+                     float* kd, float* kmax, float* dots) {
+  for (int k = 0; k < nk; ++k) kmax[k] = DecodeKey(codes[k], f, dim, kd + k * dim);
   if (nk == 3) ApproxDotsAllHeads<3>(q, dim, kd, n_heads, dots);
   else if (nk == 2) ApproxDotsAllHeads<2>(q, dim, kd, n_heads, dots);
   else ApproxDotsAllHeads<1>(q, dim, kd, n_heads, dots);
@@ -310,18 +315,17 @@ inline void ApproxDotsAllHeads512(const float* q, int64_t dim, const float* keys
 
 // ApproxBlockAvx2 for nk <= 4 keys with zmm registers (REQUIRES dim % 32 == 0).
 void ApproxBlock512(const float* q, int64_t dim, int64_t n_heads, const uint8_t* const* codes, int nk, KvIndexFormat f,
-                    float* kd, float* ss, float* dots) {
+                    float* kd, float* kmax, float* dots) {
   for (int k = 0; k < nk; ++k) {
-    __m512 s2 = _mm512_setzero_ps();
+    __m512 mx = _mm512_setzero_ps();
     for (int64_t i = 0; i < dim; i += 32) {
       __m512 lo, hi;
       Decode32(codes[k] + i, f, &lo, &hi);
       _mm512_storeu_ps(kd + k * dim + i, lo);
       _mm512_storeu_ps(kd + k * dim + i + 16, hi);
-      s2 = _mm512_fmadd_ps(lo, lo, s2);
-      s2 = _mm512_fmadd_ps(hi, hi, s2);
+      mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
     }
-    ss[k] = _mm512_reduce_add_ps(s2);
+    kmax[k] = _mm512_reduce_max_ps(mx);
   }
   switch (nk) {
     case 4: ApproxDotsAllHeads512<4>(q, dim, kd, n_heads, dots); break;
@@ -338,10 +342,10 @@ void ApproxBlock512(const float* q, int64_t dim, int64_t n_heads, const uint8_t*
 constexpr int64_t kLaneKeysMaxDim = 256;
 
 // 16 keys decoded once for any number of queries: their values transposed to kt [d][key]
-// (value * kmul, exact), their norms in true key units and their scales, in lanes.
+// (value * kmul, exact), their largest magnitudes in true key units and their scales, in lanes.
 struct KeyBlock16 {
   alignas(64) float kt[kLaneKeysMaxDim * 16];
-  __m512 kn;  // ||k|| * slack per key
+  __m512 kn;  // max_i |k_i| per key (exact)
   __m512 ks;  // the keys' fp32 scales
 };
 
@@ -363,29 +367,18 @@ inline void LaneDots512(const float* q, int64_t dim, const KeyBlock16* kb, __m51
   }
 }
 
-// The keys' sums of squares run as 4 chains, chain 2 * ((i % 64) / 32) + h holding dims
-// i + 16h + d (d ascending) of each group of 32 at i, in i order, added as (0 + 1) + (2 + 3) at
-// the end: one order both decode routes below can follow (the byte-table route produces dims
-// c + m, c + 16 + m, c + 32 + m and c + 48 + m together), and no chain of `dim` dependent
-// FMAs (latency-bound once the decode got faster).
-inline __m512 SumOfSquareChains(const __m512* ss) {
-  return _mm512_add_ps(_mm512_add_ps(ss[0], ss[1]), _mm512_add_ps(ss[2], ss[3]));
-}
-
-// A decoded block's norms and scales: kn = ||k|| * slack in true key units (the decoded values
-// are value * kmul), from the 4 sum-of-squares chains.
-inline void FinishKeyBlock(const __m512* ss, const float* ks, float kmul, KeyBlock16* kb) {
-  kb->kn = _mm512_div_ps(_mm512_mul_ps(_mm512_sqrt_ps(SumOfSquareChains(ss)), _mm512_set1_ps(kNormSlack)),
-                         _mm512_set1_ps(kmul));
+// A decoded block's magnitudes and scales: kn = max_i |k_i| in true key units from the largest
+// decoded magnitude per lane (value * kmul; kmul a power of two, so exact), as every route
+// computes it: the max does not depend on the order.
+inline void FinishKeyBlock(__m512 decoded_max, const float* ks, float kmul, KeyBlock16* kb) {
+  kb->kn = _mm512_div_ps(decoded_max, _mm512_set1_ps(kmul));
   kb->ks = _mm512_loadu_ps(ks);
 }
 
 void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim, KvIndexFormat f, float kmul,
                       KeyBlock16* kb) {
-  __m512 ss[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 mx = _mm512_setzero_ps();
   for (int64_t i = 0; i < dim; i += 32) {
-    __m512& ss_lo = ss[2 * ((i % 64) / 32)];
-    __m512& ss_hi = ss[2 * ((i % 64) / 32) + 1];
     __m512i lo[16], hi[16];
     for (int k = 0; k < 16; ++k) {
       __m512 a, b;
@@ -399,18 +392,18 @@ void DecodeKeyBlock16(const uint8_t* const* codes, const float* ks, int64_t dim,
       const __m512 a = _mm512_castsi512_ps(lo[d]), b = _mm512_castsi512_ps(hi[d]);
       _mm512_store_ps(kb->kt + (i + d) * 16, a);
       _mm512_store_ps(kb->kt + (i + 16 + d) * 16, b);
-      ss_lo = _mm512_fmadd_ps(a, a, ss_lo);
-      ss_hi = _mm512_fmadd_ps(b, b, ss_hi);
+      mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     }
   }
-  FinishKeyBlock(ss, ks, kmul, kb);
+  FinishKeyBlock(mx, ks, kmul, kb);
 }
 
 #pragma GCC pop_options
 
 // DecodeKeyBlock16 for fp8 keys on CPUs with AVX512-VBMI (byte permutes): the codes are
 // transposed as bytes first, then decoded by table lookup, 64 at a time. The same kt, kn and
-// ks bits as DecodeKeyBlock16 (same values, same sum-of-squares chains), for ~0.25 shuffle-port
+// ks bits as DecodeKeyBlock16 (same values; the largest magnitude is the value of the largest
+// magnitude code, e4m3 magnitudes being ordered as their 7-bit codes), for ~0.25 shuffle-port
 // operations per value instead of ~0.6 (a 16x16 fp32 transpose per 256 values plus the fp16
 // route per 32). One query over 8192 keys, one thread: the decode 2.3x faster (perf samples),
 // the approximate pass 499 -> 368 us with the keys in L2.
@@ -479,26 +472,29 @@ void DecodeKeyBlock16Vbmi(const uint8_t* const* codes, const float* ks, int64_t 
     }
   const __m512i pick0 = _mm512_load_si512(pick[0]), pick1 = _mm512_load_si512(pick[1]);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  __m512 ss[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const __m512i magnitude = _mm512_set1_epi8(0x7f);
+  __m512i max_code = _mm512_setzero_si512();  // byte 16L + k: key k's largest magnitude code so far
   for (int64_t c0 = 0; c0 < dim; c0 += 64) {
     __m512i r[16];
     for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(codes[k] + c0);
     TransposeBytes16(r);  // lane L of r[m]: the keys' codes of dim c0 + 16L + m
     for (int m = 0; m < 16; ++m) {
       const __m512i x = r[m];
+      max_code = _mm512_max_epu8(max_code, _mm512_and_si512(x, magnitude));
       const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tables.hi[0], x, tables.hi[1]), x, sign, 0xF8);
       const __m512i lo = _mm512_permutex2var_epi8(tables.lo[0], x, tables.lo[1]);
       const __m512i p0 = _mm512_permutex2var_epi8(lo, pick0, hi), p1 = _mm512_permutex2var_epi8(lo, pick1, hi);
       const int64_t d = c0 + m;
       const __m512 v[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(p0, 16)), _mm512_castsi512_ps(_mm512_and_si512(p0, high_half)),
                            _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16)), _mm512_castsi512_ps(_mm512_and_si512(p1, high_half))};
-      for (int q = 0; q < 4; ++q) {  // dim d + 16q, chain q (SumOfSquareChains)
-        _mm512_store_ps(kb->kt + (d + 16 * q) * 16, v[q]);
-        ss[q] = _mm512_fmadd_ps(v[q], v[q], ss[q]);
-      }
+      for (int q = 0; q < 4; ++q) _mm512_store_ps(kb->kt + (d + 16 * q) * 16, v[q]);  // dim d + 16q
     }
   }
-  FinishKeyBlock(ss, ks, kmul, kb);
+  // The four lanes' maxima folded into lane 0, then key k's code decoded (DecodeKey's fp16 route).
+  max_code = _mm512_max_epu8(max_code, _mm512_shuffle_i64x2(max_code, max_code, _MM_SHUFFLE(1, 0, 3, 2)));
+  max_code = _mm512_max_epu8(max_code, _mm512_shuffle_i64x2(max_code, max_code, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m256i half_bits = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm512_castsi512_si128(max_code)), 7);
+  FinishKeyBlock(_mm512_cvtph_ps(half_bits), ks, kmul, kb);
 }
 
 #pragma GCC pop_options
@@ -651,17 +647,17 @@ void PrepareIndexerQuery(const uint8_t* q8, const float* w, int64_t n_heads, int
   q->qd.resize(q->q.size());
   q->qb.resize(q->q.size());
   q->w.assign(w, w + n_heads);
-  q->norm.resize(static_cast<size_t>(n_heads));
+  q->l1.resize(static_cast<size_t>(n_heads));
   for (int64_t h = 0; h < n_heads; ++h) {
-    double ss = 0.0;
+    double l1 = 0.0;
     for (int64_t i = 0; i < dim; ++i) {
       const float v = table[q8[h * dim + i]];
       q->q[h * dim + i] = v;
       q->qd[h * dim + i] = v;
       q->qb[h * dim + i] = F32ToBf16Bits(v);  // fp8 values are exact in bf16
-      ss += static_cast<double>(v) * v;
+      l1 += std::fabs(static_cast<double>(v));
     }
-    q->norm[h] = static_cast<float>(std::sqrt(ss)) * kNormSlack;
+    q->l1[h] = static_cast<float>(l1) * kNormSlack;
   }
 }
 
@@ -675,7 +671,7 @@ void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t k
   constexpr int kMaxKeys = 4;
   alignas(64) float kd[kMaxKeys * 1024];
   float dots[kMaxKeys * 64];
-  float ss[kMaxKeys];
+  float kmax[kMaxKeys];
   const bool wide = internal::ActiveIsaHasAvx512() && dim % 32 == 0;
   int64_t t0 = key_begin;
   if (wide && dim <= kLaneKeysMaxDim) {
@@ -693,13 +689,13 @@ void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t k
       ks[k] = LoadF32(kv.Field(t0 + k, kv.idx_scale_offset, kv.idx_scale_stride));
     }
     if (wide) {
-      ApproxBlock512(q.q.data(), dim, H, codes, nk, kv.index_format, kd, ss, dots);
+      ApproxBlock512(q.q.data(), dim, H, codes, nk, kv.index_format, kd, kmax, dots);
     } else {
-      ApproxBlockAvx2(q.q.data(), dim, H, codes, nk, kv.index_format, kd, ss, dots);
+      ApproxBlockAvx2(q.q.data(), dim, H, codes, nk, kv.index_format, kd, kmax, dots);
     }
     for (int k = 0; k < nk; ++k) {
       const int64_t t = t0 + k;
-      const float kn = std::sqrt(ss[k]) * kNormSlack / kmul;
+      const float kn = kmax[k] / kmul;
       Finish(HeadTerms(dots + k * H, kmul, q.w.data(), qc.g, kn, H), qc.h_u, ks[k], approx + (t - key_begin),
              bound + (t - key_begin));
     }

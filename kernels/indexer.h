@@ -9,8 +9,8 @@
 //   1. IndexerScoresApprox: every dot in plain fp32 (products of fp8 values are exact in fp32;
 //      only the sums round), plus a certified bound per key: |approx[t] - score[t]| <= bound[t].
 //      The bound comes from the fp32 summation error (n u sum|q_i k_i|, with sum|q_i k_i| <=
-//      ||q|| ||k||), the rounding of D_h, relu being 1-Lipschitz and the two fma chains' own
-//      roundings (see indexer.cc for the derivation); it is a few 1e-5 of the score's scale.
+//      ||q||_1 max|k_i|), the rounding of D_h, relu being 1-Lipschitz and the two fma chains'
+//      own roundings (see indexer.cc for the derivation); it is about 1e-4 of the score's scale.
 //   2. IndexerTopK: with T / T' the k-th / (k+1)-th largest approximation and B the largest
 //      bound, a key whose interval lies above T' + B is certainly selected, one below T - B
 //      certainly not; only the keys in between are scored exactly, and the rest of the k
@@ -32,7 +32,7 @@ struct IndexerQuery {
   std::vector<float> q;      // [n_heads * dim]: the fp8 values (exact)
   std::vector<double> qd;    // the same as doubles (exact scoring)
   std::vector<float> w;      // [n_heads]: head weights (query scale and softmax scale folded in)
-  std::vector<float> norm;   // [n_heads]: an upper bound of ||q[h]||_2
+  std::vector<float> l1;     // [n_heads]: an upper bound of ||q[h]||_1 = sum_i |q[h][i]|
   std::vector<uint16_t> qb;  // [n_heads * dim]: the values as bf16 (exact), for BF16 dot products
 };
 
