@@ -208,6 +208,44 @@ TEST(RopeTest, LayoutsRotatePairsByAngle) {
   }
 }
 
+// The angles computed once per position (RopeAngles) and shared by every head rotate each
+// vector exactly as the per-vector form did: fp32 angle, std::cos / std::sin of it, the
+// same products; positions from 0 to past 100k, both layouts.
+TEST(RopeTest, SharedAnglesRotateAsThePerVectorForm) {
+  const int64_t dr = 64;
+  const auto freqs = RopeFrequencies(dr, 10000.0, {true, 40.0, 4096, 32.0, 1.0});
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd;
+  for (int64_t pos : {int64_t{0}, int64_t{1}, int64_t{4095}, int64_t{65535}, int64_t{163839}}) {
+    float c[dr / 2], s[dr / 2];
+    RopeAngles(dr, pos, freqs.data(), c, s);
+    for (int head = 0; head < 4; ++head) {
+      std::vector<float> x(dr);
+      for (auto& v : x) v = nd(rng);
+      std::vector<float> inter = x, half = x, want_inter = x, want_half = x;
+      ApplyRopeInterleaved(inter.data(), dr, c, s);
+      ApplyRopeHalfSplit(half.data(), dr, c, s);
+      for (int64_t j = 0; j < dr / 2; ++j) {  // the per-vector form, written out
+        const float angle = static_cast<float>(pos) * freqs[j];
+        const float cj = std::cos(angle), sj = std::sin(angle);
+        want_inter[2 * j] = x[2 * j] * cj - x[2 * j + 1] * sj;
+        want_inter[2 * j + 1] = x[2 * j] * sj + x[2 * j + 1] * cj;
+        want_half[j] = x[j] * cj - x[j + dr / 2] * sj;
+        want_half[j + dr / 2] = x[j] * sj + x[j + dr / 2] * cj;
+      }
+      for (int64_t j = 0; j < dr; ++j) {
+        EXPECT_NEAR(inter[j], want_inter[j], 1e-6f * (1.0f + std::fabs(want_inter[j]))) << pos << " " << j;
+        EXPECT_NEAR(half[j], want_half[j], 1e-6f * (1.0f + std::fabs(want_half[j]))) << pos << " " << j;
+      }
+      std::vector<float> by_pos_inter = x, by_pos_half = x;
+      ApplyRopeInterleaved(by_pos_inter.data(), dr, pos, freqs.data());
+      ApplyRopeHalfSplit(by_pos_half.data(), dr, pos, freqs.data());
+      EXPECT_EQ(by_pos_inter, inter) << pos;
+      EXPECT_EQ(by_pos_half, half) << pos;
+    }
+  }
+}
+
 // YaRN on the real model's numbers: dr 64, theta 10000, factor 40, original 4096, beta 32/1.
 // c(b) = 64 ln(4096/(2 pi b)) / (2 ln 10000): c(32) = 10.47 -> low 10; c(1) = 22.51 -> high 23.
 TEST(RopeTest, YarnRampMatchesHandComputation) {

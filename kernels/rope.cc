@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/check.h"
+
 namespace pdserve::kernels {
 
 std::vector<float> RopeFrequencies(int64_t dr, double theta, const YarnParams& yarn) {
@@ -33,27 +35,46 @@ std::vector<float> RopeFrequencies(int64_t dr, double theta, const YarnParams& y
   return f;
 }
 
-void ApplyRopeInterleaved(float* x, int64_t dr, int64_t pos, const float* freqs) {
+void RopeAngles(int64_t dr, int64_t pos, const float* freqs, float* cos, float* sin) {
   const float p = static_cast<float>(pos);
   for (int64_t j = 0; j < dr / 2; ++j) {
     const float angle = p * freqs[j];
-    const float c = std::cos(angle), s = std::sin(angle);
+    cos[j] = std::cos(angle);
+    sin[j] = std::sin(angle);
+  }
+}
+
+void ApplyRopeInterleaved(float* x, int64_t dr, const float* cos, const float* sin) {
+  for (int64_t j = 0; j < dr / 2; ++j) {
+    const float c = cos[j], s = sin[j];
     const float a = x[2 * j], b = x[2 * j + 1];
     x[2 * j] = a * c - b * s;
     x[2 * j + 1] = a * s + b * c;
   }
 }
 
-void ApplyRopeHalfSplit(float* x, int64_t dr, int64_t pos, const float* freqs) {
-  const float p = static_cast<float>(pos);
+void ApplyRopeHalfSplit(float* x, int64_t dr, const float* cos, const float* sin) {
   const int64_t half = dr / 2;
   for (int64_t j = 0; j < half; ++j) {
-    const float angle = p * freqs[j];
-    const float c = std::cos(angle), s = std::sin(angle);
+    const float c = cos[j], s = sin[j];
     const float a = x[j], b = x[j + half];
     x[j] = a * c - b * s;
     x[j + half] = a * s + b * c;
   }
+}
+
+void ApplyRopeInterleaved(float* x, int64_t dr, int64_t pos, const float* freqs) {
+  PDSERVE_CHECK(dr <= kRopeMaxDim, "rope dims above kRopeMaxDim");
+  float c[kRopeMaxDim / 2], s[kRopeMaxDim / 2];
+  RopeAngles(dr, pos, freqs, c, s);
+  ApplyRopeInterleaved(x, dr, c, s);
+}
+
+void ApplyRopeHalfSplit(float* x, int64_t dr, int64_t pos, const float* freqs) {
+  PDSERVE_CHECK(dr <= kRopeMaxDim, "rope dims above kRopeMaxDim");
+  float c[kRopeMaxDim / 2], s[kRopeMaxDim / 2];
+  RopeAngles(dr, pos, freqs, c, s);
+  ApplyRopeHalfSplit(x, dr, c, s);
 }
 
 }  // namespace pdserve::kernels

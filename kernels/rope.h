@@ -28,4 +28,14 @@ std::vector<float> RopeFrequencies(int64_t dr, double theta, const YarnParams& y
 void ApplyRopeInterleaved(float* x, int64_t dr, int64_t pos, const float* freqs);
 void ApplyRopeHalfSplit(float* x, int64_t dr, int64_t pos, const float* freqs);
 
+// The same rotations with the angles' cosines and sines computed once per position: every head
+// of a row (and its key) turns by the same angles, and the cos / sin calls were most of a
+// rotation's cost. RopeAngles writes cos[j], sin[j] of fp32(pos) * freqs[j], j < dr / 2; the
+// rotations below then compute bit for bit what the (pos, freqs) forms do (which call them).
+void RopeAngles(int64_t dr, int64_t pos, const float* freqs, float* cos, float* sin);
+void ApplyRopeInterleaved(float* x, int64_t dr, const float* cos, const float* sin);
+void ApplyRopeHalfSplit(float* x, int64_t dr, const float* cos, const float* sin);
+// Largest dr the (pos, freqs) forms accept (their angles live on the stack).
+constexpr int64_t kRopeMaxDim = 1024;
+
 }  // namespace pdserve::kernels

@@ -25,14 +25,20 @@
 namespace pdserve::model {
 
 namespace {
-// The indexer's RoPE (half-split pairs), or a test's variant (model/forward_variants.h).
-void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs) {
+// The indexer's RoPE (half-split pairs) by the position's angles (kernels::RopeAngles), or a
+// test's variant (model/forward_variants.h).
+void IndexerRope(float* x, int64_t dr, int64_t pos, const float* freqs, const float* cos, const float* sin) {
   if (const RopeFn variant = indexer_rope_variant(); variant != nullptr) [[unlikely]] {
     variant(x, dr, pos, freqs);
     return;
   }
-  kernels::ApplyRopeHalfSplit(x, dr, pos, freqs);
+  kernels::ApplyRopeHalfSplit(x, dr, cos, sin);
 }
+
+// A row's RoPE angles, computed once for all of its heads and its key (kernels/rope.h).
+struct RowAngles {
+  float cos[kernels::kRopeMaxDim / 2], sin[kernels::kRopeMaxDim / 2];
+};
 }  // namespace
 
 namespace {
@@ -90,11 +96,12 @@ Status Model::Attention(int64_t layer, const float* x, const BatchPlan& plan, co
   ScratchVector<float> q(static_cast<size_t>(S * H * dqk));
   PlannedLinear(lw.q_b, qr.data(), plan, q.data());
   pool_->ParallelFor(S, [&](int64_t b, int64_t e) {
+    RowAngles angles;
     for (int64_t i = b; i < e; ++i) {
       float* row = &q[i * H * dqk];
       kernels::RoundToBf16InPlace(row, H * dqk);
-      for (int64_t h = 0; h < H; ++h)
-        kernels::ApplyRopeInterleaved(row + h * dqk + dn, dr, plan.row_pos[i], rope_freqs_.data());
+      kernels::RopeAngles(dr, plan.row_pos[i], rope_freqs_.data(), angles.cos, angles.sin);
+      for (int64_t h = 0; h < H; ++h) kernels::ApplyRopeInterleaved(row + h * dqk + dn, dr, angles.cos, angles.sin);
       kernels::RoundToBf16InPlace(row, H * dqk);
     }
   }, 8);
@@ -340,11 +347,13 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
   std::vector<float> qs(static_cast<size_t>(S * IH));
   const float ih_scale = static_cast<float>(std::pow(static_cast<double>(IH), -0.5));
   pool_->ParallelFor(S, [&](int64_t rb, int64_t re) {
+    RowAngles angles;
     for (int64_t i = rb; i < re; ++i) {
       const int64_t pos = plan.row_pos[i];
+      kernels::RopeAngles(dr, pos, rope_freqs_.data(), angles.cos, angles.sin);
       for (int64_t h = 0; h < IH; ++h) {
         float* v = &iq[(i * IH + h) * ID];
-        IndexerRope(v, dr, pos, rope_freqs_.data());
+        IndexerRope(v, dr, pos, rope_freqs_.data(), angles.cos, angles.sin);
         kernels::RoundToBf16InPlace(v, ID);
         kernels::HadamardTransform(v, ID);
         for (int64_t d = 0; d < ID; ++d) v[d] *= hadamard_scale;
@@ -358,7 +367,7 @@ Status Model::Indexer(int64_t layer, const float* x, const float* qr, const Batc
       float* k = &ik[i * ID];
       kernels::LayerNorm(k, lw.idx_k_norm_w.data(), lw.idx_k_norm_b.data(), ID, kNormEps, k);
       kernels::RoundToBf16InPlace(k, ID);
-      IndexerRope(k, dr, pos, rope_freqs_.data());
+      IndexerRope(k, dr, pos, rope_freqs_.data(), angles.cos, angles.sin);
       kernels::RoundToBf16InPlace(k, ID);
       kernels::HadamardTransform(k, ID);
       for (int64_t d = 0; d < ID; ++d) k[d] *= hadamard_scale;
