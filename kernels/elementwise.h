@@ -39,6 +39,10 @@ void SoftmaxToBf16(float* x, int64_t n);
 // In-place unnormalized Walsh-Hadamard transform in natural (Sylvester) order:
 // x <- H x with H[i][j] = (-1)^popcount(i & j). REQUIRES: n is a power of two.
 void HadamardTransform(float* x, int64_t n);
+namespace internal {
+// Tests: the scalar butterflies HadamardTransform's vector form must equal bit for bit.
+void TEST_HadamardScalar(float* x, int64_t n);
+}  // namespace internal
 
 // The k largest scores' indices, returned sorted ascending in out[0..min(k,n)).
 // Ties are broken towards the lower index, so the choice is deterministic.

@@ -113,6 +113,31 @@ TEST(ElementwiseTest, HadamardMatchesSylvesterMatrix) {
   }
 }
 
+// The vector butterflies are the scalar ones, element for element: the same bits for every
+// power of two (the in-register stages and the whole-register ones), with signed zeros,
+// infinities and values far apart in magnitude.
+TEST(ElementwiseTest, HadamardVectorEqualsScalarBitwise) {
+  std::mt19937 rng(33);
+  std::normal_distribution<float> nd;
+  for (int64_t n : {1, 2, 4, 8, 16, 32, 128, 1024}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (auto& v : x) v = nd(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+      if (trial == 1) x[0] = -0.0f;
+      if (trial == 2 && n > 1) x[1] = INFINITY;
+      std::vector<float> want = x, got = x;
+      internal::TEST_HadamardScalar(want.data(), n);
+      HadamardTransform(got.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &want[static_cast<size_t>(i)], 4);
+        std::memcpy(&b, &got[static_cast<size_t>(i)], 4);
+        ASSERT_EQ(a, b) << "n " << n << " trial " << trial << " element " << i;
+      }
+    }
+  }
+}
+
 // The vectorized exponential against double exp over its whole range, lanes and tails alike.
 // The attention's fused softmax-and-round is bitwise Softmax then RoundToBf16InPlace, for
 // lengths that hit every step (16, 8, scalar tail), scores far below the maximum (exponentials

@@ -33,7 +33,6 @@ struct IndexerQuery {
   std::vector<double> qd;    // the same as doubles (exact scoring)
   std::vector<float> w;      // [n_heads]: head weights (query scale and softmax scale folded in)
   std::vector<float> l1;     // [n_heads]: an upper bound of ||q[h]||_1 = sum_i |q[h][i]|
-  std::vector<uint16_t> qb;  // [n_heads * dim]: the values as bf16 (exact), for BF16 dot products
 };
 
 // Decodes q8 [n_heads, dim] (e4m3 codes) and copies w [n_heads].
