@@ -99,6 +99,26 @@ void Fp8RoundTripInPlace(float* x, int64_t n) {
   }
 }
 
+void Fp8MagnitudeBf16Bytes(float mul, uint8_t hi[128], uint8_t lo[128]) {
+  for (int c = 0; c < 128; ++c) {
+    const float v = _cvtsh_ss(static_cast<unsigned short>(c << 7)) * mul;
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    hi[c] = static_cast<uint8_t>(bits >> 24);
+    lo[c] = static_cast<uint8_t>(bits >> 16);
+  }
+}
+
+void PairedWordPicks(uint8_t pick[2][64]) {
+  for (int g = 0; g < 2; ++g)
+    for (int w = 0; w < 16; ++w) {
+      pick[g][4 * w + 0] = static_cast<uint8_t>(32 * g + w);
+      pick[g][4 * w + 1] = static_cast<uint8_t>(64 + 32 * g + w);
+      pick[g][4 * w + 2] = static_cast<uint8_t>(32 * g + 16 + w);
+      pick[g][4 * w + 3] = static_cast<uint8_t>(64 + 32 * g + 16 + w);
+    }
+}
+
 float Fp8DotExact(const uint8_t* a, const uint8_t* b, int64_t n) {
   const float* t = Fp8E4M3DecodeTable();
   double sum = 0.0;

@@ -34,4 +34,16 @@ float Fp8DotExact(const uint8_t* a, const uint8_t* b, int64_t n);
 // Same with `a` already decoded to double (the query side, decoded once per query).
 float Fp8DotExactDecodedA(const double* a, const uint8_t* b, int64_t n);
 
+// Tables for decoding e4m3 codes by byte permutes (the AVX512-VBMI kernels of the indexer and
+// of the attention's staging). Fp8MagnitudeBf16Bytes: for each 7-bit magnitude code c, the high
+// and low bytes of the bf16 of its value times `mul` (the value as the fp16 route decodes it:
+// (c << 7) read as fp16 is value / 256, code 0x7f included; `mul` a power of two keeping every
+// value normal, so the bytes are exact).
+void Fp8MagnitudeBf16Bytes(float mul, uint8_t hi[128], uint8_t lo[128]);
+// Permute indices that interleave a plane of low bytes (indices 0..63) and one of high bytes
+// (64..127) into 32-bit words: in pick[g], word w holds the bf16 of value 32g + w in its low
+// half and of value 32g + 16 + w in its high half (the staging's paired layout; the indexer's
+// keys of lanes 0 / 1 and 2 / 3).
+void PairedWordPicks(uint8_t pick[2][64]);
+
 }  // namespace pdserve::kernels

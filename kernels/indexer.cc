@@ -435,24 +435,21 @@ inline void TransposeBytes16(__m512i r[16]) {
   }
 }
 
-// The 128 magnitudes' values / 256 as bf16 (exact): high bytes and low bytes, 64 per register.
+// The 128 magnitudes' values / 256 as bf16 (exact; DecodeKey's values): high bytes and low
+// bytes, 64 per register; and the picks pairing them into dwords (PairedWordPicks): dword k of
+// pick[0] / pick[1] = (bf16 of key k in lane 0 / 2) | (bf16 of key k in lane 1 / 3) << 16.
 struct Fp8ByteTables {
-  __m512i hi[2], lo[2];
+  __m512i hi[2], lo[2], pick[2];
 };
 Fp8ByteTables MakeFp8ByteTables() {
-  alignas(64) uint8_t hi[128], lo[128];
-  for (int c = 0; c < 128; ++c) {
-    // DecodeKey's value for code c (the fp16 route: (c & 0x7f) << 7 as fp16 bits).
-    const float v = _cvtsh_ss(static_cast<unsigned short>(c << 7));
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    hi[c] = static_cast<uint8_t>(bits >> 24);
-    lo[c] = static_cast<uint8_t>(bits >> 16);
-  }
+  alignas(64) uint8_t hi[128], lo[128], pick[2][64];
+  Fp8MagnitudeBf16Bytes(1.0f, hi, lo);
+  PairedWordPicks(pick);
   Fp8ByteTables t;
   for (int i = 0; i < 2; ++i) {
     t.hi[i] = _mm512_load_si512(hi + 64 * i);
     t.lo[i] = _mm512_load_si512(lo + 64 * i);
+    t.pick[i] = _mm512_load_si512(pick[i]);
   }
   return t;
 }
@@ -460,17 +457,7 @@ Fp8ByteTables MakeFp8ByteTables() {
 void DecodeKeyBlock16Vbmi(const uint8_t* const* codes, const float* ks, int64_t dim, float kmul, KeyBlock16* kb) {
   static const Fp8ByteTables tables = MakeFp8ByteTables();
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  // P0 / P1: dword k = (bf16 of key k in lane 0 / 2) | (bf16 of key k in lane 1 / 3) << 16,
-  // picked from the low-byte (indices 0..63) and high-byte (64..127) planes.
-  alignas(64) uint8_t pick[2][64];
-  for (int half = 0; half < 2; ++half)
-    for (int k = 0; k < 16; ++k) {
-      pick[half][4 * k + 0] = static_cast<uint8_t>(32 * half + k);
-      pick[half][4 * k + 1] = static_cast<uint8_t>(64 + 32 * half + k);
-      pick[half][4 * k + 2] = static_cast<uint8_t>(32 * half + 16 + k);
-      pick[half][4 * k + 3] = static_cast<uint8_t>(64 + 32 * half + 16 + k);
-    }
-  const __m512i pick0 = _mm512_load_si512(pick[0]), pick1 = _mm512_load_si512(pick[1]);
+  const __m512i pick0 = tables.pick[0], pick1 = tables.pick[1];
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __m512i magnitude = _mm512_set1_epi8(0x7f);
   __m512i max_code = _mm512_setzero_si512();  // byte 16L + k: key k's largest magnitude code so far

@@ -477,22 +477,8 @@ struct Fp8PairedTables {
 
 Fp8PairedTables MakeFp8PairedTables() {
   alignas(64) uint8_t hi[128], lo[128], pick[2][64];
-  for (int c = 0; c < 128; ++c) {
-    const float v = _cvtsh_ss(static_cast<unsigned short>(c << 7)) * 256.0f;  // exact
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    hi[c] = static_cast<uint8_t>(bits >> 24);
-    lo[c] = static_cast<uint8_t>(bits >> 16);
-  }
-  // Word w of a paired group holds value w (low half) and value 16 + w (high half); bytes
-  // 0..63 of the pick's source are the low bytes, 64..127 the high bytes.
-  for (int g = 0; g < 2; ++g)
-    for (int w = 0; w < 16; ++w) {
-      pick[g][4 * w + 0] = static_cast<uint8_t>(32 * g + w);
-      pick[g][4 * w + 1] = static_cast<uint8_t>(64 + 32 * g + w);
-      pick[g][4 * w + 2] = static_cast<uint8_t>(32 * g + 16 + w);
-      pick[g][4 * w + 3] = static_cast<uint8_t>(64 + 32 * g + 16 + w);
-    }
+  Fp8MagnitudeBf16Bytes(256.0f, hi, lo);  // the codes' values (the fp16 route's value / 256, x 256)
+  PairedWordPicks(pick);
   Fp8PairedTables t;
   for (int i = 0; i < 2; ++i) {
     t.hi[i] = _mm512_load_si512(hi + 64 * i);
