@@ -33,6 +33,8 @@ namespace pdserve::kernels {
 namespace internal {
 std::atomic<bool> indexer_byte_lut{true};
 bool TEST_SetIndexerByteLut(bool on) { return indexer_byte_lut.exchange(on); }
+std::atomic<bool> indexer_coarse{true};
+bool TEST_SetIndexerCoarse(bool on) { return indexer_coarse.exchange(on); }
 
 namespace {
 // The float's bits mapped so that unsigned order is numeric order (-0 just below +0).
@@ -484,6 +486,83 @@ void DecodeKeyBlock16Vbmi(const uint8_t* const* codes, const float* ks, int64_t 
   FinishKeyBlock(_mm512_cvtph_ps(half_bits), ks, kmul, kb);
 }
 
+// ---- The coarse pass (CPUs with AVX512-VNNI and VBMI) ----------------------------------------
+//
+// Every fp8 value v of keys and queries is taken as the int16 round(v * 2^s) (s = CoarseShift:
+// 3 at dim <= 128, 2 up to 256), and the dots run as int16 pair products summed in int32
+// (vpdpwssd: 32 multiply-adds per instruction, twice the fp32 FMA's 16 at the same rate). The
+// sums are exact integers: |round(v 2^s)| <= 480 * 2^s, so |sum| <= dim (480 * 2^s)^2 < 2^31.
+// Only the rounding to int16 differs from the fp8 values, and only for |v| < 2^-s (e4m3 values
+// of 2^-s and above are multiples of 2^-s): key values by at most 2^-(s+1) each, query values
+// by a per-head 1-norm measured when the query is prepared. So with q' and k' the rounded
+// values (|k'_i| <= 480):
+//   |q . k - q' . k'| <= sum |q_i - q'_i| |k'_i| + sum |q_i| |k_i - k'_i|
+//                     <= 480 ||q - q'||_1 + ||q||_1 2^-(s+1)   =: E_h
+// The int32 sum converts to fp32 with one rounding (u |a|); the rest is the fp32 pass's bound
+// (above) with E_h in place of gamma_n ||q_h||_1 max|k_i|. E_h is ~1e-3 of a typical dot's
+// spread: wider than the fp32 pass's ~1e-4 but still a handful of keys at the cut.
+int CoarseShift(int64_t dim) { return dim <= 128 ? 3 : 2; }
+constexpr float kCoarseMaxValue = 480.0f;  // the largest e4m3 magnitude the fp16 route decodes (code 0x7f)
+
+// 16 keys' rounded values in pairs: kp[P * 16 + k] holds key k's values of dims
+// (c + 32j + m, c + 32j + 16 + m) in its low / high int16 for pair P = c / 2 + 2m + j (c a
+// multiple of 64, m < 16, j < 2): the order the byte-table decode produces them in
+// (PairedWordPicks); the query's pairs follow it (PrepareIndexerQuery).
+struct KeyPairs16 {
+  alignas(64) int32_t kp[kLaneKeysMaxDim / 2 * 16];
+  __m512 ks;  // the keys' fp32 scales
+};
+
+// Byte tables of the rounded values' int16 (two's complement) by 7-bit magnitude code: low and
+// high bytes for a positive and a negative sign, 64 entries per register.
+struct PairTables {
+  __m512i lo_pos[2], hi_pos[2], lo_neg[2], hi_neg[2], pick[2];
+};
+PairTables MakePairTables(int shift) {
+  alignas(64) uint8_t bytes[4][128], pick[2][64];
+  for (int c = 0; c < 128; ++c) {
+    const float v = _cvtsh_ss(static_cast<unsigned short>(c << 7)) * 256.0f;  // the fp16 route's value
+    const auto r = static_cast<int32_t>(std::nearbyint(std::ldexp(v, shift)));
+    const auto pos = static_cast<uint16_t>(r), neg = static_cast<uint16_t>(-r);
+    bytes[0][c] = static_cast<uint8_t>(pos), bytes[1][c] = static_cast<uint8_t>(pos >> 8);
+    bytes[2][c] = static_cast<uint8_t>(neg), bytes[3][c] = static_cast<uint8_t>(neg >> 8);
+  }
+  PairedWordPicks(pick);
+  PairTables t;
+  for (int i = 0; i < 2; ++i) {
+    t.lo_pos[i] = _mm512_load_si512(bytes[0] + 64 * i);
+    t.hi_pos[i] = _mm512_load_si512(bytes[1] + 64 * i);
+    t.lo_neg[i] = _mm512_load_si512(bytes[2] + 64 * i);
+    t.hi_neg[i] = _mm512_load_si512(bytes[3] + 64 * i);
+    t.pick[i] = _mm512_load_si512(pick[i]);
+  }
+  return t;
+}
+
+// 16 keys' codes -> KeyPairs16: the byte transpose of DecodeKeyBlock16Vbmi, then per 64 codes
+// four table lookups (both signs' low and high bytes), two sign blends and the two picks.
+void DecodeKeyPairs16(const uint8_t* const* codes, const float* ks, int64_t dim, KeyPairs16* kb) {
+  static const PairTables tables[2] = {MakePairTables(2), MakePairTables(3)};
+  const PairTables& t = tables[CoarseShift(dim) - 2];
+  for (int64_t c0 = 0; c0 < dim; c0 += 64) {
+    __m512i r[16];
+    for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(codes[k] + c0);
+    TransposeBytes16(r);  // lane L of r[m]: the keys' codes of dim c0 + 16L + m
+    for (int m = 0; m < 16; ++m) {
+      const __m512i x = r[m];
+      const __mmask64 negative = _mm512_movepi8_mask(x);
+      const __m512i lo = _mm512_mask_blend_epi8(negative, _mm512_permutex2var_epi8(t.lo_pos[0], x, t.lo_pos[1]),
+                                                _mm512_permutex2var_epi8(t.lo_neg[0], x, t.lo_neg[1]));
+      const __m512i hi = _mm512_mask_blend_epi8(negative, _mm512_permutex2var_epi8(t.hi_pos[0], x, t.hi_pos[1]),
+                                                _mm512_permutex2var_epi8(t.hi_neg[0], x, t.hi_neg[1]));
+      int32_t* out = kb->kp + (c0 / 2 + 2 * m) * 16;
+      _mm512_store_si512(out, _mm512_permutex2var_epi8(lo, t.pick[0], hi));
+      _mm512_store_si512(out + 16, _mm512_permutex2var_epi8(lo, t.pick[1], hi));
+    }
+  }
+  kb->ks = _mm512_loadu_ps(ks);
+}
+
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
@@ -493,12 +572,61 @@ bool UseByteLut() {
   return cpu && internal::indexer_byte_lut.load(std::memory_order_relaxed);
 }
 
+// The coarse pass applies: the CPU has the byte permutes (the avx512 level has VNNI), fp8 keys,
+// and a query prepared for it (dim % 64 == 0, dim <= 256, finite values).
+bool UseCoarse(const KvTokenView& kv, const IndexerQuery& q) {
+  static const bool cpu = __builtin_cpu_supports("avx512vbmi");
+  return cpu && internal::indexer_coarse.load(std::memory_order_relaxed) && internal::ActiveIsaHasAvx512() &&
+         kv.index_format == KvIndexFormat::kFp8 && !q.qp.empty() && kv.index_dim == q.dim;
+}
+
+}  // namespace
+
+bool internal::IndexerCoarseAvailable() {
+  return __builtin_cpu_supports("avx512vbmi") && internal::ActiveIsaHasAvx512();
+}
+
+namespace {
+
 // The key decode for a block: the byte-table route where it applies (fp8, dim % 64 == 0).
 void DecodeKeys16(const uint8_t* const* codes, const float* ks, int64_t dim, KvIndexFormat f, float kmul,
                   KeyBlock16* kb) {
   if (f == KvIndexFormat::kFp8 && dim % 64 == 0 && UseByteLut()) DecodeKeyBlock16Vbmi(codes, ks, dim, kmul, kb);
   else DecodeKeyBlock16(codes, ks, dim, f, kmul, kb);
 }
+
+// The bound's sums over heads for NB blocks of 16 keys, in lanes (HeadTerms / Finish of 16 keys
+// at once): Add takes head h's dot approximations av[b] (code-value units) and their error
+// bounds e[b] (E_h (1 + u), as g[h] * kn is), Store writes approx[16 b + k] and bound[16 b + k].
+template <int NB>
+struct LaneTerms {
+  __m512 acc[NB], m[NB], sd[NB];
+  LaneTerms() {
+    for (int b = 0; b < NB; ++b) acc[b] = m[b] = sd[b] = _mm512_setzero_ps();
+  }
+  void Add(const __m512* av, const __m512* e, float w) {
+    const __m512 zero = _mm512_setzero_ps(), u = _mm512_set1_ps(kU);
+    const __m512 wv = _mm512_set1_ps(w), wa = _mm512_set1_ps(std::fabs(w));
+    for (int b = 0; b < NB; ++b) {
+      const __m512 r = _mm512_max_ps(av[b], zero);
+      const __mmask16 live = _mm512_cmp_ps_mask(_mm512_add_ps(av[b], e[b]), zero, _CMP_GT_OQ);
+      const __m512 delta = _mm512_maskz_mov_ps(live, _mm512_fmadd_ps(u, _mm512_abs_ps(av[b]), e[b]));
+      acc[b] = _mm512_fmadd_ps(r, wv, acc[b]);
+      m[b] = _mm512_fmadd_ps(r, wa, m[b]);
+      sd[b] = _mm512_fmadd_ps(delta, wa, sd[b]);
+    }
+  }
+  void Store(float h_u, const __m512* ks, float* approx, float* bound) const {
+    for (int b = 0; b < NB; ++b) {
+      const __m512 diff = _mm512_add_ps(_mm512_mul_ps(sd[b], _mm512_set1_ps(1.0f + 1.01f * h_u)),
+                                        _mm512_mul_ps(_mm512_set1_ps(2.02f * h_u), m[b]));
+      _mm512_storeu_ps(approx + 16 * b, _mm512_mul_ps(acc[b], ks[b]));
+      const __m512 inner = _mm512_add_ps(_mm512_mul_ps(diff, _mm512_set1_ps(1.0f + kU)),
+                                         _mm512_mul_ps(_mm512_set1_ps(2.0f * kU), _mm512_abs_ps(acc[b])));
+      _mm512_storeu_ps(bound + 16 * b, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(1.02f), _mm512_abs_ps(ks[b])), inner));
+    }
+  }
+};
 
 // One query's approximations and bounds of NB decoded blocks of 16 keys (kb[0..NB), keys
 // consecutive): approx[16 b + k] and bound[16 b + k] for key k of block b. The same bits for
@@ -508,22 +636,16 @@ template <int NB>
 void ScoreKeyBlocks(const IndexerQuery& q, const QueryConsts& qc, const KeyBlock16* kb, float kmul, float* approx,
                     float* bound) {
   const int64_t dim = q.dim, H = q.n_heads;
-  const __m512 zero = _mm512_setzero_ps(), u = _mm512_set1_ps(kU), back = _mm512_set1_ps(1.0f / kmul);
-  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  __m512 acc[NB], m[NB], sd[NB];  // KeyTerms of each block's 16 keys
-  for (int b = 0; b < NB; ++b) acc[b] = m[b] = sd[b] = zero;
+  const __m512 back = _mm512_set1_ps(1.0f / kmul);
+  LaneTerms<NB> sums;
   auto terms = [&](const __m512* dots, int64_t h) {  // dots[b]: head h's dots with block b
-    const __m512 wv = _mm512_set1_ps(q.w[h]), wa = _mm512_set1_ps(std::fabs(q.w[h])), g = _mm512_set1_ps(qc.g[h]);
+    const __m512 g = _mm512_set1_ps(qc.g[h]);
+    __m512 av[NB], e[NB];
     for (int b = 0; b < NB; ++b) {
-      const __m512 av = _mm512_mul_ps(dots[b], back);
-      const __m512 e = _mm512_mul_ps(g, kb[b].kn);
-      const __m512 r = _mm512_max_ps(av, zero);
-      const __mmask16 live = _mm512_cmp_ps_mask(_mm512_add_ps(av, e), zero, _CMP_GT_OQ);
-      const __m512 delta = _mm512_maskz_mov_ps(live, _mm512_fmadd_ps(u, _mm512_and_ps(av, abs_mask), e));
-      acc[b] = _mm512_fmadd_ps(r, wv, acc[b]);
-      m[b] = _mm512_fmadd_ps(r, wa, m[b]);
-      sd[b] = _mm512_fmadd_ps(delta, wa, sd[b]);
+      av[b] = _mm512_mul_ps(dots[b], back);
+      e[b] = _mm512_mul_ps(g, kb[b].kn);
     }
+    sums.Add(av, e, q.w[h]);
   };
   const float* qv = q.q.data();
   int64_t h = 0;
@@ -547,22 +669,87 @@ void ScoreKeyBlocks(const IndexerQuery& q, const QueryConsts& qc, const KeyBlock
     LaneDots512<1, NB>(qv + h * dim, dim, kb, a);
     terms(a, h);
   }
-  // Finish, in lanes.
-  for (int b = 0; b < NB; ++b) {
-    const __m512 ksv = kb[b].ks;
-    const __m512 diff = _mm512_add_ps(_mm512_mul_ps(sd[b], _mm512_set1_ps(1.0f + 1.01f * qc.h_u)),
-                                      _mm512_mul_ps(_mm512_set1_ps(2.02f * qc.h_u), m[b]));
-    _mm512_storeu_ps(approx + 16 * b, _mm512_mul_ps(acc[b], ksv));
-    const __m512 inner = _mm512_add_ps(_mm512_mul_ps(diff, _mm512_set1_ps(1.0f + kU)),
-                                       _mm512_mul_ps(_mm512_set1_ps(2.0f * kU), _mm512_and_ps(acc[b], abs_mask)));
-    _mm512_storeu_ps(bound + 16 * b,
-                     _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(1.02f), _mm512_and_ps(ksv, abs_mask)), inner));
+  __m512 ks[NB];
+  for (int b = 0; b < NB; ++b) ks[b] = kb[b].ks;
+  sums.Store(qc.h_u, ks, approx, bound);
+}
+
+// The fp32 lane kernels' block decode for kv's keys.
+auto Fp32Decoder(const KvTokenView& kv, float kmul) {
+  return [&kv, kmul](const uint8_t* const* codes, const float* ks, KeyBlock16* kb) {
+    DecodeKeys16(codes, ks, kv.index_dim, kv.index_format, kmul, kb);
+  };
+}
+
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+
+// acc + the int16 pair products of a and b per dword. In asm for the reason of gemm_avx512.cc's
+// Dpbusd (GCC 12 sends each accumulator of the intrinsic through the stack).
+inline __m512i Dpwssd(__m512i acc, __m512i a, __m512i b) {
+  __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+// a[j * NB + b] = the int32 sums over pairs P of qp[j * pairs + P] . kb[b].kp[P][:] for j < HB
+// (LaneDots512's blocking; exact, so the blocking changes nothing).
+template <int HB, int NB>
+inline void LanePairDots(const int32_t* qp, int64_t pairs, const KeyPairs16* kb, __m512i* a) {
+  for (int i = 0; i < HB * NB; ++i) a[i] = _mm512_setzero_si512();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i kv[NB];
+    for (int b = 0; b < NB; ++b) kv[b] = _mm512_load_si512(kb[b].kp + p * 16);
+    for (int j = 0; j < HB; ++j) {
+      const __m512i qv = _mm512_set1_epi32(qp[j * pairs + p]);
+      for (int b = 0; b < NB; ++b) a[j * NB + b] = Dpwssd(a[j * NB + b], kv[b], qv);
+    }
   }
 }
 
-// Decodes keys [t0, t0 + 16 NB) of the cache into kb[0..NB).
+// ScoreKeyBlocks for the coarse pass: dots a = sum * 2^-2s (the int32 sum rounded once to
+// fp32), error bounds e = E_h (1 + u) + 2.02 u |a| (E_h from the query, the second term the
+// conversion's rounding with room to spare); the rest is LaneTerms.
 template <int NB>
-void DecodeKeyRun(const KvTokenView& kv, int64_t t0, float kmul, KeyBlock16* kb) {
+void ScoreKeyPairs(const IndexerQuery& q, const QueryConsts& qc, const KeyPairs16* kb, float* approx, float* bound) {
+  const int64_t pairs = q.dim / 2, H = q.n_heads;
+  const __m512 back = _mm512_set1_ps(std::ldexp(1.0f, -2 * CoarseShift(q.dim)));
+  const __m512 u2 = _mm512_set1_ps(2.02f * kU);
+  LaneTerms<NB> sums;
+  auto terms = [&](const __m512i* dots, int64_t h) {
+    const __m512 eh = _mm512_set1_ps(q.coarse_e[h]);
+    __m512 av[NB], e[NB];
+    for (int b = 0; b < NB; ++b) {
+      av[b] = _mm512_mul_ps(_mm512_cvtepi32_ps(dots[b]), back);
+      e[b] = _mm512_fmadd_ps(u2, _mm512_abs_ps(av[b]), eh);
+    }
+    sums.Add(av, e, q.w[h]);
+  };
+  const int32_t* qp = q.qp.data();
+  int64_t h = 0;
+  constexpr int kPassHeads = NB == 1 ? 16 : 8;
+  for (; h + kPassHeads <= H; h += kPassHeads) {
+    __m512i a[kPassHeads * NB];
+    LanePairDots<kPassHeads, NB>(qp + h * pairs, pairs, kb, a);
+    for (int j = 0; j < kPassHeads; ++j) terms(a + j * NB, h + j);
+  }
+  for (; h < H; ++h) {
+    __m512i a[NB];
+    LanePairDots<1, NB>(qp + h * pairs, pairs, kb, a);
+    terms(a, h);
+  }
+  __m512 ks[NB];
+  for (int b = 0; b < NB; ++b) ks[b] = kb[b].ks;
+  sums.Store(qc.h_u, ks, approx, bound);
+}
+
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+// Decodes keys [t0, t0 + 16 NB) of the cache into kb[0..NB): decode(codes, ks, &kb[b]).
+template <int NB, typename Block, typename DecodeFn>
+void DecodeKeyRun(const KvTokenView& kv, int64_t t0, const DecodeFn& decode, Block* kb) {
   for (int b = 0; b < NB; ++b) {
     const uint8_t* codes[16];
     float ks[16];
@@ -572,7 +759,7 @@ void DecodeKeyRun(const KvTokenView& kv, int64_t t0, float kmul, KeyBlock16* kb)
       codes[k] = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
       ks[k] = LoadF32(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride));
     }
-    DecodeKeys16(codes, ks, kv.index_dim, kv.index_format, kmul, &kb[b]);
+    decode(codes, ks, &kb[b]);
   }
 }
 
@@ -580,11 +767,11 @@ void DecodeKeyRun(const KvTokenView& kv, int64_t t0, float kmul, KeyBlock16* kb)
 constexpr int64_t kIndexPrefetchKeys = 64;
 
 // The lane kernels over keys [t0, end) while whole blocks remain, 32 keys at a time and a last
-// 16; score(nb, kb, t) scores nb decoded blocks holding keys from t on. Returns where the
-// blocks end.
-template <typename ScoreFn>
-int64_t LaneKeyBlocks(const KvTokenView& kv, int64_t t0, int64_t end, float kmul, const ScoreFn& score) {
-  KeyBlock16 kb[2];
+// 16; decode(codes, ks, Block*) decodes a block, score(nb, kb, t) scores nb decoded blocks
+// holding keys from t on. Returns where the blocks end.
+template <typename Block, typename DecodeFn, typename ScoreFn>
+int64_t LaneKeyBlocks(const KvTokenView& kv, int64_t t0, int64_t end, const DecodeFn& decode, const ScoreFn& score) {
+  Block kb[2];
   for (; t0 + 32 <= end; t0 += 32) {
     // The keys kIndexPrefetchKeys ahead start their way in now: a cache block's keys stream,
     // but each next block (elsewhere in the pool) began with a wait on memory.
@@ -599,11 +786,11 @@ int64_t LaneKeyBlocks(const KvTokenView& kv, int64_t t0, int64_t end, float kmul
           _mm_prefetch(reinterpret_cast<const char*>(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride)), _MM_HINT_T0);
       }
     }
-    DecodeKeyRun<2>(kv, t0, kmul, kb);
+    DecodeKeyRun<2>(kv, t0, decode, kb);
     score(std::integral_constant<int, 2>{}, kb, t0);
   }
   if (t0 + 16 <= end) {
-    DecodeKeyRun<1>(kv, t0, kmul, kb);
+    DecodeKeyRun<1>(kv, t0, decode, kb);
     score(std::integral_constant<int, 1>{}, kb, t0);
     t0 += 16;
   }
@@ -615,13 +802,76 @@ int64_t LaneKeyBlocks(const KvTokenView& kv, int64_t t0, int64_t end, float kmul
 int64_t ApproxRows512(const KvTokenView& kv, const IndexerQuery* const* queries, const QueryConsts* qc, int64_t n_queries,
                       int64_t key_begin, int64_t key_end, float* const* approx, float* const* bound) {
   const float kmul = kv.index_format == KvIndexFormat::kFp8 ? 1.0f / 256 : 1.0f;
-  return LaneKeyBlocks(kv, key_begin, key_end, kmul, [&](auto nb, const KeyBlock16* kb, int64_t t0) {
+  return LaneKeyBlocks<KeyBlock16>(kv, key_begin, key_end, Fp32Decoder(kv, kmul),
+                                   [&](auto nb, const KeyBlock16* kb, int64_t t0) {
     for (int64_t r = 0; r < n_queries; ++r)
       ScoreKeyBlocks<nb>(*queries[r], qc[r], kb, kmul, approx[r] + (t0 - key_begin), bound[r] + (t0 - key_begin));
   });
 }
 
+// ApproxRows512 with the coarse pass: each block of keys decoded to pairs once, then scored for
+// every query (all prepared for it: UseCoarse).
+int64_t CoarseRows512(const KvTokenView& kv, const IndexerQuery* const* queries, const QueryConsts* qc,
+                      int64_t n_queries, int64_t key_begin, int64_t key_end, float* const* approx, float* const* bound) {
+  const int64_t dim = kv.index_dim;
+  auto decode = [dim](const uint8_t* const* codes, const float* ks, KeyPairs16* kb) { DecodeKeyPairs16(codes, ks, dim, kb); };
+  return LaneKeyBlocks<KeyPairs16>(kv, key_begin, key_end, decode, [&](auto nb, const KeyPairs16* kb, int64_t t0) {
+    for (int64_t r = 0; r < n_queries; ++r)
+      ScoreKeyPairs<nb>(*queries[r], qc[r], kb, approx[r] + (t0 - key_begin), bound[r] + (t0 - key_begin));
+  });
+}
+
 #pragma GCC pop_options
+
+}  // namespace
+
+namespace {
+
+// The query's side of the coarse pass (see CoarseShift): its values rounded to int16 and paired
+// as DecodeKeyPairs16 pairs the keys', and per head E_h (1 + u) with room for its own roundings.
+// Left empty (the fp32 pass then runs) for shapes the pass does not take or values beyond e4m3's.
+void PrepareCoarse(IndexerQuery* q) {
+  q->qp.clear();
+  q->coarse_e.clear();
+  const int64_t dim = q->dim, H = q->n_heads;
+  if (dim % 64 != 0 || dim > kLaneKeysMaxDim) return;
+  for (float v : q->q)
+    if (!(std::fabs(v) <= kCoarseMaxValue)) return;
+  const int s = CoarseShift(dim);
+  const int64_t pairs = dim / 2;
+  q->qp.resize(static_cast<size_t>(H * pairs));
+  q->coarse_e.resize(static_cast<size_t>(H));
+  alignas(32) int32_t rounded[kLaneKeysMaxDim];
+  const __m256 up = _mm256_set1_ps(std::ldexp(1.0f, s)), down = _mm256_set1_ps(std::ldexp(1.0f, -s));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t h = 0; h < H; ++h) {
+    const float* v = &q->q[static_cast<size_t>(h * dim)];
+    // ||q - q'||_1 in fp32, exactly: every term is a multiple of 2^-9 below 2^-(s+1) (the
+    // difference of an e4m3 value and a multiple of 2^-s), so the sum needs under 20 bits.
+    __m256 off = _mm256_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 8) {
+      const __m256 x = _mm256_loadu_ps(v + i);
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(x, up), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rounded + i), _mm256_cvtps_epi32(r));
+      off = _mm256_add_ps(off, _mm256_and_ps(_mm256_sub_ps(x, _mm256_mul_ps(r, down)), abs_mask));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, off);
+    double off_sum = 0.0;
+    for (float l : lanes) off_sum += l;
+    for (int64_t c = 0; c < dim; c += 64)
+      for (int64_t m = 0; m < 16; ++m)
+        for (int64_t j = 0; j < 2; ++j) {
+          const int64_t d = c + 32 * j + m;
+          const auto low = static_cast<uint16_t>(rounded[d]);
+          const auto high = static_cast<uint16_t>(rounded[d + 16]);
+          q->qp[static_cast<size_t>(h * pairs + c / 2 + 2 * m + j)] =
+              static_cast<int32_t>(static_cast<uint32_t>(low) | static_cast<uint32_t>(high) << 16);
+        }
+    const double e = kCoarseMaxValue * off_sum + static_cast<double>(q->l1[static_cast<size_t>(h)]) * std::ldexp(1.0, -(s + 1));
+    q->coarse_e[static_cast<size_t>(h)] = static_cast<float>(e * (1.0 + kU) * 1.0001);
+  }
+}
 
 }  // namespace
 
@@ -648,6 +898,7 @@ void PrepareIndexerQuery(const uint8_t* q8, const float* w, int64_t n_heads, int
     _mm256_store_pd(lanes, l1);
     q->l1[static_cast<size_t>(h)] = static_cast<float>((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) * kNormSlack;
   }
+  PrepareCoarse(q);
 }
 
 void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t key_begin, int64_t key_end,
@@ -663,8 +914,12 @@ void IndexerScoresApprox(const KvTokenView& kv, const IndexerQuery& q, int64_t k
   float kmax[kMaxKeys];
   const bool wide = internal::ActiveIsaHasAvx512() && dim % 32 == 0;
   int64_t t0 = key_begin;
-  if (wide && dim <= kLaneKeysMaxDim) {
-    t0 = LaneKeyBlocks(kv, key_begin, key_end, kmul, [&](auto nb, const KeyBlock16* kb, int64_t t) {
+  if (UseCoarse(kv, q)) {
+    const IndexerQuery* one = &q;
+    t0 = CoarseRows512(kv, &one, &qc, 1, key_begin, key_end, &approx, &bound);
+  } else if (wide && dim <= kLaneKeysMaxDim) {
+    t0 = LaneKeyBlocks<KeyBlock16>(kv, key_begin, key_end, Fp32Decoder(kv, kmul),
+                                   [&](auto nb, const KeyBlock16* kb, int64_t t) {
       ScoreKeyBlocks<nb>(q, qc, kb, kmul, approx + (t - key_begin), bound + (t - key_begin));
     });
   }
@@ -702,7 +957,10 @@ void IndexerScoresApproxRows(const KvTokenView& kv, const IndexerQuery* const* q
       PDSERVE_DCHECK(queries[r]->dim == dim);
       qc[static_cast<size_t>(r)] = Consts(*queries[r]);
     }
-    t0 = ApproxRows512(kv, queries, qc.data(), n_queries, key_begin, key_end, approx, bound);
+    bool coarse = true;
+    for (int64_t r = 0; r < n_queries; ++r) coarse = coarse && UseCoarse(kv, *queries[r]);
+    t0 = coarse ? CoarseRows512(kv, queries, qc.data(), n_queries, key_begin, key_end, approx, bound)
+                : ApproxRows512(kv, queries, qc.data(), n_queries, key_begin, key_end, approx, bound);
   }
   // The rest (fewer than 16 keys, or every key where the lane kernel does not apply), query by
   // query: the blocks IndexerScoresApprox over [key_begin, key_end) would use there too.
@@ -775,12 +1033,55 @@ void ClassifyKeys(const float* approx, const float* bound, int64_t n, double in_
 
 }  // namespace
 
-int64_t IndexerTopK(const KvTokenView& kv, const IndexerQuery& q, const float* approx, const float* bound, int64_t n,
-                    int64_t k, int32_t* out, int64_t* n_exact) {
-  if (n_exact) *n_exact = 0;
-  if (k <= 0 || n <= 0) return 0;
+namespace {
+
+// Working vectors of one level of SelectTopK (the refinement nests one level).
+struct TopKScratch {
+  std::vector<int32_t> sure, unsure, order, ids, picked;
+  std::vector<float> exact, approx, bound;
+};
+
+// The fp32 pass's approximations and bounds of keys sel[0..n) (any keys, ascending or not):
+// blocks of 16 through the lane kernel, the rest key by key.
+void FineApproxAt(const KvTokenView& kv, const IndexerQuery& q, const int32_t* sel, int64_t n, float* approx,
+                  float* bound) {
+  const int64_t dim = kv.index_dim;
+  int64_t j = 0;
+  if (internal::ActiveIsaHasAvx512() && dim % 32 == 0 && dim <= kLaneKeysMaxDim) {
+    const QueryConsts qc = Consts(q);
+    const float kmul = kv.index_format == KvIndexFormat::kFp8 ? 1.0f / 256 : 1.0f;
+    KeyBlock16 kb;
+    for (; j + 16 <= n; j += 16) {
+      const uint8_t* codes[16];
+      float ks[16];
+      for (int k = 0; k < 16; ++k) {
+        const KvTokenView::Slot at = kv.Locate(sel[j + k]);
+        codes[k] = kv.At(at, kv.idx_k_offset, kv.idx_k_stride);
+        ks[k] = LoadF32(kv.At(at, kv.idx_scale_offset, kv.idx_scale_stride));
+      }
+      DecodeKeys16(codes, ks, dim, kv.index_format, kmul, &kb);
+      ScoreKeyBlocks<1>(q, qc, &kb, kmul, approx + j, bound + j);
+    }
+  }
+  // Single keys: fewer than the lane kernels' 16, so the fp32 block path, coarse pass or not.
+  for (; j < n; ++j) IndexerScoresApprox(kv, q, sel[j], sel[j] + 1, approx + j, bound + j);
+}
+
+// Keys whose coarse interval leaves them unsure are this many or fewer: scored exactly at once
+// (an exact score costs ~5 fp32 ones); more, and the fp32 pass narrows them first.
+constexpr size_t kRefineMinKeys = 16;
+
+// The k keys of ids[0..n) (key ids, ascending; null: 0..n) with the largest exact scores, ties
+// to the lower id, ascending in out, from certified approximations and bounds (IndexerTopK).
+// `refine`: the bounds may be the coarse pass's, so the unsure keys go through the fp32 pass
+// (one nested call) before any exact score.
+int64_t SelectTopK(const KvTokenView& kv, const IndexerQuery& q, const int32_t* ids, const float* approx,
+                   const float* bound, int64_t n, int64_t k, bool refine, int32_t* out, int64_t* n_exact) {
+  thread_local TopKScratch levels[2];
+  TopKScratch& s = levels[refine ? 0 : 1];
+  auto id = [ids](int32_t i) { return ids ? ids[i] : i; };
   if (k >= n) {
-    for (int64_t t = 0; t < n; ++t) out[t] = static_cast<int32_t>(t);
+    for (int64_t t = 0; t < n; ++t) out[t] = id(static_cast<int32_t>(t));
     return n;
   }
   // T, T': the k-th and (k+1)-th largest approximations; B: the largest bound.
@@ -792,41 +1093,62 @@ int64_t IndexerTopK(const KvTokenView& kv, const IndexerQuery& q, const float* a
   // beats it but those). The margin covers the double roundings of the comparisons themselves.
   const double margin = 1e-12 * (std::fabs(t_k) + std::fabs(t_k1) + b_max);
   const double out_below = t_k - b_max - margin, in_above = t_k1 + b_max + margin;
-  thread_local std::vector<int32_t> sure, unsure;
-  ClassifyKeys(approx, bound, n, in_above, out_below, &sure, &unsure);
-  const int64_t n_sure = static_cast<int64_t>(sure.size()), rest = k - n_sure;
-  PDSERVE_CHECK(rest >= 0 && rest <= static_cast<int64_t>(unsure.size()));
+  ClassifyKeys(approx, bound, n, in_above, out_below, &s.sure, &s.unsure);
+  const int64_t n_sure = static_cast<int64_t>(s.sure.size()), rest = k - n_sure;
+  PDSERVE_CHECK(rest >= 0 && rest <= static_cast<int64_t>(s.unsure.size()));
+  for (int32_t& i : s.sure) i = id(i);
+  for (int32_t& i : s.unsure) i = id(i);
   if (rest == 0) {
-    std::copy(sure.begin(), sure.end(), out);
+    std::copy(s.sure.begin(), s.sure.end(), out);
+    return k;
+  }
+  if (refine && s.unsure.size() > kRefineMinKeys) {
+    // The best `rest` of the unsure keys: the same problem over them, with fp32 bounds.
+    const int64_t m = static_cast<int64_t>(s.unsure.size());
+    s.approx.resize(s.unsure.size());
+    s.bound.resize(s.unsure.size());
+    FineApproxAt(kv, q, s.unsure.data(), m, s.approx.data(), s.bound.data());
+    s.picked.resize(static_cast<size_t>(rest));
+    SelectTopK(kv, q, s.unsure.data(), s.approx.data(), s.bound.data(), m, rest, false, s.picked.data(), n_exact);
+    std::merge(s.sure.begin(), s.sure.end(), s.picked.begin(), s.picked.end(), out);
     return k;
   }
   // The best `rest` of the unsure keys by exact score, ties to the lower index.
-  // (A bound of 0 is an exact score already.)
-  thread_local std::vector<float> exact;
-  exact.resize(unsure.size());
+  // (A bound of 0 is an exact score already: found by position, so unmapped.)
+  s.exact.resize(s.unsure.size());
   int64_t rescored = 0;
-  for (size_t i = 0; i < unsure.size(); ++i) {
-    if (bound[unsure[i]] == 0.0f) {
-      exact[i] = approx[unsure[i]];
+  for (size_t i = 0, j = 0; i < s.unsure.size(); ++i) {
+    while (id(static_cast<int32_t>(j)) != s.unsure[i]) ++j;  // the key's position (both ascending)
+    if (bound[j] == 0.0f) {
+      s.exact[i] = approx[j];
     } else {
-      IndexerScoresExactAt(kv, q, &unsure[i], 1, &exact[i]);
+      IndexerScoresExactAt(kv, q, &s.unsure[i], 1, &s.exact[i]);
       ++rescored;
     }
   }
-  if (n_exact) *n_exact = rescored;
-  thread_local std::vector<int32_t> order;
-  order.resize(unsure.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  if (n_exact) *n_exact += rescored;
+  s.order.resize(s.unsure.size());
+  for (size_t i = 0; i < s.order.size(); ++i) s.order[i] = static_cast<int32_t>(i);
   auto better = [&](int32_t x, int32_t y) {
-    if (exact[x] != exact[y]) return exact[x] > exact[y];
-    return unsure[x] < unsure[y];
+    if (s.exact[x] != s.exact[y]) return s.exact[x] > s.exact[y];
+    return s.unsure[x] < s.unsure[y];
   };
-  if (rest < static_cast<int64_t>(order.size())) std::nth_element(order.begin(), order.begin() + (rest - 1), order.end(), better);
-  order.resize(static_cast<size_t>(rest));
-  for (int32_t& i : order) i = unsure[i];
-  std::sort(order.begin(), order.end());
-  std::merge(sure.begin(), sure.end(), order.begin(), order.end(), out);
+  if (rest < static_cast<int64_t>(s.order.size()))
+    std::nth_element(s.order.begin(), s.order.begin() + (rest - 1), s.order.end(), better);
+  s.order.resize(static_cast<size_t>(rest));
+  for (int32_t& i : s.order) i = s.unsure[i];
+  std::sort(s.order.begin(), s.order.end());
+  std::merge(s.sure.begin(), s.sure.end(), s.order.begin(), s.order.end(), out);
   return k;
+}
+
+}  // namespace
+
+int64_t IndexerTopK(const KvTokenView& kv, const IndexerQuery& q, const float* approx, const float* bound, int64_t n,
+                    int64_t k, int32_t* out, int64_t* n_exact) {
+  if (n_exact) *n_exact = 0;
+  if (k <= 0 || n <= 0) return 0;
+  return SelectTopK(kv, q, nullptr, approx, bound, n, k, UseCoarse(kv, q), out, n_exact);
 }
 
 }  // namespace pdserve::kernels

@@ -11,11 +11,16 @@
 //      The bound comes from the fp32 summation error (n u sum|q_i k_i|, with sum|q_i k_i| <=
 //      ||q||_1 max|k_i|), the rounding of D_h, relu being 1-Lipschitz and the two fma chains'
 //      own roundings (see indexer.cc for the derivation); it is about 1e-4 of the score's scale.
+//      On CPUs with AVX512-VNNI and VBMI, fp8 keys take a coarse pass instead: every fp8 value
+//      rounded to int16 (value * 2^3 at dim 128: exact from 1 up), the dots as exact int32 sums
+//      of int16 pair products (twice the multiply-adds per instruction of fp32 FMAs), and a
+//      bound that adds the rounding's effect (indexer.cc: ~10x the fp32 pass's bound).
 //   2. IndexerTopK: with T / T' the k-th / (k+1)-th largest approximation and B the largest
 //      bound, a key whose interval lies above T' + B is certainly selected, one below T - B
 //      certainly not; only the keys in between are scored exactly, and the rest of the k
-//      places go to the best of them (ties to the lower index). The result equals
-//      TopKIndices over the exact scores, bit for bit, whatever the data (ties, zero keys).
+//      places go to the best of them (ties to the lower index). After the coarse pass, more
+//      than a few keys in between first take the fp32 pass and the same step again. The result
+//      equals TopKIndices over the exact scores, bit for bit, whatever the data (ties, zero keys).
 // Thread-safety: pure functions; distinct outputs may be computed from different threads.
 #pragma once
 
@@ -33,6 +38,11 @@ struct IndexerQuery {
   std::vector<double> qd;    // the same as doubles (exact scoring)
   std::vector<float> w;      // [n_heads]: head weights (query scale and softmax scale folded in)
   std::vector<float> l1;     // [n_heads]: an upper bound of ||q[h]||_1 = sum_i |q[h][i]|
+  // The coarse pass's form (indexer.cc; empty where it does not apply): the values times 2^s
+  // rounded to int16, two per int32 in the keys' pair order, and per head the bound E_h of
+  // |q . k - its coarse dot| for any key (times 1 + u, with room for its own roundings).
+  std::vector<int32_t> qp;      // [n_heads * dim / 2]
+  std::vector<float> coarse_e;  // [n_heads]
 };
 
 // Decodes q8 [n_heads, dim] (e4m3 codes) and copies w [n_heads].
@@ -66,6 +76,12 @@ namespace internal {
 // Tests: turns the fp8 keys' byte-table decode (CPUs with AVX512-VBMI) off or on, to compare it
 // with the route it replaces; returns the previous setting. It is on by default.
 bool TEST_SetIndexerByteLut(bool on);
+// Tests and benchmarks: turns the coarse pass (int16 dots on CPUs with AVX512-VNNI and VBMI, fp8
+// keys: 2x the fp32 pass's multiply-adds per instruction, bounds ~10x wider) off or on; returns
+// the previous setting. It is on by default.
+bool TEST_SetIndexerCoarse(bool on);
+// Whether the coarse pass can run here (the CPU and the active kernel level allow it).
+bool IndexerCoarseAvailable();
 
 // The k-th and (k + 1)-th largest of v[0..n) (values as nth_element over a copy with
 // std::greater finds them; +0 and -0 count as equal). IndexerTopK's thresholds, exposed for

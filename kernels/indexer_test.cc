@@ -108,8 +108,23 @@ PreparedQueries PrepareQueries(int64_t n, int64_t heads, int64_t dim, std::mt199
   return p;
 }
 
+// Calls fn(coarse) with the coarse pass off, then on (where the CPU has it: otherwise said
+// loudly, and the second call checks the fp32 pass again).
+template <typename Fn>
+void ForBothPasses(Fn&& fn) {
+  for (bool coarse : {false, true}) {
+    if (coarse && !internal::IndexerCoarseAvailable())
+      std::fprintf(stderr, "\n******** NOT RUN: the indexer's coarse pass (this CPU lacks AVX512-VNNI/VBMI) ********\n\n");
+    const bool previous = internal::TEST_SetIndexerCoarse(coarse);
+    SCOPED_TRACE(coarse ? "coarse pass on" : "coarse pass off");
+    fn(coarse);
+    internal::TEST_SetIndexerCoarse(previous);
+  }
+}
+
 TEST(IndexerTest, ApproxScoresStayWithinTheirBounds) {
   std::mt19937 rng(11);
+  ForBothPasses([&](bool coarse) {
   for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
     for (KeyKind kind : {KeyKind::kNormal, KeyKind::kWideRange, KeyKind::kSomeZero})
       for (int64_t heads : {1, 3, 4, 16}) {
@@ -135,11 +150,43 @@ TEST(IndexerTest, ApproxScoresStayWithinTheirBounds) {
           IndexerScoresExactAt(keys.view, iq, &sel, 1, &exact);
           ASSERT_EQ(exact, ref) << "key " << t;
         }
-        // The bounds are tight enough to be useful: a small fraction of the scores' range.
+        // The bounds are tight enough to be useful: a small fraction of the scores' range
+        // (the coarse pass's ~10x wider: its error term grows with the heads, the scores with
+        // their square root).
         if (kind == KeyKind::kNormal) {
-          EXPECT_LT(worst, 1e-3) << heads;
+          const bool coarse_ran = coarse && internal::IndexerCoarseAvailable() && f == KvIndexFormat::kFp8;
+          EXPECT_LT(worst, coarse_ran ? 3e-2 : 1e-3) << heads;
         }
       }
+  });
+}
+
+// The coarse pass runs where the CPU has it: its bounds differ from the fp32 pass's (wider)
+// for fp8 keys, and it leaves int8 keys to the fp32 pass (the same bits either way).
+TEST(IndexerTest, CoarsePassRunsWhereTheCpuHasIt) {
+  if (!internal::IndexerCoarseAvailable()) {
+    std::fprintf(stderr, "\n******** NOT RUN: the indexer's coarse pass (this CPU lacks AVX512-VNNI/VBMI) ********\n\n");
+    ::testing::Test::RecordProperty("not_run_coarse_pass", "the CPU lacks AVX512-VNNI/VBMI");
+    return;
+  }
+  std::mt19937 rng(41);
+  for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8}) {
+    const int64_t n = 96, dim = 128, heads = 16;
+    Keys keys = MakeKeys(n, dim, f, KeyKind::kNormal, rng);
+    Query q = MakeQuery(heads, dim, KeyKind::kNormal, rng);
+    IndexerQuery iq;
+    PrepareIndexerQuery(q.q8.data(), q.w.data(), heads, dim, &iq);
+    std::vector<float> bound_fp32(n), bound_coarse(n), approx(n);
+    const bool previous = internal::TEST_SetIndexerCoarse(false);
+    IndexerScoresApprox(keys.view, iq, 0, n, approx.data(), bound_fp32.data());
+    internal::TEST_SetIndexerCoarse(true);
+    IndexerScoresApprox(keys.view, iq, 0, n, approx.data(), bound_coarse.data());
+    internal::TEST_SetIndexerCoarse(previous);
+    int64_t wider = 0;
+    for (int64_t t = 0; t < n; ++t) wider += bound_coarse[t] > bound_fp32[t];
+    if (f == KvIndexFormat::kFp8) EXPECT_GT(wider, n / 2);
+    else EXPECT_EQ(bound_coarse, bound_fp32);
+  }
 }
 
 // Several queries over one key range give, bit for bit, what each query's own
@@ -147,6 +194,7 @@ TEST(IndexerTest, ApproxScoresStayWithinTheirBounds) {
 // both key formats, on every ISA level.
 TEST(IndexerTest, RowsCallEqualsOneCallPerQuery) {
   std::mt19937 rng(19);
+  ForBothPasses([&](bool) {
   ForEachIsa([&](Isa isa) {
     const Isa previous = internal::TEST_SetActiveIsa(isa);
     for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
@@ -184,6 +232,7 @@ TEST(IndexerTest, RowsCallEqualsOneCallPerQuery) {
         }
     internal::TEST_SetActiveIsa(previous);
   });
+  });
 }
 
 // On CPUs with AVX512-VBMI the fp8 keys are decoded by byte tables after a byte transpose; the
@@ -194,6 +243,7 @@ TEST(IndexerTest, RowsCallEqualsOneCallPerQuery) {
 // 16; calls over 16-key ranges take the one-block kernel everywhere. Both must give the same bits.
 TEST(IndexerTest, TwoBlockScoringEqualsOneBlockScoring) {
   std::mt19937 rng(23);
+  ForBothPasses([&](bool) {
   ForEachIsa([&](Isa isa) {
     const Isa previous = internal::TEST_SetActiveIsa(isa);
     for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
@@ -216,6 +266,7 @@ TEST(IndexerTest, TwoBlockScoringEqualsOneBlockScoring) {
           EXPECT_GT(nonzero, n / 4);
         }
     internal::TEST_SetActiveIsa(previous);
+  });
   });
 }
 
@@ -242,11 +293,13 @@ TEST(IndexerTest, ByteTableDecodeEqualsTheFp16Route) {
     const std::vector<const IndexerQuery*>& qp = pq.pointers;
     auto run = [&](bool lut) {
       const bool previous = internal::TEST_SetIndexerByteLut(lut);
+      const bool previous_coarse = internal::TEST_SetIndexerCoarse(false);  // the fp32 pass's decode
       std::vector<std::vector<float>> a(4, std::vector<float>(n)), b(4, std::vector<float>(n));
       IndexerScoresApprox(v, iq[0], 0, n, a[0].data(), b[0].data());
       float* ap[3] = {a[1].data(), a[2].data(), a[3].data()};
       float* bp[3] = {b[1].data(), b[2].data(), b[3].data()};
       IndexerScoresApproxRows(v, qp.data(), 3, 0, n, ap, bp);
+      internal::TEST_SetIndexerCoarse(previous_coarse);
       internal::TEST_SetIndexerByteLut(previous);
       return std::make_pair(a, b);
     };
@@ -265,6 +318,7 @@ TEST(IndexerTest, ByteTableDecodeEqualsTheFp16Route) {
 // cache.
 TEST(IndexerTest, PagedKeysScoreAsContiguousOnes) {
   std::mt19937 rng(29);
+  ForBothPasses([&](bool) {
   ForEachIsa([&](Isa isa) {
     const Isa previous = internal::TEST_SetActiveIsa(isa);
     const int64_t n = 16 * 21 + 5, dim = 128, B = 32, n_blocks = (n + B - 1) / B;
@@ -305,10 +359,12 @@ TEST(IndexerTest, PagedKeysScoreAsContiguousOnes) {
     }
     internal::TEST_SetActiveIsa(previous);
   });
+  });
 }
 
 TEST(IndexerTest, TopKEqualsTheExactScoresTopK) {
   std::mt19937 rng(5);
+  ForBothPasses([&](bool) {
   for (KvIndexFormat f : {KvIndexFormat::kFp8, KvIndexFormat::kInt8})
     for (KeyKind kind : {KeyKind::kNormal, KeyKind::kWideRange, KeyKind::kRepeated, KeyKind::kSomeZero})
       for (int64_t n : {1, 7, 33, 513, 2049}) {
@@ -334,6 +390,7 @@ TEST(IndexerTest, TopKEqualsTheExactScoresTopK) {
           }
         }
       }
+  });
 }
 
 // The radix-first threshold search gives nth_element's k-th and (k + 1)-th largest values:
