@@ -114,7 +114,7 @@ template <typename Fn>
 void ForBothPasses(Fn&& fn) {
   for (bool coarse : {false, true}) {
     if (coarse && !internal::IndexerCoarseAvailable())
-      std::fprintf(stderr, "\n******** NOT RUN: the indexer's coarse pass (this CPU lacks AVX512-VNNI/VBMI) ********\n\n");
+      std::fprintf(stderr, "\n******** NOT RUN: the indexer's coarse pass (this CPU, or PDSERVE_ISA, has no AVX512-VNNI + VBMI) ********\n\n");
     const bool previous = internal::TEST_SetIndexerCoarse(coarse);
     SCOPED_TRACE(coarse ? "coarse pass on" : "coarse pass off");
     fn(coarse);
@@ -165,8 +165,8 @@ TEST(IndexerTest, ApproxScoresStayWithinTheirBounds) {
 // for fp8 keys, and it leaves int8 keys to the fp32 pass (the same bits either way).
 TEST(IndexerTest, CoarsePassRunsWhereTheCpuHasIt) {
   if (!internal::IndexerCoarseAvailable()) {
-    std::fprintf(stderr, "\n******** NOT RUN: the indexer's coarse pass (this CPU lacks AVX512-VNNI/VBMI) ********\n\n");
-    ::testing::Test::RecordProperty("not_run_coarse_pass", "the CPU lacks AVX512-VNNI/VBMI");
+    std::fprintf(stderr, "\n******** NOT RUN: the indexer's coarse pass (this CPU, or PDSERVE_ISA, has no AVX512-VNNI + VBMI) ********\n\n");
+    ::testing::Test::RecordProperty("not_run_coarse_pass", "this CPU, or PDSERVE_ISA, has no AVX512-VNNI + VBMI");
     return;
   }
   std::mt19937 rng(41);
