@@ -493,14 +493,16 @@ void DecodeKeyBlock16Vbmi(const uint8_t* const* codes, const float* ks, int64_t 
 // (vpdpwssd: 32 multiply-adds per instruction, twice the fp32 FMA's 16 at the same rate). The
 // sums are exact integers: |round(v 2^s)| <= 480 * 2^s, so |sum| <= dim (480 * 2^s)^2 < 2^31.
 // Only the rounding to int16 differs from the fp8 values, and only for |v| < 2^-s (e4m3 values
-// of 2^-s and above are multiples of 2^-s): key values by at most 2^-(s+1) each, query values
-// by a per-head 1-norm measured when the query is prepared. So with q' and k' the rounded
-// values (|k'_i| <= 480):
+// of 2^-s and above are multiples of 2^-s), by at most 2^-(s+1). So with q' and k' the rounded
+// values, c_k the number of key values that may be off (nonzero codes below 2^-s) and
+// max|k'_i| <= max|k_i| + 2^-(s+1), both counted in the key decode:
 //   |q . k - q' . k'| <= sum |q_i - q'_i| |k'_i| + sum |q_i| |k_i - k'_i|
-//                     <= 480 ||q - q'||_1 + ||q||_1 2^-(s+1)   =: E_h
-// The int32 sum converts to fp32 with one rounding (u |a|); the rest is the fp32 pass's bound
-// (above) with E_h in place of gamma_n ||q_h||_1 max|k_i|. E_h is ~1e-3 of a typical dot's
-// spread: wider than the fp32 pass's ~1e-4 but still a handful of keys at the cut.
+//                     <= ||q - q'||_1 max|k'_i| + max|q_i| c_k 2^-(s+1)   =: E_hk
+// (||q - q'||_1 measured when the query is prepared). The int32 sum converts to fp32 with one
+// rounding (u |a|); the rest is the fp32 pass's bound (above) with E_hk in place of
+// gamma_n ||q_h||_1 max|k_i|. On Gaussian-like keys, where few values fall below 2^-s, E_hk
+// is about the fp32 pass's bound; its worst case (every value small) is far wider, and
+// IndexerTopK then narrows the unsure keys with the fp32 pass.
 int CoarseShift(int64_t dim) { return dim <= 128 ? 3 : 2; }
 constexpr float kCoarseMaxValue = 480.0f;  // the largest e4m3 magnitude the fp16 route decodes (code 0x7f)
 
@@ -510,7 +512,9 @@ constexpr float kCoarseMaxValue = 480.0f;  // the largest e4m3 magnitude the fp1
 // (PairedWordPicks); the query's pairs follow it (PrepareIndexerQuery).
 struct KeyPairs16 {
   alignas(64) int32_t kp[kLaneKeysMaxDim / 2 * 16];
-  __m512 ks;  // the keys' fp32 scales
+  __m512 ks;         // the keys' fp32 scales
+  __m512 max_value;  // max_i |k'_i| <= max_i |k_i| + 2^-(s+1)
+  __m512 inexact;    // how many values may be off: nonzero codes below 2^-s
 };
 
 // Byte tables of the rounded values' int16 (two's complement) by 7-bit magnitude code: low and
@@ -543,13 +547,23 @@ PairTables MakePairTables(int shift) {
 // four table lookups (both signs' low and high bytes), two sign blends and the two picks.
 void DecodeKeyPairs16(const uint8_t* const* codes, const float* ks, int64_t dim, KeyPairs16* kb) {
   static const PairTables tables[2] = {MakePairTables(2), MakePairTables(3)};
-  const PairTables& t = tables[CoarseShift(dim) - 2];
+  const int shift = CoarseShift(dim);
+  const PairTables& t = tables[shift - 2];
+  // Codes of 2^-s and up (magnitude code (10 - s) << 3 and up) are exact; the nonzero ones below
+  // are counted: (code - 1) < (threshold - 1) unsigned.
+  const __m512i magnitude = _mm512_set1_epi8(0x7f), one = _mm512_set1_epi8(1);
+  const __m512i below = _mm512_set1_epi8(static_cast<char>(((10 - shift) << 3) - 1));
+  __m512i max_code = _mm512_setzero_si512();  // byte 16L + k: key k's largest magnitude code so far
+  __m512i inexact = _mm512_setzero_si512();   // byte 16L + k: key k's count in lane L (<= dim / 4 <= 64)
   for (int64_t c0 = 0; c0 < dim; c0 += 64) {
     __m512i r[16];
     for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_si512(codes[k] + c0);
     TransposeBytes16(r);  // lane L of r[m]: the keys' codes of dim c0 + 16L + m
     for (int m = 0; m < 16; ++m) {
       const __m512i x = r[m];
+      const __m512i mag = _mm512_and_si512(x, magnitude);
+      max_code = _mm512_max_epu8(max_code, mag);
+      inexact = _mm512_mask_add_epi8(inexact, _mm512_cmplt_epu8_mask(_mm512_sub_epi8(mag, one), below), inexact, one);
       const __mmask64 negative = _mm512_movepi8_mask(x);
       const __m512i lo = _mm512_mask_blend_epi8(negative, _mm512_permutex2var_epi8(t.lo_pos[0], x, t.lo_pos[1]),
                                                 _mm512_permutex2var_epi8(t.lo_neg[0], x, t.lo_neg[1]));
@@ -560,6 +574,21 @@ void DecodeKeyPairs16(const uint8_t* const* codes, const float* ks, int64_t dim,
       _mm512_store_si512(out + 16, _mm512_permutex2var_epi8(lo, t.pick[1], hi));
     }
   }
+  // The four lanes folded per key: maxima as bytes, counts as 16-bit words (up to dim).
+  max_code = _mm512_max_epu8(max_code, _mm512_shuffle_i64x2(max_code, max_code, _MM_SHUFFLE(1, 0, 3, 2)));
+  max_code = _mm512_max_epu8(max_code, _mm512_shuffle_i64x2(max_code, max_code, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m256i half_bits = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm512_castsi512_si128(max_code)), 7);
+  const float half_step = std::ldexp(1.0f, -(shift + 1));
+  kb->max_value = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtph_ps(half_bits), _mm512_set1_ps(256.0f)), _mm512_set1_ps(half_step));
+  __m256i count = _mm256_setzero_si256();
+  for (int lane = 0; lane < 4; ++lane) {
+    const __m128i bytes = lane == 0 ? _mm512_castsi512_si128(inexact)
+                        : lane == 1 ? _mm512_extracti32x4_epi32(inexact, 1)
+                        : lane == 2 ? _mm512_extracti32x4_epi32(inexact, 2)
+                                    : _mm512_extracti32x4_epi32(inexact, 3);
+    count = _mm256_add_epi16(count, _mm256_cvtepu8_epi16(bytes));
+  }
+  kb->inexact = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(count));
   kb->ks = _mm512_loadu_ps(ks);
 }
 
@@ -717,10 +746,11 @@ void ScoreKeyPairs(const IndexerQuery& q, const QueryConsts& qc, const KeyPairs1
   const __m512 u2 = _mm512_set1_ps(2.02f * kU);
   LaneTerms<NB> sums;
   auto terms = [&](const __m512i* dots, int64_t h) {
-    const __m512 eh = _mm512_set1_ps(q.coarse_e[h]);
+    const __m512 off = _mm512_set1_ps(q.coarse_off[h]), half_max = _mm512_set1_ps(q.coarse_half_max[h]);
     __m512 av[NB], e[NB];
     for (int b = 0; b < NB; ++b) {
       av[b] = _mm512_mul_ps(_mm512_cvtepi32_ps(dots[b]), back);
+      const __m512 eh = _mm512_fmadd_ps(half_max, kb[b].inexact, _mm512_mul_ps(off, kb[b].max_value));
       e[b] = _mm512_fmadd_ps(u2, _mm512_abs_ps(av[b]), eh);
     }
     sums.Add(av, e, q.w[h]);
@@ -832,7 +862,8 @@ namespace {
 // Left empty (the fp32 pass then runs) for shapes the pass does not take or values beyond e4m3's.
 void PrepareCoarse(IndexerQuery* q) {
   q->qp.clear();
-  q->coarse_e.clear();
+  q->coarse_off.clear();
+  q->coarse_half_max.clear();
   const int64_t dim = q->dim, H = q->n_heads;
   if (dim % 64 != 0 || dim > kLaneKeysMaxDim) return;
   for (float v : q->q)
@@ -840,7 +871,8 @@ void PrepareCoarse(IndexerQuery* q) {
   const int s = CoarseShift(dim);
   const int64_t pairs = dim / 2;
   q->qp.resize(static_cast<size_t>(H * pairs));
-  q->coarse_e.resize(static_cast<size_t>(H));
+  q->coarse_off.resize(static_cast<size_t>(H));
+  q->coarse_half_max.resize(static_cast<size_t>(H));
   alignas(32) int32_t rounded[kLaneKeysMaxDim];
   const __m256 up = _mm256_set1_ps(std::ldexp(1.0f, s)), down = _mm256_set1_ps(std::ldexp(1.0f, -s));
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -868,8 +900,11 @@ void PrepareCoarse(IndexerQuery* q) {
           q->qp[static_cast<size_t>(h * pairs + c / 2 + 2 * m + j)] =
               static_cast<int32_t>(static_cast<uint32_t>(low) | static_cast<uint32_t>(high) << 16);
         }
-    const double e = kCoarseMaxValue * off_sum + static_cast<double>(q->l1[static_cast<size_t>(h)]) * std::ldexp(1.0, -(s + 1));
-    q->coarse_e[static_cast<size_t>(h)] = static_cast<float>(e * (1.0 + kU) * 1.0001);
+    // E_h's factors with (1 + u) and room for E_h's own fp32 evaluation (two roundings).
+    float q_max = 0.0f;
+    for (int64_t i = 0; i < dim; ++i) q_max = std::max(q_max, std::fabs(v[i]));
+    q->coarse_off[static_cast<size_t>(h)] = static_cast<float>(off_sum * (1.0 + kU) * 1.0001);
+    q->coarse_half_max[static_cast<size_t>(h)] = static_cast<float>(std::ldexp(static_cast<double>(q_max), -(s + 1)) * (1.0 + kU) * 1.0001);
   }
 }
 
@@ -1067,8 +1102,8 @@ void FineApproxAt(const KvTokenView& kv, const IndexerQuery& q, const int32_t* s
   for (; j < n; ++j) IndexerScoresApprox(kv, q, sel[j], sel[j] + 1, approx + j, bound + j);
 }
 
-// Keys whose coarse interval leaves them unsure are this many or fewer: scored exactly at once
-// (an exact score costs ~5 fp32 ones); more, and the fp32 pass narrows them first.
+// Unsure keys with a nonzero coarse bound are this many or fewer: scored exactly at once (an
+// exact score costs ~5 fp32 ones); more, and the fp32 pass narrows them first.
 constexpr size_t kRefineMinKeys = 16;
 
 // The k keys of ids[0..n) (key ids, ascending; null: 0..n) with the largest exact scores, ties
@@ -1102,12 +1137,35 @@ int64_t SelectTopK(const KvTokenView& kv, const IndexerQuery& q, const int32_t* 
     std::copy(s.sure.begin(), s.sure.end(), out);
     return k;
   }
-  if (refine && s.unsure.size() > kRefineMinKeys) {
+  // A bound of 0 is an exact score already (every head's relu certainly 0): where most scores
+  // are 0, most unsure keys are such ties, and only the others need a better bound.
+  size_t open_keys = 0;
+  if (refine)
+    for (int32_t t : s.unsure) open_keys += bound[t] != 0.0f;  // ids is null here: key = position
+  if (open_keys > kRefineMinKeys) {
     // The best `rest` of the unsure keys: the same problem over them, with fp32 bounds.
+    PDSERVE_DCHECK(ids == nullptr);
     const int64_t m = static_cast<int64_t>(s.unsure.size());
     s.approx.resize(s.unsure.size());
     s.bound.resize(s.unsure.size());
-    FineApproxAt(kv, q, s.unsure.data(), m, s.approx.data(), s.bound.data());
+    s.ids.clear();
+    s.order.clear();
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t t = s.unsure[static_cast<size_t>(i)];
+      s.approx[static_cast<size_t>(i)] = approx[t];
+      s.bound[static_cast<size_t>(i)] = bound[t];
+      if (bound[t] != 0.0f) {
+        s.ids.push_back(t);
+        s.order.push_back(static_cast<int32_t>(i));
+      }
+    }
+    s.exact.resize(s.ids.size() * 2);  // the fp32 pass's approximations, then its bounds
+    const int64_t n_fine = static_cast<int64_t>(s.ids.size());
+    FineApproxAt(kv, q, s.ids.data(), n_fine, s.exact.data(), s.exact.data() + n_fine);
+    for (int64_t j = 0; j < n_fine; ++j) {
+      s.approx[static_cast<size_t>(s.order[static_cast<size_t>(j)])] = s.exact[static_cast<size_t>(j)];
+      s.bound[static_cast<size_t>(s.order[static_cast<size_t>(j)])] = s.exact[static_cast<size_t>(n_fine + j)];
+    }
     s.picked.resize(static_cast<size_t>(rest));
     SelectTopK(kv, q, s.unsure.data(), s.approx.data(), s.bound.data(), m, rest, false, s.picked.data(), n_exact);
     std::merge(s.sure.begin(), s.sure.end(), s.picked.begin(), s.picked.end(), out);

@@ -14,7 +14,7 @@
 //      On CPUs with AVX512-VNNI and VBMI, fp8 keys take a coarse pass instead: every fp8 value
 //      rounded to int16 (value * 2^3 at dim 128: exact from 1 up), the dots as exact int32 sums
 //      of int16 pair products (twice the multiply-adds per instruction of fp32 FMAs), and a
-//      bound that adds the rounding's effect (indexer.cc: ~10x the fp32 pass's bound).
+//      bound that adds the rounding's effect, per key from its count of small values (indexer.cc).
 //   2. IndexerTopK: with T / T' the k-th / (k+1)-th largest approximation and B the largest
 //      bound, a key whose interval lies above T' + B is certainly selected, one below T - B
 //      certainly not; only the keys in between are scored exactly, and the rest of the k
@@ -39,10 +39,11 @@ struct IndexerQuery {
   std::vector<float> w;      // [n_heads]: head weights (query scale and softmax scale folded in)
   std::vector<float> l1;     // [n_heads]: an upper bound of ||q[h]||_1 = sum_i |q[h][i]|
   // The coarse pass's form (indexer.cc; empty where it does not apply): the values times 2^s
-  // rounded to int16, two per int32 in the keys' pair order, and per head the bound E_h of
-  // |q . k - its coarse dot| for any key (times 1 + u, with room for its own roundings).
-  std::vector<int32_t> qp;      // [n_heads * dim / 2]
-  std::vector<float> coarse_e;  // [n_heads]
+  // rounded to int16, two per int32 in the keys' pair order, and per head the two factors of
+  // its error bound E_h (each times 1 + u, with room for E_h's own roundings).
+  std::vector<int32_t> qp;             // [n_heads * dim / 2]
+  std::vector<float> coarse_off;       // [n_heads]: ||q[h] - its rounded values||_1
+  std::vector<float> coarse_half_max;  // [n_heads]: max_i |q[h][i]| * 2^-(s+1)
 };
 
 // Decodes q8 [n_heads, dim] (e4m3 codes) and copies w [n_heads].
@@ -77,8 +78,8 @@ namespace internal {
 // with the route it replaces; returns the previous setting. It is on by default.
 bool TEST_SetIndexerByteLut(bool on);
 // Tests and benchmarks: turns the coarse pass (int16 dots on CPUs with AVX512-VNNI and VBMI, fp8
-// keys: 2x the fp32 pass's multiply-adds per instruction, bounds ~10x wider) off or on; returns
-// the previous setting. It is on by default.
+// keys: 2x the fp32 pass's multiply-adds per instruction) off or on; returns the previous
+// setting. It is on by default.
 bool TEST_SetIndexerCoarse(bool on);
 // Whether the coarse pass can run here (the CPU and the active kernel level allow it).
 bool IndexerCoarseAvailable();
