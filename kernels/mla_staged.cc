@@ -265,11 +265,34 @@ inline void DotBlock512(const float* q, int64_t ldq, const void* keys, int64_t l
   }
 }
 
+// Keys of the blocks below, widened once: with bf16 keys every 4-head block widened them again
+// (a shift and a mask per 16 values, on the FMA ports).
+constexpr int64_t kWidenMaxDim = 1024;
+
 template <bool kBf16>
 void Dots512(const float* q, int64_t ldq, int64_t n_heads, const void* rows, int64_t dim, int64_t n, float* s) {
   const size_t esz = kBf16 ? 2 : 4;
   const uint8_t* base = static_cast<const uint8_t*>(rows);
   int64_t j = 0;
+  if (kBf16 && n_heads > 4 && dim <= kWidenMaxDim) {
+    // 4 keys widened to fp32 into an L1 block (the same values in the same places: Load32 of
+    // the fp32 block gives what Load32 of the paired row gave), then every head block reads it.
+    alignas(64) float widened[4 * kWidenMaxDim];
+    for (; j + 4 <= n; j += 4) {
+      for (int k = 0; k < 4; ++k) {
+        const void* row = base + static_cast<size_t>((j + k) * dim) * esz;
+        for (int64_t i = 0; i < dim; i += 32) {
+          __m512 lo, hi;
+          Load32<true>(row, i, &lo, &hi);
+          _mm512_store_ps(widened + k * dim + i, lo);
+          _mm512_store_ps(widened + k * dim + i + 16, hi);
+        }
+      }
+      int64_t h = 0;
+      for (; h + 4 <= n_heads; h += 4) DotBlock512<false, 4, 4>(q + h * ldq, ldq, widened, dim, dim, s + h * n + j, n);
+      for (; h < n_heads; ++h) DotBlock512<false, 4, 1>(q + h * ldq, ldq, widened, dim, dim, s + h * n + j, n);
+    }
+  }
   for (; j + 4 <= n; j += 4) {
     const void* r = base + static_cast<size_t>(j * dim) * esz;
     int64_t h = 0;
