@@ -1073,7 +1073,7 @@ namespace {
 // Working vectors of one level of SelectTopK (the refinement nests one level).
 struct TopKScratch {
   std::vector<int32_t> sure, unsure, order, ids, picked;
-  std::vector<float> exact, approx, bound;
+  std::vector<float> exact, approx, bound, values;
 };
 
 // The fp32 pass's approximations and bounds of keys sel[0..n) (any keys, ascending or not):
@@ -1185,17 +1185,25 @@ int64_t SelectTopK(const KvTokenView& kv, const IndexerQuery& q, const int32_t* 
     }
   }
   if (n_exact) *n_exact += rescored;
-  s.order.resize(s.unsure.size());
-  for (size_t i = 0; i < s.order.size(); ++i) s.order[i] = static_cast<int32_t>(i);
-  auto better = [&](int32_t x, int32_t y) {
-    if (s.exact[x] != s.exact[y]) return s.exact[x] > s.exact[y];
-    return s.unsure[x] < s.unsure[y];
-  };
-  if (rest < static_cast<int64_t>(s.order.size()))
-    std::nth_element(s.order.begin(), s.order.begin() + (rest - 1), s.order.end(), better);
-  s.order.resize(static_cast<size_t>(rest));
-  for (int32_t& i : s.order) i = s.unsure[i];
-  std::sort(s.order.begin(), s.order.end());
+  // v: the rest-th largest of their exact scores. Every unsure key above v is in, and the ties
+  // at v fill the places left in key order (unsure is ascending): what sorting by (score
+  // descending, key ascending) picks, found with one nth_element over the scores and a pass,
+  // already ascending. (Where most scores are 0, ~1000 ties: nth_element and sort over the
+  // keys with that comparator were most of the call.)
+  s.order.clear();
+  if (rest < static_cast<int64_t>(s.unsure.size())) {
+    s.values.assign(s.exact.begin(), s.exact.end());
+    std::nth_element(s.values.begin(), s.values.begin() + (rest - 1), s.values.end(), std::greater<float>());
+    const float v = s.values[static_cast<size_t>(rest - 1)];
+    int64_t ties = rest;
+    for (float e : s.exact) ties -= e > v;
+    for (size_t i = 0; i < s.unsure.size(); ++i) {
+      if (s.exact[i] > v || (s.exact[i] == v && ties-- > 0)) s.order.push_back(s.unsure[i]);
+    }
+  } else {
+    s.order.assign(s.unsure.begin(), s.unsure.end());
+  }
+  PDSERVE_CHECK(static_cast<int64_t>(s.order.size()) == rest);
   std::merge(s.sure.begin(), s.sure.end(), s.order.begin(), s.order.end(), out);
   return k;
 }
