@@ -492,15 +492,16 @@ void DecodeKeyBlock16Vbmi(const uint8_t* const* codes, const float* ks, int64_t 
 // 3 at dim <= 128, 2 up to 256), and the dots run as int16 pair products summed in int32
 // (vpdpwssd: 32 multiply-adds per instruction, twice the fp32 FMA's 16 at the same rate). The
 // sums are exact integers: |round(v 2^s)| <= 480 * 2^s, so |sum| <= dim (480 * 2^s)^2 < 2^31.
-// Only the rounding to int16 differs from the fp8 values, and only for |v| < 2^-s (e4m3 values
-// of 2^-s and above are multiples of 2^-s), by at most 2^-(s+1). So with q' and k' the rounded
-// values, c_k the number of key values that may be off (nonzero codes below 2^-s) and
+// Only the rounding to int16 differs from the fp8 values, and only for |v| < 2^(3-s) (an e4m3
+// value (1 + m/8) 2^E is a multiple of 2^(E-3), so those of 2^(3-s) and above are multiples of
+// 2^-s: at s = 3 every value from 1 up), by at most 2^-(s+1). So with q' and k' the rounded
+// values, c_k the number of key values that may be off (nonzero codes below 2^(3-s)) and
 // max|k'_i| <= max|k_i| + 2^-(s+1), both counted in the key decode:
 //   |q . k - q' . k'| <= sum |q_i - q'_i| |k'_i| + sum |q_i| |k_i - k'_i|
 //                     <= ||q - q'||_1 max|k'_i| + max|q_i| c_k 2^-(s+1)   =: E_hk
 // (||q - q'||_1 measured when the query is prepared). The int32 sum converts to fp32 with one
 // rounding (u |a|); the rest is the fp32 pass's bound (above) with E_hk in place of
-// gamma_n ||q_h||_1 max|k_i|. On Gaussian-like keys, where few values fall below 2^-s, E_hk
+// gamma_n ||q_h||_1 max|k_i|. On Gaussian-like keys, where few values fall below 2^(3-s), E_hk
 // is about the fp32 pass's bound; its worst case (every value small) is far wider, and
 // IndexerTopK then narrows the unsure keys with the fp32 pass.
 int CoarseShift(int64_t dim) { return dim <= 128 ? 3 : 2; }
@@ -514,7 +515,7 @@ struct KeyPairs16 {
   alignas(64) int32_t kp[kLaneKeysMaxDim / 2 * 16];
   __m512 ks;         // the keys' fp32 scales
   __m512 max_value;  // max_i |k'_i| <= max_i |k_i| + 2^-(s+1)
-  __m512 inexact;    // how many values may be off: nonzero codes below 2^-s
+  __m512 inexact;    // how many values may be off: nonzero codes below 2^(3-s)
 };
 
 // Byte tables of the rounded values' int16 (two's complement) by 7-bit magnitude code: low and
@@ -549,7 +550,7 @@ void DecodeKeyPairs16(const uint8_t* const* codes, const float* ks, int64_t dim,
   static const PairTables tables[2] = {MakePairTables(2), MakePairTables(3)};
   const int shift = CoarseShift(dim);
   const PairTables& t = tables[shift - 2];
-  // Codes of 2^-s and up (magnitude code (10 - s) << 3 and up) are exact; the nonzero ones below
+  // Codes of 2^(3-s) and up (magnitude code (10 - s) << 3 and up) are exact; the nonzero ones below
   // are counted: (code - 1) < (threshold - 1) unsigned.
   const __m512i magnitude = _mm512_set1_epi8(0x7f), one = _mm512_set1_epi8(1);
   const __m512i below = _mm512_set1_epi8(static_cast<char>(((10 - shift) << 3) - 1));
@@ -737,8 +738,8 @@ inline void LanePairDots(const int32_t* qp, int64_t pairs, const KeyPairs16* kb,
 }
 
 // ScoreKeyBlocks for the coarse pass: dots a = sum * 2^-2s (the int32 sum rounded once to
-// fp32), error bounds e = E_h (1 + u) + 2.02 u |a| (E_h from the query, the second term the
-// conversion's rounding with room to spare); the rest is LaneTerms.
+// fp32), error bounds e = E_hk (1 + u) + 2.02 u |a| (E_hk from the query's and the key's
+// factors, the second term the conversion's rounding with room to spare); the rest is LaneTerms.
 template <int NB>
 void ScoreKeyPairs(const IndexerQuery& q, const QueryConsts& qc, const KeyPairs16* kb, float* approx, float* bound) {
   const int64_t pairs = q.dim / 2, H = q.n_heads;
@@ -858,7 +859,7 @@ int64_t CoarseRows512(const KvTokenView& kv, const IndexerQuery* const* queries,
 namespace {
 
 // The query's side of the coarse pass (see CoarseShift): its values rounded to int16 and paired
-// as DecodeKeyPairs16 pairs the keys', and per head E_h (1 + u) with room for its own roundings.
+// as DecodeKeyPairs16 pairs the keys', and per head the query's factors of E_hk.
 // Left empty (the fp32 pass then runs) for shapes the pass does not take or values beyond e4m3's.
 void PrepareCoarse(IndexerQuery* q) {
   q->qp.clear();
