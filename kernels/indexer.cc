@@ -605,15 +605,15 @@ bool UseByteLut() {
 // The coarse pass applies: the CPU has the byte permutes (the avx512 level has VNNI), fp8 keys,
 // and a query prepared for it (dim % 64 == 0, dim <= 256, finite values).
 bool UseCoarse(const KvTokenView& kv, const IndexerQuery& q) {
-  static const bool cpu = __builtin_cpu_supports("avx512vbmi");
-  return cpu && internal::indexer_coarse.load(std::memory_order_relaxed) && internal::ActiveIsaHasAvx512() &&
+  return internal::indexer_coarse.load(std::memory_order_relaxed) && internal::IndexerCoarseAvailable() &&
          kv.index_format == KvIndexFormat::kFp8 && !q.qp.empty() && kv.index_dim == q.dim;
 }
 
 }  // namespace
 
 bool internal::IndexerCoarseAvailable() {
-  return __builtin_cpu_supports("avx512vbmi") && internal::ActiveIsaHasAvx512();
+  static const bool cpu = __builtin_cpu_supports("avx512vbmi");  // the avx512 level has VNNI
+  return cpu && internal::ActiveIsaHasAvx512();
 }
 
 namespace {
@@ -646,17 +646,47 @@ struct LaneTerms {
       sd[b] = _mm512_fmadd_ps(delta, wa, sd[b]);
     }
   }
-  void Store(float h_u, const __m512* ks, float* approx, float* bound) const {
+  // kb[0..NB): the scored blocks (their scales ks).
+  template <typename Block>
+  void Store(float h_u, const Block* kb, float* approx, float* bound) const {
     for (int b = 0; b < NB; ++b) {
+      const __m512 ks = kb[b].ks;
       const __m512 diff = _mm512_add_ps(_mm512_mul_ps(sd[b], _mm512_set1_ps(1.0f + 1.01f * h_u)),
                                         _mm512_mul_ps(_mm512_set1_ps(2.02f * h_u), m[b]));
-      _mm512_storeu_ps(approx + 16 * b, _mm512_mul_ps(acc[b], ks[b]));
+      _mm512_storeu_ps(approx + 16 * b, _mm512_mul_ps(acc[b], ks));
       const __m512 inner = _mm512_add_ps(_mm512_mul_ps(diff, _mm512_set1_ps(1.0f + kU)),
                                          _mm512_mul_ps(_mm512_set1_ps(2.0f * kU), _mm512_abs_ps(acc[b])));
-      _mm512_storeu_ps(bound + 16 * b, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(1.02f), _mm512_abs_ps(ks[b])), inner));
+      _mm512_storeu_ps(bound + 16 * b, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(1.02f), _mm512_abs_ps(ks)), inner));
     }
   }
 };
+
+// The heads of one query in passes: dots(std::integral_constant<int, HB>, h, a) fills
+// a[j * NB + b] for heads h..h+HB and blocks b < NB, then terms(a + j * NB, h + j) per head.
+// 16 accumulators per pass (16 heads of one block or 8 heads of two: independent chains enough
+// to hide the FMA latency), then 8-head passes of one block, then single heads.
+template <int NB, typename Vec, typename DotsFn, typename TermsFn>
+inline void HeadPasses(int64_t H, const DotsFn& dots, const TermsFn& terms) {
+  constexpr int kPassHeads = NB == 1 ? 16 : 8;
+  int64_t h = 0;
+  for (; h + kPassHeads <= H; h += kPassHeads) {
+    Vec a[kPassHeads * NB];
+    dots(std::integral_constant<int, kPassHeads>{}, h, a);
+    for (int j = 0; j < kPassHeads; ++j) terms(a + j * NB, h + j);
+  }
+  if constexpr (NB == 1) {
+    for (; h + 8 <= H; h += 8) {
+      Vec a[8];
+      dots(std::integral_constant<int, 8>{}, h, a);
+      for (int j = 0; j < 8; ++j) terms(a + j, h + j);
+    }
+  }
+  for (; h < H; ++h) {
+    Vec a[NB];
+    dots(std::integral_constant<int, 1>{}, h, a);
+    terms(a, h);
+  }
+}
 
 // One query's approximations and bounds of NB decoded blocks of 16 keys (kb[0..NB), keys
 // consecutive): approx[16 b + k] and bound[16 b + k] for key k of block b. The same bits for
@@ -678,30 +708,9 @@ void ScoreKeyBlocks(const IndexerQuery& q, const QueryConsts& qc, const KeyBlock
     sums.Add(av, e, q.w[h]);
   };
   const float* qv = q.q.data();
-  int64_t h = 0;
-  // 16 accumulators per pass: 16 heads of one block or 8 heads of two; independent chains
-  // enough to hide the FMA latency.
-  constexpr int kPassHeads = NB == 1 ? 16 : 8;
-  for (; h + kPassHeads <= H; h += kPassHeads) {
-    __m512 a[kPassHeads * NB];
-    LaneDots512<kPassHeads, NB>(qv + h * dim, dim, kb, a);
-    for (int j = 0; j < kPassHeads; ++j) terms(a + j * NB, h + j);
-  }
-  if constexpr (NB == 1) {
-    for (; h + 8 <= H; h += 8) {
-      __m512 a[8];
-      LaneDots512<8, 1>(qv + h * dim, dim, kb, a);
-      for (int j = 0; j < 8; ++j) terms(a + j, h + j);
-    }
-  }
-  for (; h < H; ++h) {
-    __m512 a[NB];
-    LaneDots512<1, NB>(qv + h * dim, dim, kb, a);
-    terms(a, h);
-  }
-  __m512 ks[NB];
-  for (int b = 0; b < NB; ++b) ks[b] = kb[b].ks;
-  sums.Store(qc.h_u, ks, approx, bound);
+  HeadPasses<NB, __m512>(H, [&](auto hb, int64_t h, __m512* a) { LaneDots512<hb, NB>(qv + h * dim, dim, kb, a); },
+                         terms);
+  sums.Store(qc.h_u, kb, approx, bound);
 }
 
 // The fp32 lane kernels' block decode for kv's keys.
@@ -757,21 +766,9 @@ void ScoreKeyPairs(const IndexerQuery& q, const QueryConsts& qc, const KeyPairs1
     sums.Add(av, e, q.w[h]);
   };
   const int32_t* qp = q.qp.data();
-  int64_t h = 0;
-  constexpr int kPassHeads = NB == 1 ? 16 : 8;
-  for (; h + kPassHeads <= H; h += kPassHeads) {
-    __m512i a[kPassHeads * NB];
-    LanePairDots<kPassHeads, NB>(qp + h * pairs, pairs, kb, a);
-    for (int j = 0; j < kPassHeads; ++j) terms(a + j * NB, h + j);
-  }
-  for (; h < H; ++h) {
-    __m512i a[NB];
-    LanePairDots<1, NB>(qp + h * pairs, pairs, kb, a);
-    terms(a, h);
-  }
-  __m512 ks[NB];
-  for (int b = 0; b < NB; ++b) ks[b] = kb[b].ks;
-  sums.Store(qc.h_u, ks, approx, bound);
+  HeadPasses<NB, __m512i>(H, [&](auto hb, int64_t h, __m512i* a) { LanePairDots<hb, NB>(qp + h * pairs, pairs, kb, a); },
+                          terms);
+  sums.Store(qc.h_u, kb, approx, bound);
 }
 
 #pragma GCC pop_options
@@ -881,17 +878,20 @@ void PrepareCoarse(IndexerQuery* q) {
     const float* v = &q->q[static_cast<size_t>(h * dim)];
     // ||q - q'||_1 in fp32, exactly: every term is a multiple of 2^-9 below 2^-(s+1) (the
     // difference of an e4m3 value and a multiple of 2^-s), so the sum needs under 20 bits.
-    __m256 off = _mm256_setzero_ps();
+    __m256 off = _mm256_setzero_ps(), largest = _mm256_setzero_ps();
     for (int64_t i = 0; i < dim; i += 8) {
       const __m256 x = _mm256_loadu_ps(v + i);
+      largest = _mm256_max_ps(largest, _mm256_and_ps(x, abs_mask));
       const __m256 r = _mm256_round_ps(_mm256_mul_ps(x, up), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       _mm256_store_si256(reinterpret_cast<__m256i*>(rounded + i), _mm256_cvtps_epi32(r));
       off = _mm256_add_ps(off, _mm256_and_ps(_mm256_sub_ps(x, _mm256_mul_ps(r, down)), abs_mask));
     }
-    alignas(32) float lanes[8];
+    alignas(32) float lanes[8], maxima[8];
     _mm256_store_ps(lanes, off);
+    _mm256_store_ps(maxima, largest);
     double off_sum = 0.0;
-    for (float l : lanes) off_sum += l;
+    float q_max = 0.0f;
+    for (int l = 0; l < 8; ++l) off_sum += lanes[l], q_max = std::max(q_max, maxima[l]);
     for (int64_t c = 0; c < dim; c += 64)
       for (int64_t m = 0; m < 16; ++m)
         for (int64_t j = 0; j < 2; ++j) {
@@ -902,8 +902,6 @@ void PrepareCoarse(IndexerQuery* q) {
               static_cast<int32_t>(static_cast<uint32_t>(low) | static_cast<uint32_t>(high) << 16);
         }
     // E_h's factors with (1 + u) and room for E_h's own fp32 evaluation (two roundings).
-    float q_max = 0.0f;
-    for (int64_t i = 0; i < dim; ++i) q_max = std::max(q_max, std::fabs(v[i]));
     q->coarse_off[static_cast<size_t>(h)] = static_cast<float>(off_sum * (1.0 + kU) * 1.0001);
     q->coarse_half_max[static_cast<size_t>(h)] = static_cast<float>(std::ldexp(static_cast<double>(q_max), -(s + 1)) * (1.0 + kU) * 1.0001);
   }
@@ -1075,6 +1073,7 @@ namespace {
 struct TopKScratch {
   std::vector<int32_t> sure, unsure, order, ids, picked;
   std::vector<float> exact, approx, bound, values;
+  std::vector<float> fine;  // the fp32 pass's approximations, then its bounds, of the refined keys
 };
 
 // The fp32 pass's approximations and bounds of keys sel[0..n) (any keys, ascending or not):
@@ -1160,12 +1159,12 @@ int64_t SelectTopK(const KvTokenView& kv, const IndexerQuery& q, const int32_t* 
         s.order.push_back(static_cast<int32_t>(i));
       }
     }
-    s.exact.resize(s.ids.size() * 2);  // the fp32 pass's approximations, then its bounds
     const int64_t n_fine = static_cast<int64_t>(s.ids.size());
-    FineApproxAt(kv, q, s.ids.data(), n_fine, s.exact.data(), s.exact.data() + n_fine);
+    s.fine.resize(s.ids.size() * 2);
+    FineApproxAt(kv, q, s.ids.data(), n_fine, s.fine.data(), s.fine.data() + n_fine);
     for (int64_t j = 0; j < n_fine; ++j) {
-      s.approx[static_cast<size_t>(s.order[static_cast<size_t>(j)])] = s.exact[static_cast<size_t>(j)];
-      s.bound[static_cast<size_t>(s.order[static_cast<size_t>(j)])] = s.exact[static_cast<size_t>(n_fine + j)];
+      s.approx[static_cast<size_t>(s.order[static_cast<size_t>(j)])] = s.fine[static_cast<size_t>(j)];
+      s.bound[static_cast<size_t>(s.order[static_cast<size_t>(j)])] = s.fine[static_cast<size_t>(n_fine + j)];
     }
     s.picked.resize(static_cast<size_t>(rest));
     SelectTopK(kv, q, s.unsure.data(), s.approx.data(), s.bound.data(), m, rest, false, s.picked.data(), n_exact);
